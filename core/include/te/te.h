@@ -1,0 +1,9 @@
+/* Transformer Engine core: the whole public C API. */
+#ifndef TE_TE_H_
+#define TE_TE_H_
+#include "te/types.h"
+#include "te/cast.h"
+#include "te/transpose.h"
+#include "te/recipe.h"
+#include "te/gemm.h"
+#endif

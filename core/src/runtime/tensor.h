@@ -1,0 +1,52 @@
+// Validation of te_tensor arguments. Each check names the argument and the
+// rule it broke, so users read "argument 'scale' must be float32, got bfloat16".
+#pragma once
+
+#include <cstdint>
+#include <initializer_list>
+#include <string>
+
+#include "te/types.h"
+
+namespace te {
+
+const char* dtype_name(te_dtype dtype);
+bool is_fp8(te_dtype dtype);
+bool is_high_precision_float(te_dtype dtype);  // FP32, BF16, FP16
+// Bits per element (4 for FP4).
+int dtype_bits(te_dtype dtype);
+
+int64_t numel(const te_tensor& t);
+// Bytes the buffer holds (packed FP4 rounds up).
+int64_t size_bytes(const te_tensor& t);
+// Last dimension (1 for a scalar) and the product of the others.
+int64_t last_dim(const te_tensor& t);
+int64_t leading_rows(const te_tensor& t);
+std::string shape_string(const te_tensor& t);
+std::string device_string(const te_tensor& t);
+bool on_cuda(const te_tensor& t);
+
+// Fluent checks on one argument; each failing check throws te::Error.
+class Arg {
+ public:
+  // A required argument: null pointer or null data fails.
+  Arg(const te_tensor* t, const char* name);
+  const te_tensor& get() const { return *t_; }
+
+  const Arg& dtype(te_dtype expected) const;
+  const Arg& dtype_in(std::initializer_list<te_dtype> allowed, const char* what) const;
+  const Arg& numel(int64_t expected) const;
+  const Arg& scalar_fp32() const;  // one FP32 element
+  const Arg& same_shape(const te_tensor& other, const char* other_name) const;
+  const Arg& same_device(const te_tensor& other, const char* other_name) const;
+  const Arg& shape2d(int64_t rows, int64_t cols) const;  // matrix view [rows, cols]
+
+ private:
+  const te_tensor* t_;
+  const char* name_;
+};
+
+// Validates the shape/dtype fields themselves (rank, non-negative dims).
+void check_descriptor(const te_tensor* t, const char* name);
+
+}  // namespace te
