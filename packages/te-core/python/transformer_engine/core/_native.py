@@ -2,7 +2,7 @@
 
 CUDA builds link cuBLASLt dynamically. So that users never set LD_LIBRARY_PATH,
 the library is preloaded (RTLD_GLOBAL) from the `nvidia-cublas` wheel when that
-wheel is installed; a system cuBLASLt is used otherwise. CPU-only builds need
+wheel is installed (nvidia/cu13/lib for CUDA 13, nvidia/cublas/lib for CUDA 12); a system cuBLASLt is used otherwise. CPU-only builds need
 nothing.
 """
 
@@ -19,7 +19,7 @@ def _preload_cublaslt() -> None:
     if spec is None or not spec.submodule_search_locations:
         return
     for root in spec.submodule_search_locations:
-        for path in sorted(glob.glob(os.path.join(root, "cublas", "lib", "libcublasLt.so.*"))):
+        for path in sorted(glob.glob(os.path.join(root, "*", "lib", "libcublasLt.so.*"))):
             try:
                 ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
                 return
