@@ -1,0 +1,59 @@
+/* Compiled as C (not C++): the public headers must be plain C, statuses and
+ * messages must work from C callers. Run by ctest (TE_BUILD_TESTS=ON). */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "te/te.h"
+
+static int failures = 0;
+#define EXPECT(cond)                                         \
+  do {                                                       \
+    if (!(cond)) {                                           \
+      fprintf(stderr, "%s:%d: failed: %s\n", __FILE__, __LINE__, #cond); \
+      failures++;                                            \
+    }                                                        \
+  } while (0)
+
+static te_tensor cpu_tensor(void* data, te_dtype dtype, int ndim, const int64_t* shape) {
+  te_tensor t;
+  memset(&t, 0, sizeof(t));
+  t.data = data;
+  t.dtype = dtype;
+  t.ndim = ndim;
+  for (int i = 0; i < ndim; ++i) t.shape[i] = shape[i];
+  t.device_type = TE_DEVICE_CPU;
+  return t;
+}
+
+int main(void) {
+  float x[2 * 16];
+  for (int i = 0; i < 32; ++i) x[i] = (float)(i - 16) * 3.5f;
+  unsigned char q[32];
+  float scale = 2.0f, scale_inv = 0.0f, amax = 0.0f;
+  const int64_t shape[2] = {2, 16};
+  te_tensor in = cpu_tensor(x, TE_DTYPE_FLOAT32, 2, shape);
+  te_tensor out = cpu_tensor(q, TE_DTYPE_FLOAT8E4M3, 2, shape);
+  te_tensor s = cpu_tensor(&scale, TE_DTYPE_FLOAT32, 0, NULL);
+  te_tensor si = cpu_tensor(&scale_inv, TE_DTYPE_FLOAT32, 0, NULL);
+  te_tensor a = cpu_tensor(&amax, TE_DTYPE_FLOAT32, 0, NULL);
+
+  EXPECT(te_quantize_fp8(&in, &s, &out, NULL, &si, &a, NULL) == TE_SUCCESS);
+  EXPECT(strcmp(te_last_error_message(), "") == 0);
+  EXPECT(scale_inv == 0.5f);
+  EXPECT(amax == 56.0f);  /* |-16 * 3.5| */
+  EXPECT(q[0] == 0xEE);   /* -56 * 2 = -112 = -1.75 * 2^6 -> sign 1, exponent 6+7 = 1101, mantissa 110 */
+
+  /* A wrong dtype is a status plus a message naming the argument. */
+  te_tensor bad_scale = cpu_tensor(&scale, TE_DTYPE_FLOAT16, 0, NULL);
+  EXPECT(te_quantize_fp8(&in, &bad_scale, &out, NULL, NULL, NULL, NULL) == TE_ERROR_INVALID_DTYPE);
+  EXPECT(strstr(te_last_error_message(), "argument 'scale' must be float32") != NULL);
+
+  /* A NULL descriptor is rejected, never dereferenced. */
+  EXPECT(te_quantize_fp8(NULL, &s, &out, NULL, NULL, NULL, NULL) == TE_ERROR_INVALID_ARGUMENT);
+  EXPECT(strstr(te_last_error_message(), "argument 'input' is required") != NULL);
+
+  EXPECT(strlen(te_version()) > 0);
+  if (failures == 0) printf("1 passed, 0 failed\n");
+  return failures == 0 ? 0 : 1;
+}

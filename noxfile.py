@@ -1,0 +1,123 @@
+"""The project's one entry point: `nox -s <session>` (nox -l lists them)."""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+
+import nox
+
+nox.options.default_venv_backend = "venv"
+nox.options.sessions = ["tests"]
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+CORE = "packages/te-core"
+FRAMEWORK_PACKAGES = ["packages/te-pytorch", "packages/te-jax"]
+TORCH_CPU = "torch==2.13.0"  # the CPU build available on the CI machines
+CUDA_CHECK_BUILD = "build/cuda-check"
+
+
+def install_core(session: nox.Session, cuda: str = "OFF") -> None:
+    """Builds and installs te-core; cuda is TE_WITH_CUDA (OFF, ON or AUTO)."""
+    session.install("numpy", "ml_dtypes", "pytest")
+    session.install(f"./{CORE}", env={"TE_WITH_CUDA": cuda})
+
+
+def install_frameworks(session: nox.Session) -> None:
+    session.install(TORCH_CPU, "jax[cpu]")
+    for package in FRAMEWORK_PACKAGES:
+        if os.path.exists(os.path.join(package, "pyproject.toml")):
+            session.install("--no-deps", f"./{package}")
+
+
+def cuda_compile_check(session: nox.Session) -> None:
+    """Compiles the CUDA backend (nvcc + cuBLASLt headers from the nvidia-cublas wheel)."""
+    if shutil.which("nvcc") is None:
+        session.log("nvcc not found: CUDA compile check skipped")
+        return
+    session.install("nvidia-cublas", "cmake>=3.21", "ninja")
+    root = session.run(
+        "python", f"{CORE}/cmake/find_cublas_wheel.py", silent=True, external=False
+    ).strip()
+    session.run(
+        "cmake", "-S", "core", "-B", CUDA_CHECK_BUILD, "-G", "Ninja", "-DTE_WITH_CUDA=ON",
+        "-DTE_CUDA_ARCHS=90", f"-DTE_CUBLAS_ROOT={root}", "-DTE_BUILD_TESTS=ON",
+    )
+    session.run("cmake", "--build", CUDA_CHECK_BUILD, "-j", str(os.cpu_count() or 2))
+
+
+@nox.session(python=False)
+def lint(session: nox.Session) -> None:
+    """ruff on Python, clang-format check on C/C++/CUDA."""
+    session.run("python", "-m", "pip", "install", "-q", "ruff", "clang-format")
+    session.run("ruff", "check", ".")
+    sources = [
+        f for pattern in ("core/**/*.h", "core/**/*.c", "core/**/*.cpp", "core/**/*.cu",
+                          f"{CORE}/src/**/*.cpp", f"{CORE}/src/**/*.h")
+        for f in glob.glob(pattern, recursive=True)
+    ]
+    session.run("clang-format", "--dry-run", "--Werror", *sources)
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    """CPU build of the core + every package's tests; C API test; CUDA compile check when nvcc exists."""
+    install_core(session, cuda="OFF")
+    install_frameworks(session)
+    session.install("cmake>=3.21", "ninja")
+    session.run("cmake", "-S", "core", "-B", "build/c-api-tests", "-G", "Ninja",
+                "-DTE_WITH_CUDA=OFF", "-DTE_BUILD_TESTS=ON")
+    session.run("cmake", "--build", "build/c-api-tests")
+    session.run("ctest", "--test-dir", "build/c-api-tests", "--output-on-failure", external=True)
+    test_dirs = [f"{CORE}/tests"] + [f"{p}/tests" for p in FRAMEWORK_PACKAGES if os.path.isdir(f"{p}/tests")]
+    session.run("pytest", "-q", "-m", "not gpu", *test_dirs, *session.posargs)
+    cuda_compile_check(session)
+
+
+@nox.session(python=False)
+def gpu(session: nox.Session) -> None:
+    """CUDA build (sm_90) + GPU tests + benchmarks; for the device machine (same as ci/gpu.sh)."""
+    session.run("bash", "ci/gpu.sh", *session.posargs, external=True)
+
+
+@nox.session(python=False)
+def bench(session: nox.Session) -> None:
+    """Benchmarks of the installed core against torch on the current GPU; prints a table."""
+    session.run("python", "bench/bench_core.py", *session.posargs)
+
+
+@nox.session
+def demo(session: nox.Session) -> None:
+    """The main job: quantize a weight/activation pair with each per-tensor recipe, FP8 GEMM, errors vs FP32."""
+    install_core(session, cuda="OFF")
+    session.run("python", "examples/fp8_demo.py", *session.posargs)
+
+
+@nox.session
+def wheels(session: nox.Session) -> None:
+    """Builds every wheel (te-core for this platform, the pure-Python ones) into dist/."""
+    session.install("build")
+    for package in [CORE, *FRAMEWORK_PACKAGES, "packages/transformer-engine"]:
+        if os.path.exists(os.path.join(package, "pyproject.toml")):
+            session.run("python", "-m", "pip", "wheel", "--no-deps", "-w", "dist", f"./{package}")
+
+
+@nox.session
+def compat(session: nox.Session) -> None:
+    """One te-core wheel against several framework versions (torch list grows with te-pytorch)."""
+    session.install("numpy", "ml_dtypes", "pytest")
+    session.run("python", "-m", "pip", "wheel", "--no-deps", "-w", "build/compat-dist", f"./{CORE}",
+                env={"TE_WITH_CUDA": "OFF"})
+    wheel = sorted(glob.glob("build/compat-dist/te_core-*.whl"))[-1]
+    session.install(wheel)
+    for torch_version in session.posargs or ["2.13.0"]:
+        session.install(f"torch=={torch_version}")
+        session.install("--no-deps", "./packages/te-pytorch")
+        session.run("pytest", "-q", "packages/te-pytorch/tests", f"{CORE}/tests", "-m", "not gpu")
+
+
+@nox.session(python=False)
+def docs(session: nox.Session) -> None:
+    """Checks that docs/c_api.md documents every public C entry point."""
+    session.run("python", "ci/check_c_api_docs.py")
