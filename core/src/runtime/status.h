@@ -3,9 +3,10 @@
 // and a thread-local message. No exception crosses the C boundary.
 #pragma once
 
+#include <cstdio>
 #include <exception>
-#include <sstream>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 #include "te/types.h"
@@ -23,12 +24,29 @@ class Error : public std::exception {
   std::string message_;
 };
 
-// Builds a message from any streamable pieces: te::concat("got ", 3, " dims").
+// Appends one piece of a message. Plain string/number formatting, no
+// iostreams: messages must be safe to build in any host process.
+inline void append_piece(std::string& out, const char* s) { out += s; }
+inline void append_piece(std::string& out, const std::string& s) { out += s; }
+inline void append_piece(std::string& out, char c) { out += c; }
+template <class T>
+void append_piece(std::string& out, T value) {
+  if constexpr (std::is_floating_point_v<T>) {
+    char buffer[32];
+    std::snprintf(buffer, sizeof(buffer), "%g", static_cast<double>(value));
+    out += buffer;
+  } else {
+    static_assert(std::is_integral_v<T> || std::is_enum_v<T>, "unsupported message piece");
+    out += std::to_string(static_cast<long long>(value));
+  }
+}
+
+// Builds a message from pieces: te::concat("got ", 3, " dims").
 template <class... Parts>
 std::string concat(const Parts&... parts) {
-  std::ostringstream out;
-  (out << ... << parts);
-  return out.str();
+  std::string out;
+  (append_piece(out, parts), ...);
+  return out;
 }
 
 template <class... Parts>

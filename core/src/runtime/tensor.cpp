@@ -1,7 +1,5 @@
 #include "runtime/tensor.h"
 
-#include <sstream>
-
 #include "runtime/status.h"
 
 namespace te {
@@ -65,11 +63,9 @@ int64_t leading_rows(const te_tensor& t) {
 }
 
 std::string shape_string(const te_tensor& t) {
-  std::ostringstream out;
-  out << "[";
-  for (int i = 0; i < t.ndim; ++i) out << (i ? ", " : "") << t.shape[i];
-  out << "]";
-  return out.str();
+  std::string out = "[";
+  for (int i = 0; i < t.ndim; ++i) out += (i ? ", " : "") + std::to_string(t.shape[i]);
+  return out + "]";
 }
 
 std::string device_string(const te_tensor& t) {
