@@ -82,7 +82,7 @@ TE_API te_status te_layernorm_bwd_workspace_size(const te_tensor* x, size_t* wor
  * \param[out] dbeta      H elements, gamma's type.
  * \param[in]  workspace  TE_DTYPE_BYTE, at least te_layernorm_bwd_workspace_size
  *                        bytes on x's device; may be NULL when that is 0.
- *                        Its contents on entry do not matter.
+ *                        16-byte aligned; its contents on entry do not matter.
  */
 TE_API te_status te_layernorm_bwd(const te_tensor* dz, const te_tensor* x, const te_tensor* mu,
                                   const te_tensor* rsigma, const te_tensor* gamma,

@@ -131,9 +131,10 @@ BwdArgs check_backward(bool layernorm, const te_tensor* dz, const te_tensor* x,
   check_same_type(dgamma, "dgamma", *gamma, "gamma");
   a.dgamma = dgamma->data;
 
+  if (on_cuda(*x)) use_cuda_device(x->device_index);
 #ifdef TE_WITH_CUDA
   const size_t needed =
-      on_cuda(*x) ? cuda::backward_workspace_bytes(a.rows, a.cols, layernorm) : 0;
+      on_cuda(*x) ? cuda::backward_workspace_bytes(x->dtype, a.rows, a.cols, layernorm) : 0;
 #else
   const size_t needed = 0;
 #endif
@@ -144,9 +145,10 @@ BwdArgs check_backward(bool layernorm, const te_tensor* dz, const te_tensor* x,
       fail(TE_ERROR_INVALID_ARGUMENT, "argument 'workspace' must hold at least ", needed,
            " bytes (the workspace-size query for 'x' ", shape_string(*x), "), got ",
            numel(*workspace));
+    if (reinterpret_cast<uintptr_t>(workspace->data) % 16 != 0)
+      fail(TE_ERROR_INVALID_ARGUMENT, "argument 'workspace' must be 16-byte aligned");
     a.workspace = workspace->data;
   }
-  if (on_cuda(*x)) use_cuda_device(x->device_index);
   return a;
 }
 
@@ -156,7 +158,8 @@ size_t workspace_bytes(const te_tensor* x, bool layernorm) {
   check_x(x, &rows, &cols);
   if (!on_cuda(*x)) return 0;
 #ifdef TE_WITH_CUDA
-  return cuda::backward_workspace_bytes(rows, cols, layernorm);
+  use_cuda_device(x->device_index);
+  return cuda::backward_workspace_bytes(x->dtype, rows, cols, layernorm);
 #else
   fail_no_cuda();
 #endif

@@ -57,7 +57,8 @@ namespace cuda {
 void forward(const FwdArgs& args, te_stream stream);
 void backward(const BwdArgs& args, te_stream stream);
 // FP32 partial sums of dgamma (and dbeta) per block of the backward kernel.
-size_t backward_workspace_bytes(int64_t rows, int64_t cols, bool layernorm);
+// Depends on the grid of the backward kernel, so on x's type and the device.
+size_t backward_workspace_bytes(te_dtype x_dtype, int64_t rows, int64_t cols, bool layernorm);
 }  // namespace cuda
 #endif
 
