@@ -162,10 +162,13 @@ def backward_bounds(layernorm: bool, dz, x, mu, rsigma, gamma, zero_centered_gam
     e2 = gamma_k(c + 6) * np.abs(dy * xhat).mean(axis=1, keepdims=True)
     terms = np.abs(dy) + np.abs(m1) + np.abs(xhat * m2)
     dx = _f64(dx).reshape(-1, h)
-    bound_dx = SAFETY * (r * (e1 + np.abs(xhat) * e2 + 5 * U32 * terms + 4 * TINY32)
-                         + U32 * np.abs(dx) + TINY32)
+    # Underflow: xhat and each product can land among the subnormals (absolute TINY32
+    # each, the xhat one scaled by what multiplies it).
+    bound_dx = SAFETY * (r * (e1 + np.abs(xhat) * e2 + 5 * U32 * terms
+                              + (4 + np.abs(m2)) * TINY32) + U32 * np.abs(dx) + TINY32)
     dgamma = (dz * xhat).sum(axis=0)
-    bound_dgamma = SAFETY * (gamma_k(c_col(n) + 3) * np.abs(dz * xhat).sum(axis=0) + 2 * n * TINY32)
+    bound_dgamma = SAFETY * (gamma_k(c_col(n) + 3) * np.abs(dz * xhat).sum(axis=0)
+                             + TINY32 * (1 + np.abs(dz)).sum(axis=0))
     bound_dx = rounded(bound_dx, dx, x_dtype).reshape(shape)
     bound_dgamma = rounded(bound_dgamma, dgamma, w_dtype)
     bound_dbeta = None
