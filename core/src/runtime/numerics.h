@@ -52,6 +52,7 @@ TE_HD uint8_t float_to_fp8(float x, const Fp8Format& f) {
   const float units = std::rint(std::ldexp(a, -unit_exp));
   const float v = std::ldexp(units, unit_exp);
   if (v >= f.max_finite) return sign | f.max_code;
+  if (v == 0.0f) return sign;  // rounded down to (signed) zero
   std::frexp(v, &exp);
   if (exp - 1 < min_normal_exp) {  // denormal: code = v / 2^(min_normal_exp - mantissa_bits)
     return sign | static_cast<uint8_t>(std::ldexp(v, f.mantissa_bits - min_normal_exp));
