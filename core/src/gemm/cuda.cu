@@ -57,7 +57,9 @@ LtCall make_call(const GemmArgs& g, const CudaPlan& plan, char* ws) {
     call.c = g.c.data;
     call.beta = g.beta;
   } else {
-    call.c = call.d;  // beta = 0: not read, but cuBLASLt wants a C layout
+    // beta = 0: C is not read. A high-precision D doubles as C (same layout);
+    // an FP8 D has a C layout of another type, so no C pointer at all.
+    call.c = plan.lt_fp8_output ? nullptr : call.d;
     call.beta = 0.0f;
   }
   call.c_dtype = plan.c_layout_dtype;

@@ -18,16 +18,18 @@ bool native_output(const GemmArgs& a) {
   return true;  // FP32, BF16, FP16, E4M3
 }
 
-// The C type cuBLASLt uses with an FP8 D: C's, else the bias', else BF16.
+// The C layout type cuBLASLt wants with an FP8 D (C itself is never passed
+// then): the bias' type, else BF16.
 te_dtype fp8_output_c_type(const GemmArgs& a) {
-  if (a.c.present()) return a.c.dtype;
   if (a.bias.present() && is_half_type(a.bias.dtype)) return a.bias.dtype;
   return TE_DTYPE_BFLOAT16;
 }
 
+// beta * C inside cuBLASLt: only with C of D's type (high-precision D). With an
+// FP8 D the reference library never accumulates either; our kernel adds C.
 bool native_c(const GemmArgs& a) {
   if (!a.c.present()) return true;
-  return a.fp8_output() ? is_half_type(a.c.dtype) : a.c.dtype == a.d_dtype;
+  return !a.fp8_output() && a.c.dtype == a.d_dtype;
 }
 
 bool fusable_bias(const GemmArgs& a) {

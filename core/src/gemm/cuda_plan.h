@@ -10,9 +10,10 @@
 // What is fused (everything else falls back to our kernels, see cuda.cu):
 //   - output types cuBLASLt writes: non-FP8 T x T -> T or FP32; FP8 -> FP32,
 //     BF16, FP16, E4M3, and E5M2 only when an input is E5M2;
-//   - C: D's type (high-precision D); BF16/FP16 for FP8 D;
+//   - C: D's type (high-precision D); not with an FP8 D;
 //   - bias: D's type (non-FP8); for FP8 inputs BF16 with FP32/BF16 D, FP16 with
-//     FP16 D, and the C type (BF16/FP16) with FP8 D;
+//     FP16 D, and BF16/FP16 with FP8 D (cuBLASLt's C layout then takes the
+//     bias' type);
 //   - GELU_AUX(_BIAS): non-FP8 only, pre_gelu_out of D's type, N % 8 == 0
 //     (the aux leading dimension must be a multiple of 8);
 //   - BGRADB (bias_grad): non-FP8, D, inputs and bias_grad of one type, no
