@@ -30,7 +30,7 @@ term, which `extra_roundings` adds to the K + 4 (GPU tests pass 4).
 
 from __future__ import annotations
 
-from typing import NamedTuple, Optional
+from typing import NamedTuple
 
 import ml_dtypes
 import numpy as np
@@ -172,5 +172,3 @@ def random_scale_inv(rng: np.random.Generator, power_of_two: bool = True) -> np.
         return np.float32(2.0 ** int(rng.integers(-4, 3)))
     return np.float32(rng.uniform(0.3, 3.0))
 
-
-OptionalArray = Optional[np.ndarray]

@@ -14,11 +14,7 @@ import secrets
 import ml_dtypes
 import numpy as np
 import pytest
-
 import transformer_engine.core as tec
-from transformer_engine.core import lib
-from transformer_engine.core._arrays import desc
-
 from gemm_reference import (
     assert_amax_close,
     assert_close,
@@ -29,6 +25,8 @@ from gemm_reference import (
     random_scale_inv,
     reference,
 )
+from transformer_engine.core import lib
+from transformer_engine.core._arrays import desc
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 E4M3 = np.dtype(ml_dtypes.float8_e4m3fn)
@@ -172,7 +170,7 @@ def test_gelu_stores_pre_activation(rng, dtype, with_bias, pre_gelu_dtype):
                  pre_gelu_dtype=pre_gelu_dtype)
     ref = reference(a, b, transb=True, bias=bias, gelu=True)
     pre = reference(a, b, transb=True, bias=bias)
-    assert r.pre_gelu_out.dtype == (pre_gelu_dtype or dtype)
+    assert r.pre_gelu_out.dtype == (dtype if pre_gelu_dtype is None else pre_gelu_dtype)
     assert_close(r.pre_gelu_out, pre.out, pre.err32, "pre_gelu_out")
     assert_close(r.out, ref.out, ref.err32, "D = gelu")
     assert np.any(r.out.astype(np.float32) < 0), "GELU of random data has negative outputs"
@@ -338,16 +336,16 @@ def test_both_e5m2_rejected(rng):
 @pytest.mark.parametrize(
     "kwargs,pattern",
     [
-        (dict(b=np.ones((3, 2), np.float16)), "'a' and 'b' must have the same type"),
-        (dict(a=np.ones((2, 3), np.float64)), "argument 'a' must be"),
-        (dict(bias=np.ones(2, np.int32)), "argument 'bias' must be"),
-        (dict(c=np.ones((2, 2), np.float16), beta=1.0), "argument 'c' must be float32"),
-        (dict(out_dtype=np.int32), "argument 'out_dtype' must be"),
-        (dict(a=np.ones((16, 16), E4M3), b=np.ones((16, 16), np.float32)), "both be FP8"),
+        ({"b": np.ones((3, 2), np.float16)}, "'a' and 'b' must have the same type"),
+        ({"a": np.ones((2, 3), np.float64)}, "argument 'a' must be"),
+        ({"bias": np.ones(2, np.int32)}, "argument 'bias' must be"),
+        ({"c": np.ones((2, 2), np.float16), "beta": 1.0}, "argument 'c' must be float32"),
+        ({"out_dtype": np.int32}, "argument 'out_dtype' must be"),
+        ({"a": np.ones((16, 16), E4M3), "b": np.ones((16, 16), np.float32)}, "both be FP8"),
     ],
 )
 def test_type_errors_name_the_argument(kwargs, pattern):
-    args = dict(a=np.ones((2, 3), np.float32), b=np.ones((3, 2), np.float32))
+    args = {"a": np.ones((2, 3), np.float32), "b": np.ones((3, 2), np.float32)}
     args.update(kwargs)
     a, b = args.pop("a"), args.pop("b")
     if a.dtype == E4M3:
@@ -359,12 +357,12 @@ def test_type_errors_name_the_argument(kwargs, pattern):
 @pytest.mark.parametrize(
     "kwargs,pattern",
     [
-        (dict(b=np.ones((4, 2), np.float32)), "inner dimensions differ"),
-        (dict(bias=np.ones(3, np.float32)), r"'bias' must have shape \[N\] = \[2\]"),
-        (dict(c=np.ones((2, 3), np.float32), beta=1.0), r"'c' must be a \[2, 2\] matrix"),
-        (dict(beta=1.0), "'beta' is 1 but 'c' is NULL"),
-        (dict(a_scale_inv=1.0), "'a_scale_inv' is only for an FP8 'a'"),
-        (dict(alpha=float("nan")), "must be finite"),
+        ({"b": np.ones((4, 2), np.float32)}, "inner dimensions differ"),
+        ({"bias": np.ones(3, np.float32)}, r"'bias' must have shape \[N\] = \[2\]"),
+        ({"c": np.ones((2, 3), np.float32), "beta": 1.0}, r"'c' must be a \[2, 2\] matrix"),
+        ({"beta": 1.0}, "'beta' is 1 but 'c' is NULL"),
+        ({"a_scale_inv": 1.0}, "'a_scale_inv' is only for an FP8 'a'"),
+        ({"alpha": float("nan")}, "must be finite"),
     ],
 )
 def test_value_errors_name_the_argument(kwargs, pattern):

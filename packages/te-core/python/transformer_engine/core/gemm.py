@@ -12,7 +12,7 @@ float8_e4m3fn / float8_e5m2 arrays, dequantized as float32(q) * scale_inv.
 
 from __future__ import annotations
 
-from typing import NamedTuple, Optional
+from typing import NamedTuple
 
 import numpy as np
 
@@ -27,9 +27,9 @@ class GemmOutput(NamedTuple):
     """Result of `gemm`; fields that were not requested are None."""
 
     out: np.ndarray  # D: a.shape[:-1] + (N,) without transa, else (M, N)
-    pre_gelu_out: Optional[np.ndarray]  # (M, N), when gelu
-    bias_grad: Optional[np.ndarray]  # (M,), when bias_grad
-    amax: Optional[np.ndarray]  # FP32 scalar max |D| before scaling, when D is FP8
+    pre_gelu_out: np.ndarray | None  # (M, N), when gelu
+    bias_grad: np.ndarray | None  # (M,), when bias_grad
+    amax: np.ndarray | None  # FP32 scalar max |D| before scaling, when D is FP8
 
 
 def _is_high_precision(dtype) -> bool:
@@ -48,7 +48,7 @@ def _array(x, name: str) -> np.ndarray:
     return np.ascontiguousarray(array)
 
 
-def _optional_desc(array: Optional[np.ndarray]):
+def _optional_desc(array: np.ndarray | None):
     return None if array is None else desc(array)
 
 
