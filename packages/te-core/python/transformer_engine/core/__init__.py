@@ -15,6 +15,7 @@ from .cast import (
     quantize_fp8_current_scaling,
 )
 from .dtypes import DType, numpy_dtype, te_dtype
+from .gemm import GemmOutput, gemm
 from .scaling import delayed_scaling_update
 from .transpose import transpose
 
@@ -29,11 +30,13 @@ def built_with_cuda() -> bool:
 __all__ = [
     "DType",
     "Fp8Tensor",
+    "GemmOutput",
     "built_with_cuda",
     "compute_amax",
     "compute_scale_from_amax",
     "delayed_scaling_update",
     "dequantize_fp8",
+    "gemm",
     "lib",
     "numpy_dtype",
     "quantize_fp8",
