@@ -15,6 +15,7 @@ from .cast import (
     quantize_fp8_current_scaling,
 )
 from .dtypes import DType, numpy_dtype, te_dtype
+from .gemm import GemmOutput, gemm
 from .norm import NormForward, layernorm_bwd, layernorm_fwd, rmsnorm_bwd, rmsnorm_fwd
 from .scaling import delayed_scaling_update
 from .transpose import transpose
@@ -30,12 +31,14 @@ def built_with_cuda() -> bool:
 __all__ = [
     "DType",
     "Fp8Tensor",
+    "GemmOutput",
     "NormForward",
     "built_with_cuda",
     "compute_amax",
     "compute_scale_from_amax",
     "delayed_scaling_update",
     "dequantize_fp8",
+    "gemm",
     "layernorm_bwd",
     "layernorm_fwd",
     "lib",
