@@ -112,8 +112,12 @@ def _gemm_op(a: torch.Tensor, b: torch.Tensor, a_dtype: int, a_scale_inv: torch.
              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     d, pre, grad = _gemm(a, b, a_dtype, a_scale_inv, b_dtype, b_scale_inv, transa, transb,
                          out_dtype, bias, gelu, bias_grad, use_split_accumulator, alpha)
-    empty = a.new_empty((0,), dtype=out_dtype)
-    return d, (empty if pre is None else pre), (empty if grad is None else grad)
+    # Ops cannot return None, nor one tensor twice: separate empty placeholders.
+    if pre is None:
+        pre = a.new_empty((0,), dtype=out_dtype)
+    if grad is None:
+        grad = a.new_empty((0,), dtype=out_dtype)
+    return d, pre, grad
 
 
 @_gemm_op.register_fake

@@ -65,8 +65,12 @@ def _fake_fwd(x, out_dtype, fp8_dtype, layernorm: bool):
 
 def _op_outputs(result, x):
     y, mu, rsigma, scale_inv = result
-    empty = x.new_empty((0,), dtype=torch.float32)
-    return y, (empty if mu is None else mu), rsigma, (empty if scale_inv is None else scale_inv)
+    # Ops cannot return None, nor one tensor twice: separate empty placeholders.
+    if mu is None:
+        mu = x.new_empty((0,), dtype=torch.float32)
+    if scale_inv is None:
+        scale_inv = x.new_empty((0,), dtype=torch.float32)
+    return y, mu, rsigma, scale_inv
 
 
 @torch.library.custom_op("te::layernorm_fwd", mutates_args=("amax",))

@@ -1,0 +1,45 @@
+"""Shared fixtures of the te-pytorch tests.
+
+Every test that takes `device` runs on the CPU (te-core's CPU backend, in CI)
+and, marked gpu, on CUDA when torch sees a GPU and te-core has its CUDA
+backend: the same test code checks both backends.
+Inputs are fresh random values each run; the seed is printed so that a
+failure can be replayed (TE_TEST_SEED=<seed>).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import transformer_engine.core as te_core
+from transformer_engine.pytorch import FP8GlobalStateManager
+
+
+def cuda_ready() -> bool:
+    return torch.cuda.is_available() and te_core.built_with_cuda()
+
+
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+
+
+@pytest.fixture(params=DEVICES)
+def device(request):
+    if request.param == "cuda" and not cuda_ready():
+        pytest.skip("needs a CUDA device and a te-core build with the CUDA backend")
+    return torch.device(request.param)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_state():
+    """A fresh seed per test (printed) and a clean global FP8 state."""
+    seed = int(os.environ.get("TE_TEST_SEED", random.randrange(2**31)))
+    print(f"TE_TEST_SEED={seed}")
+    torch.manual_seed(seed)
+    FP8GlobalStateManager.reset()
+    yield
+    FP8GlobalStateManager.reset()
