@@ -43,3 +43,14 @@ def _fresh_state():
     FP8GlobalStateManager.reset()
     yield
     FP8GlobalStateManager.reset()
+
+
+@pytest.fixture
+def gloo_world(tmp_path):
+    """A single-process gloo process group (the default group), destroyed after the test."""
+    dist = torch.distributed
+    if not dist.is_available():
+        pytest.skip("torch.distributed is not available")
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
+    yield dist.group.WORLD
+    dist.destroy_process_group()
