@@ -45,8 +45,8 @@ def test_scale_update_with_linear_module(device, history_len, algo, is_first_mic
             y = layer(x, is_first_microbatch=is_first_microbatch)
         # The forward used the scales from before this step.
         x_hat = _oracle_quantized(x, scale_f[0], "e4m3").double()
-        w_hat = (_oracle_quantized(layer.weight, scale_f[1], "e4m3").double()
-                 if step == 0 or is_first_microbatch is not False else w_hat)
+        if step == 0 or is_first_microbatch is not False:  # else the cached FP8 weight
+            w_hat = _oracle_quantized(layer.weight, scale_f[1], "e4m3").double()
         expected = x_hat @ w_hat.T + layer.bias.detach().double().cpu()
         bound = matmul_bound(x_hat, w_hat, torch.zeros_like(x_hat), torch.zeros_like(w_hat),
                              torch.float32) + 2.0**-24 * expected.abs()
@@ -71,7 +71,7 @@ def test_update_timing(device):
     """Forward update at the outermost autocast exit (grad enabled only);
     backward update when the first module's backward has run."""
     model = torch.nn.Sequential(te.Linear(16, 32, device=device), te.Linear(32, 16, device=device))
-    first, second = model
+    first = model[0]
     x = torch.randn(32, 16, device=device, requires_grad=True)
     with te.autocast(recipe=recipe.DelayedScaling()):
         with te.autocast(recipe=recipe.DelayedScaling()):
@@ -182,13 +182,13 @@ def test_recipe_change_warnings():
     x = torch.randn(16, 16)
     with te.autocast(recipe=recipe.Float8CurrentScaling()):
         layer(x)
-    with pytest.warns(UserWarning, match="Recipe type changed"):
-        with te.autocast(recipe=recipe.DelayedScaling(amax_history_len=8)):
-            layer(x)
+    with (pytest.warns(UserWarning, match="Recipe type changed"),
+          te.autocast(recipe=recipe.DelayedScaling(amax_history_len=8))):
+        layer(x)
     old_history = layer.fp8_meta["scaling_fwd"].amax_history.clone()
-    with pytest.warns(UserWarning, match="Quantizer is being updated, this may affect model"):
-        with te.autocast(recipe=recipe.DelayedScaling(amax_history_len=4)):
-            layer(x)
+    with (pytest.warns(UserWarning, match="Quantizer is being updated, this may affect model"),
+          te.autocast(recipe=recipe.DelayedScaling(amax_history_len=4))):
+        layer(x)
     history = layer.fp8_meta["scaling_fwd"].amax_history
     assert history.shape == (4, 3)
     # The newest amaxes were kept (then rolled once by this step's update).
@@ -225,10 +225,10 @@ def test_autocast_api():
     (recipe.NVFP4BlockScaling, "NVFP4BlockScaling"),
 ])
 def test_block_recipes_say_they_are_coming(block_recipe, name):
-    with pytest.raises(NotImplementedError, match=f"{name} is not supported .* coming"):
-        with te.autocast(recipe=block_recipe()):
-            pass
+    with (pytest.raises(NotImplementedError, match=f"{name} is not supported .* coming"),
+          te.autocast(recipe=block_recipe())):
+        pass
     assert te.FP8GlobalStateManager.autocast_depth == 0
-    with pytest.raises(TypeError, match="must be a transformer_engine.common.recipe.Recipe"):
-        with te.autocast(recipe="delayed"):
-            pass
+    with (pytest.raises(TypeError, match="must be a transformer_engine.common.recipe.Recipe"),
+          te.autocast(recipe="delayed")):
+        pass
