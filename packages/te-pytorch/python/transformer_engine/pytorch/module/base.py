@@ -67,7 +67,9 @@ class TransformerEngineBaseModule(torch.nn.Module):
         old = self.fp8_meta["recipe"]
         if old is recipe or (old is not None and old == recipe):
             return
-        if old is not None:
+        # (torch.compile cannot trace warnings.warn: under it the state is
+        # rebuilt silently; the changed recipe recompiles the graph anyway.)
+        if old is not None and not torch.compiler.is_compiling():
             if type(old) is not type(recipe):
                 warnings.warn(f"Recipe type changed from {type(old).__name__} to "
                               f"{type(recipe).__name__}: rebuilding the quantizers of "
@@ -100,13 +102,13 @@ class TransformerEngineBaseModule(torch.nn.Module):
         if not (s.fp8_enabled or s.fp8_calibration):
             return None
         recipe = s.fp8_recipe
+        if recipe.delayed() and torch.compiler.is_compiling():
+            raise RuntimeError(
+                "DelayedScaling cannot run under torch.compile: its amax history and scales are "
+                "updated outside the graph after each step. Use recipe.Float8CurrentScaling() "
+                "with torch.compile, or run this model eagerly")
         self.init_fp8_metadata(recipe, device)
         if recipe.delayed():
-            if torch.compiler.is_compiling():
-                raise RuntimeError(
-                    "DelayedScaling cannot run under torch.compile: its amax history and scales "
-                    "are updated outside the graph after each step. Use "
-                    "recipe.Float8CurrentScaling() with torch.compile, or run this model eagerly")
             s.forward_queue.add(self.fp8_meta["scaling_fwd"], s.fp8_group)
         return recipe
 
