@@ -34,6 +34,17 @@ def device(request):
     return torch.device(request.param)
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _one_torch_thread():
+    """torch's OpenMP workers spin after each op and compete with te-core's
+    CPU threads (tiny ops then take milliseconds); one intra-op thread keeps
+    the suite fast on small CI machines."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(autouse=True)
 def _fresh_state():
     """A fresh seed per test (printed) and a clean global FP8 state."""
