@@ -38,16 +38,29 @@ def fp8_error(t: torch.Tensor, fmt: str, scale: float) -> torch.Tensor:
     return UNIT_ROUNDOFF[fmt] * t.abs() + SUBNORMAL_STEP[fmt] / 2 / scale
 
 
-def matmul_bound(a, b, err_a, err_b, out_dtype) -> torch.Tensor:
+# cuBLASLt's FP8 "fast accumulation" (use_split_accumulator=False, the fprop
+# default) keeps fewer accumulator bits than FP32 (about 14 on Hopper, as the
+# DeepSeek-V3 report measured): 2^-12 per addition bounds it safely.
+FAST_ACCUM_U = 2.0**-12
+
+
+def accumulation_u(device, split_accumulator: bool) -> float:
+    """Unit roundoff of one GEMM accumulation step on this device."""
+    fast = torch.device(device).type == "cuda" and not split_accumulator
+    return FAST_ACCUM_U if fast else 2.0**-24
+
+
+def matmul_bound(a, b, err_a, err_b, out_dtype, acc_u: float = 2.0**-24) -> torch.Tensor:
     """Elementwise bound of |y - a b^T| (float64) for y computed from operands
-    within err_a / err_b of a / b, FP32 accumulation over K and rounding to
-    out_dtype:  |a||e_b|^T + |e_a||b|^T + e_a e_b^T  (operand errors)
-              + K 2^-24 (|a| + e_a)(|b| + e_b)^T     (FP32 accumulation)
+    within err_a / err_b of a / b, accumulation over K (unit roundoff acc_u:
+    FP32 by default) and rounding to out_dtype:
+                |a||e_b|^T + |e_a||b|^T + e_a e_b^T  (operand errors)
+              + K acc_u (|a| + e_a)(|b| + e_b)^T     (accumulation)
               + u_out |a b^T|                        (output rounding)."""
     a, b, err_a, err_b = (t.double() for t in (a, b, err_a, err_b))
     k = a.shape[-1]
     operand = a.abs() @ err_b.T + err_a @ b.abs().T + err_a @ err_b.T
-    accumulation = k * 2.0**-24 * (a.abs() + err_a) @ (b.abs() + err_b).T
+    accumulation = k * acc_u * (a.abs() + err_a) @ (b.abs() + err_b).T
     u_out = {torch.float32: 2.0**-24, torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11}[out_dtype]
     output = u_out * (a @ b.T).abs() * (1 + 2.0**-4) + u_out * operand
     return operand + accumulation + output + 1e-30

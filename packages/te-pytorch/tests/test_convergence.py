@@ -15,7 +15,6 @@ thread so that its spinning OpenMP workers do not compete with te-core's).
 
 from __future__ import annotations
 
-import pytest
 import torch
 import transformer_engine.pytorch as te
 from transformer_engine.common import recipe
