@@ -51,7 +51,7 @@ class Quantizer:
         if out is not None:
             return self.update_quantized(tensor, out)
         if tensor.requires_grad and torch.is_grad_enabled():
-            return _QuantizeFunc.apply(tensor, self)
+            return _StraightThrough.apply(tensor, self._quantize)
         return self._quantize(tensor)
 
     def _quantize(self, tensor: torch.Tensor) -> QuantizedTensor:
@@ -72,24 +72,12 @@ class Quantizer:
         return copy.copy(self)
 
 
-class _QuantizeFunc(torch.autograd.Function):
-    """quantize() with a straight-through gradient."""
+class _StraightThrough(torch.autograd.Function):
+    """fn(tensor) whose gradient passes through unchanged (quantize / dequantize)."""
 
     @staticmethod
-    def forward(ctx, tensor, quantizer):
-        return quantizer._quantize(tensor)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return grad, None
-
-
-class _DequantizeFunc(torch.autograd.Function):
-    """dequantize() with a straight-through gradient."""
-
-    @staticmethod
-    def forward(ctx, tensor, dtype):
-        return tensor._dequantize(dtype)
+    def forward(ctx, tensor, fn):
+        return fn(tensor)
 
     @staticmethod
     def backward(ctx, grad):
@@ -118,7 +106,7 @@ class QuantizedTensor(torch.Tensor):
         """The high-precision value (self.dtype unless dtype is given)."""
         dtype = self.dtype if dtype is None else dtype
         if self.requires_grad and torch.is_grad_enabled():
-            return _DequantizeFunc.apply(self, dtype)
+            return _StraightThrough.apply(self, lambda t: t._dequantize(dtype))
         return self._dequantize(dtype)
 
     def _dequantize(self, dtype: torch.dtype) -> torch.Tensor:
