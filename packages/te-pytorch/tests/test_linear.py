@@ -241,10 +241,22 @@ def test_error_messages():
         layer(torch.randn(4, 40))
     with pytest.raises(NotImplementedError, match="fp8_output and fp8_grad are not yet supported"):
         layer(torch.randn(16, 48), fp8_output=True)
+    with pytest.raises(ValueError, match="input is on meta but the weight is on cpu"):
+        layer(torch.randn(16, 48, device="meta"))
+
+
+def test_parameters_split_under_compile():
+    torch._dynamo.reset()
+    layer = te.Linear(16, 48, parameters_split=("q", "k", "v"), device="cpu")
+    compiled = torch.compile(layer, fullgraph=True, backend="aot_eager")
+    x = torch.randn(16, 16)
+    with te.autocast(recipe=recipe.Float8CurrentScaling()):
+        assert torch.equal(compiled(x), layer(x))
+    torch._dynamo.reset()
 
 
 @pytest.mark.gpu
-def test_device_mismatch_is_named():
+def test_device_mismatch_is_named_and_state_follows_moves():
     from conftest import cuda_ready
 
     if not cuda_ready():
@@ -252,3 +264,15 @@ def test_device_mismatch_is_named():
     layer = te.Linear(16, 16, device="cuda")
     with pytest.raises(ValueError, match="input is on cpu but the weight is on cuda"):
         layer(torch.randn(16, 16))
+    # FP8 state built on the CPU follows the module to the GPU, values kept.
+    moving = te.Linear(16, 16, device="cpu")
+    x = torch.randn(16, 16)
+    with te.autocast(recipe=recipe.DelayedScaling()):
+        expected = moving(x)
+    history = moving.fp8_meta["scaling_fwd"].amax_history.clone()
+    moving.cuda()
+    with te.autocast(recipe=recipe.DelayedScaling()):
+        got = moving(x.cuda())
+    assert moving.fp8_meta["scaling_fwd"].amax_history.device.type == "cuda"
+    assert torch.equal(moving.fp8_meta["scaling_fwd"].amax_history[1:-1].cpu(), history[2:])
+    assert got.device.type == "cuda" and expected.shape == got.shape

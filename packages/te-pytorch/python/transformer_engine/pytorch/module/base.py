@@ -58,14 +58,19 @@ class TransformerEngineBaseModule(torch.nn.Module):
         self._num_gemms = num_gemms
         self.fp8_meta = {"recipe": None, "scaling_fwd": None, "scaling_bwd": None}
         self.quantizers = {"scaling_fwd": [], "scaling_bwd": []}
+        self._fp8_device = None
         self._weight_cache = None
 
     # ------------------------------------------------------------------ FP8 state
 
     def init_fp8_metadata(self, recipe, device) -> None:
-        """Makes fp8_meta/quantizers match `recipe` (cheap when they already do)."""
+        """Makes fp8_meta/quantizers match `recipe` and `device` (cheap when they already do)."""
         old = self.fp8_meta["recipe"]
         if old is recipe or (old is not None and old == recipe):
+            if device == self._fp8_device:
+                return
+            # The module moved (module.to(...)): the state follows, values kept.
+            self._build_fp8_state(recipe, device, adopt=True)
             return
         # (torch.compile cannot trace warnings.warn: under it the state is
         # rebuilt silently; the changed recipe recompiles the graph anyway.)
@@ -90,6 +95,7 @@ class TransformerEngineBaseModule(torch.nn.Module):
             self.fp8_meta[key] = state
             self.quantizers[key] = state.make_quantizers()
         self.fp8_meta["recipe"] = recipe
+        self._fp8_device = torch.device(device)
         self._weight_cache = None
 
     def fp8_state_for_forward(self, device):
