@@ -138,8 +138,11 @@ class autocast:
         if self._saved is not None:
             raise RuntimeError("this te.autocast instance is already active; create a new one "
                                "for a nested region")
-        recipe = get_default_recipe() if self.recipe is None else self.recipe
+        recipe = self.recipe
         if self.enabled or self.calibrating:
+            # (A disabled region needs no recipe: building the default one
+            # each time would only cost host time.)
+            recipe = get_default_recipe() if recipe is None else recipe
             check_recipe_support(recipe)
         s = FP8GlobalStateManager
         self._saved = (s.fp8_enabled, s.fp8_calibration, s.fp8_recipe, s.fp8_group)

@@ -102,6 +102,9 @@ class Linear(TransformerEngineBaseModule):
         if parallel_mode not in (None, "column", "row"):
             raise ValueError(f"parallel_mode must be None, 'column' or 'row', got {parallel_mode!r}")
         self.parameter_split_sizes = _split_sizes(parameters_split, out_features)
+        # Parameter names, computed once (forward reads them every call).
+        self._weight_names = tuple(f"{n}_weight" if n else "weight" for n in self.parameter_split_sizes)
+        self._bias_names = tuple(f"{n}_bias" if n else "bias" for n in self.parameter_split_sizes)
         if fuse_wgrad_accumulation and len(self.parameter_split_sizes) > 1:
             raise NotImplementedError("te.Linear: fuse_wgrad_accumulation with parameters_split "
                                       "is not yet supported by transformer_engine.pytorch")
@@ -118,17 +121,14 @@ class Linear(TransformerEngineBaseModule):
         if device != "meta":
             self.reset_parameters()
 
-    def _names(self, kind: str) -> list[str]:
-        return [f"{name}_{kind}" if name else kind for name in self.parameter_split_sizes]
-
     def _allocate(self, device: torch.device) -> None:
         """One weight (and bias) buffer; split parameters are row slices of it."""
         weight = torch.empty(self.out_features, self.in_features, device=device,
                              dtype=self.params_dtype)
         bias = torch.empty(self.out_features, device=device, dtype=self.params_dtype)
         offset = 0
-        for (_, size), w_name, b_name in zip(self.parameter_split_sizes.items(),
-                                             self._names("weight"), self._names("bias")):
+        for size, w_name, b_name in zip(self.parameter_split_sizes.values(), self._weight_names,
+                                        self._bias_names):
             self.register_parameter(w_name, torch.nn.Parameter(weight[offset:offset + size]))
             if self.use_bias:
                 self.register_parameter(b_name, torch.nn.Parameter(bias[offset:offset + size]))
@@ -144,20 +144,20 @@ class Linear(TransformerEngineBaseModule):
         if self._parameter_device().type == "meta":
             self._allocate(resolve_device("cuda"))
         with torch.no_grad():
-            for w_name in self._names("weight"):
+            for w_name in self._weight_names:
                 self.init_method(getattr(self, w_name))
             if self.use_bias:
-                for b_name in self._names("bias"):
+                for b_name in self._bias_names:
                     getattr(self, b_name).zero_()
 
     def _weight_tensor(self) -> torch.Tensor:
-        names = self._names("weight")
+        names = self._weight_names
         if len(names) == 1:
             return getattr(self, names[0])
         return _NoopCat.apply(*(getattr(self, n) for n in names))
 
     def _bias_tensor(self):
-        names = self._names("bias")
+        names = self._bias_names
         if len(names) == 1:
             return getattr(self, names[0])
         return _NoopCat.apply(*(getattr(self, n).view(-1, 1) for n in names)).view(-1)

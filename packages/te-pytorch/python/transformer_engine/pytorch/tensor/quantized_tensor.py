@@ -141,5 +141,8 @@ class QuantizedTensor(torch.Tensor):
         return func(*tree_map(_dequantize_arg, args), **tree_map(_dequantize_arg, kwargs))
 
     def __repr__(self, *, tensor_contents=None) -> str:
-        return (f"{type(self).__name__}(shape={tuple(self.shape)}, dtype={self.dtype}, "
-                f"data={self._dequantize(self.dtype)})")
+        try:
+            data = self._dequantize(self.dtype)
+        except (AttributeError, TypeError, ValueError):  # cleared buffers
+            data = "<no data>"
+        return f"{type(self).__name__}(shape={tuple(self.shape)}, dtype={self.dtype}, data={data})"
