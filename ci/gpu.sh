@@ -19,8 +19,12 @@ TE_WITH_CUDA=ON TE_CUDA_ARCHS=90 "$PY" -m pip install --no-build-isolation --no-
 echo "built in $(( $(date +%s) - start )) s"
 
 echo "== tests (CPU and GPU)"
+# te-pytorch is pure Python: used from the source tree (the machine has no
+# network to fetch its build backend); transformer_engine is a namespace package.
+export PYTHONPATH="$PWD/packages/te-pytorch/python${PYTHONPATH:+:$PYTHONPATH}"
 set +e
-"$PY" -m pytest -q -p no:cacheprovider packages/te-core/tests ${TE_GPU_PYTEST_ARGS:-} > "$OUT/tests.log" 2>&1
+"$PY" -m pytest -q -p no:cacheprovider packages/te-core/tests packages/te-pytorch/tests \
+  ${TE_GPU_PYTEST_ARGS:-} > "$OUT/tests.log" 2>&1
 tests_rc=$?
 set -e
 tail -25 "$OUT/tests.log"

@@ -7,6 +7,12 @@ te-pytorch suites in one session and same-named modules would collide.)
 from __future__ import annotations
 
 import torch
+import transformer_engine.core as te_core
+
+
+def cuda_ready() -> bool:
+    """A CUDA device visible to torch and a te-core build with the CUDA backend."""
+    return torch.cuda.is_available() and te_core.built_with_cuda()
 
 FP8_MAX = {"e4m3": 448.0, "e5m2": 57344.0}
 # Largest FP8 value below the first normal, spaced like the subnormals.

@@ -12,6 +12,9 @@ import transformer_engine.pytorch as te
 from transformer_engine.common import recipe
 from transformer_engine.pytorch.module._extra_state import UNSAFE_PICKLE_EXTRA_STATE_ENV
 
+pytest_plugins = ["pt_fixtures"]
+pytestmark = pytest.mark.usefixtures("te_state")
+
 
 def _step(layer, x, dy, fp8_recipe):
     with te.autocast(recipe=fp8_recipe):

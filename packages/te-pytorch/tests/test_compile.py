@@ -14,6 +14,9 @@ import torch
 import transformer_engine.pytorch as te
 from transformer_engine.common import recipe
 
+pytest_plugins = ["pt_fixtures"]
+pytestmark = pytest.mark.usefixtures("te_state")
+
 
 @pytest.fixture(autouse=True)
 def _fresh_dynamo():

@@ -15,9 +15,13 @@ thread so that its spinning OpenMP workers do not compete with te-core's).
 
 from __future__ import annotations
 
+import pytest
 import torch
 import transformer_engine.pytorch as te
 from transformer_engine.common import recipe
+
+pytest_plugins = ["pt_fixtures"]
+pytestmark = pytest.mark.usefixtures("te_state")
 
 STEPS, BATCH, WINDOW = 300, 64, 20
 

@@ -12,6 +12,9 @@ import transformer_engine.pytorch as te
 from pt_helpers import hostile
 from transformer_engine.core import reference
 
+pytest_plugins = ["pt_fixtures"]
+pytestmark = pytest.mark.usefixtures("te_state")
+
 E4M3, E5M2 = te.DType.kFloat8E4M3, te.DType.kFloat8E5M2
 FMT = {E4M3: "e4m3", E5M2: "e5m2"}
 DIMS = [(), (7,), (5, 16), (3, 4, 32), (2, 3, 5, 16)]

@@ -11,9 +11,19 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from pt_helpers import FP8_MAX, assert_within, fp8_error, hostile, matmul_bound
+from pt_helpers import (
+    FP8_MAX,
+    assert_within,
+    cuda_ready,
+    fp8_error,
+    hostile,
+    matmul_bound,
+)
 from transformer_engine.core import reference
 from transformer_engine.pytorch import kernels
+
+pytest_plugins = ["pt_fixtures"]
+pytestmark = pytest.mark.usefixtures("te_state")
 
 CODE = {"e4m3": 7, "e5m2": 8}
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
@@ -272,8 +282,6 @@ def test_errors_name_the_argument():
 
 @pytest.mark.gpu
 def test_device_mismatch_is_named():
-    from conftest import cuda_ready
-
     if not cuda_ready():
         pytest.skip("needs a CUDA device and a te-core build with the CUDA backend")
     with pytest.raises(ValueError, match="device"):

@@ -13,9 +13,18 @@ from __future__ import annotations
 import pytest
 import torch
 import transformer_engine.pytorch as te
-from pt_helpers import accumulation_u, assert_within, fp8_error, matmul_bound
+from pt_helpers import (
+    accumulation_u,
+    assert_within,
+    cuda_ready,
+    fp8_error,
+    matmul_bound,
+)
 from transformer_engine.common import recipe
 from transformer_engine.pytorch.module import base
+
+pytest_plugins = ["pt_fixtures"]
+pytestmark = pytest.mark.usefixtures("te_state")
 
 U_OUT = {torch.float32: 2.0**-24, torch.bfloat16: 2.0**-8}
 
@@ -257,8 +266,6 @@ def test_parameters_split_under_compile():
 
 @pytest.mark.gpu
 def test_device_mismatch_is_named_and_state_follows_moves():
-    from conftest import cuda_ready
-
     if not cuda_ready():
         pytest.skip("needs a CUDA device and a te-core build with the CUDA backend")
     layer = te.Linear(16, 16, device="cuda")

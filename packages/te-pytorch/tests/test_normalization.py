@@ -11,6 +11,9 @@ import pytest
 import torch
 import transformer_engine.pytorch as te
 
+pytest_plugins = ["pt_fixtures"]
+pytestmark = pytest.mark.usefixtures("te_state")
+
 TOL = {torch.float32: {"rtol": 1e-5, "atol": 1e-5},
        torch.bfloat16: {"rtol": 2.0**-7, "atol": 2.0**-7}}
 

@@ -20,7 +20,11 @@ recipe = importlib.import_module("transformer_engine.common.recipe")
 
 
 def test_version_matches_distribution():
-    assert te.__version__ == importlib.metadata.version("te-pytorch")
+    try:
+        installed = importlib.metadata.version("te-pytorch")
+    except importlib.metadata.PackageNotFoundError:
+        pytest.skip("te-pytorch is used from the source tree (PYTHONPATH), not installed")
+    assert te.__version__ == installed
 
 
 def test_namespace_package_is_shared():

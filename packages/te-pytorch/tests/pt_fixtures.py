@@ -1,10 +1,18 @@
-"""Shared fixtures of the te-pytorch tests.
+"""Fixtures of the te-pytorch tests, loaded as a plugin by each test module:
+
+    pytest_plugins = ["pt_fixtures"]
+    pytestmark = pytest.mark.usefixtures("te_state")
+
+(Not a conftest.py: pytest runs the te-core and te-pytorch suites in one
+session, and te-core's tests import names from their conftest module, which a
+second conftest.py would shadow. Plugin fixtures are visible session-wide, so
+none of them is autouse: modules opt in with the pytestmark above.)
 
 Every test that takes `device` runs on the CPU (te-core's CPU backend, in CI)
 and, marked gpu, on CUDA when torch sees a GPU and te-core has its CUDA
-backend: the same test code checks both backends.
-Inputs are fresh random values each run; the seed is printed so that a
-failure can be replayed (TE_TEST_SEED=<seed>).
+backend: the same test code checks both backends. Inputs are fresh random
+values each run; the seed is printed so that a failure can be replayed
+(TE_TEST_SEED=<seed>).
 """
 
 from __future__ import annotations
@@ -13,16 +21,9 @@ import os
 import random
 
 import pytest
-
-torch = pytest.importorskip("torch")
-
-import transformer_engine.core as te_core
+import torch
+from pt_helpers import cuda_ready
 from transformer_engine.pytorch import FP8GlobalStateManager
-
-
-def cuda_ready() -> bool:
-    return torch.cuda.is_available() and te_core.built_with_cuda()
-
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 
@@ -34,26 +35,20 @@ def device(request):
     return torch.device(request.param)
 
 
-@pytest.fixture(autouse=True, scope="session")
-def _one_torch_thread():
-    """torch's OpenMP workers spin after each op and compete with te-core's
-    CPU threads (tiny ops then take milliseconds); one intra-op thread keeps
-    the suite fast on small CI machines."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture(autouse=True)
-def _fresh_state():
-    """A fresh seed per test (printed) and a clean global FP8 state."""
+@pytest.fixture
+def te_state():
+    """A fresh seed per test (printed), a clean global FP8 state, and one torch
+    intra-op thread: torch's OpenMP workers spin after each op and compete
+    with te-core's CPU threads (tiny ops then take milliseconds)."""
     seed = int(os.environ.get("TE_TEST_SEED", random.randrange(2**31)))
     print(f"TE_TEST_SEED={seed}")
     torch.manual_seed(seed)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
     FP8GlobalStateManager.reset()
     yield
     FP8GlobalStateManager.reset()
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture

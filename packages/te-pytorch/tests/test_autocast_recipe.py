@@ -14,6 +14,9 @@ from transformer_engine.common import recipe
 from transformer_engine.core import reference
 from transformer_engine.pytorch import quantization
 
+pytest_plugins = ["pt_fixtures"]
+pytestmark = pytest.mark.usefixtures("te_state")
+
 FLT_MAX = np.finfo(np.float32).max
 
 
