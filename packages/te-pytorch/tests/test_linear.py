@@ -120,6 +120,22 @@ def test_backward_saves_fp8_bytes_not_the_input():
     assert sorted(tuple(t.shape) for t in saved if t.dtype == torch.uint8) == [(64, 16), (64, 32)]
 
 
+@pytest.mark.parametrize("fp8_recipe", [recipe.Float8CurrentScaling(), recipe.DelayedScaling()],
+                         ids=["current", "delayed"])
+def test_frozen_weight_and_bias_only_gradients(device, fp8_recipe):
+    layer = te.Linear(32, 16, device=device)
+    layer.weight.requires_grad_(False)
+    dy = torch.randn(16, 16, device=device)
+    for x_grad in (True, False):
+        x = torch.randn(16, 32, device=device, requires_grad=x_grad)
+        with te.autocast(recipe=fp8_recipe):
+            y = layer(x)
+        y.backward(dy)
+        assert layer.weight.grad is None and (x.grad is not None) == x_grad
+        torch.testing.assert_close(layer.bias.grad, dy.sum(0), rtol=1e-5, atol=1e-5)
+        layer.bias.grad = None
+
+
 def test_return_bias_and_no_bias(device):
     layer = te.Linear(16, 32, return_bias=True, device=device)
     with torch.no_grad():

@@ -134,8 +134,9 @@ def _fp8_backward(ctx, a, dy, need_dgrad, need_wgrad, need_bgrad):
     xc, xs, wc, ws = ctx.saved_tensors
     x_code, w_code = ctx.codes
     g_code = int(a.grad_q.dtype)
-    dyr, dyc, dys = a.grad_q.quantize_parts(dy, need_dgrad, need_wgrad)
     dx = dw = db = None
+    if need_dgrad or need_wgrad:  # (only the bias may need a gradient)
+        dyr, dyc, dys = a.grad_q.quantize_parts(dy, need_dgrad, need_wgrad)
     if need_dgrad:
         dx, _, _ = kernels.gemm(dyr, wc, a_dtype=g_code, a_scale_inv=dys, b_dtype=w_code,
                                 b_scale_inv=ws, transb=True, out_dtype=a.act_dtype,
