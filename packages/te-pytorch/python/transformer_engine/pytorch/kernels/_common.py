@@ -37,7 +37,7 @@ TORCH_TO_CODE = {
     torch.float8_e4m3fn: E4M3,
     torch.float8_e5m2: E5M2,
 }
-HIGH_PRECISION = (torch.float32, torch.bfloat16, torch.float16)
+
 
 def code_of(t: torch.Tensor, name: str) -> int:
     """The core dtype code of a high-precision (or torch float8) tensor."""
@@ -57,10 +57,6 @@ def desc(t: torch.Tensor, code: int) -> lib.TensorDesc:
 def hp_desc(t: torch.Tensor, name: str) -> lib.TensorDesc:
     """Descriptor of a high-precision tensor (its code from its torch dtype)."""
     return desc(t, code_of(t, name))
-
-
-def opt_desc(t: torch.Tensor | None, code: int):
-    return None if t is None else desc(t, code)
 
 
 def scalar_desc(base: torch.Tensor, index: int) -> lib.TensorDesc:
