@@ -19,9 +19,10 @@
  *
  * Per block, with fp8_max = 448 (E4M3) or 57344 (E5M2):
  *   amax = max |x| over the block's non-NaN elements (0 when none)
- *   s    = te_compute_scale_from_amax's formula (cast.h) with value_for_inf = FLT_MAX:
+ *   s    = the scale-from-amax formula of cast.h, as the fused current-scaling quantize uses it:
  *          a = max(amax, amax_epsilon); s = 1 when a is 0, inf or NaN;
- *          else s = fp8_max / a (IEEE, RNE), FLT_MAX when that overflows,
+ *          else s = fp8_max / a (IEEE, RNE); when that overflows, s = the largest
+ *          finite value of the input's type (FLT_MAX, 0x1.FEp127 for BF16, 65504);
  *          then, with force_pow2_scales, rounded down to a power of 2
  *   q    = saturate(round_to_nearest_even(float32(x) * s))   (as in cast.h; NaN -> 0x7F)
  *   scale_inv = 1 / s   (FP32 IEEE division): the stored decode scale

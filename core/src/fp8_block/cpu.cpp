@@ -51,9 +51,10 @@ void quantize_band(const T* in, int64_t rows, int64_t cols, int64_t r0, const Di
     }
 
   const Fp8Format& fmt = fp8_format(a.fp8_dtype);
+  const float value_for_inf = max_finite_of(a.input_dtype);
   std::vector<float> block_scale(block_amax.size());
   for (size_t b = 0; b < block_amax.size(); ++b) {
-    const float s = scale_from_amax(block_amax[b], fmt.max_finite, a.force_pow2, a.epsilon, kFp32Max);
+    const float s = scale_from_amax(block_amax[b], fmt.max_finite, a.force_pow2, a.epsilon, value_for_inf);
     block_scale[b] = s;
     // The block's first element, in stored coordinates, locates its scale.
     const int64_t r = r0 + static_cast<int64_t>(b / blocks_per_row) * d.block_rows;

@@ -9,6 +9,7 @@ per-tensor cast of reference.py, then lay the scales out by index formulas.
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 
 from .reference import FLT_MAX, FP8_MAX, FP8_NUMPY, cast_to_fp8_bytes
@@ -30,14 +31,21 @@ def as_matrix(x: np.ndarray) -> np.ndarray:
     return x.reshape(-1, x.shape[-1]) if x.ndim else x.reshape(1, 1)
 
 
-def block_scales(amax: np.ndarray, fmt: str, force_pow2=True, epsilon=0.0) -> np.ndarray:
-    """compute_scale_from_amax element-wise (value_for_inf = FLT_MAX), float32."""
+def max_finite(dtype) -> np.float32:
+    """Largest finite value of the input type: what an overflowing scale becomes."""
+    dtype = np.dtype(dtype)
+    info = ml_dtypes.finfo(dtype) if dtype == np.dtype(ml_dtypes.bfloat16) else np.finfo(dtype)
+    return np.float32(info.max)
+
+
+def block_scales(amax: np.ndarray, fmt: str, force_pow2=True, epsilon=0.0, value_for_inf=FLT_MAX) -> np.ndarray:
+    """compute_scale_from_amax element-wise, float32."""
     a = np.asarray(amax, np.float32)
     a = np.where(a < np.float32(epsilon), np.float32(epsilon), a).astype(np.float32)
     bad = (a == 0) | ~np.isfinite(a)
     with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
         s = (np.float32(FP8_MAX[fmt]) / a).astype(np.float32)
-    s = np.where(np.isinf(s), FLT_MAX, s).astype(np.float32)
+    s = np.where(np.isinf(s), np.float32(value_for_inf), s).astype(np.float32)
     if force_pow2:
         _, exponent = np.frexp(s)  # s = m * 2^e with m in [0.5, 1): round down to 2^(e-1)
         s = np.ldexp(np.float32(1.0), exponent - 1).astype(np.float32)
@@ -63,9 +71,9 @@ def expand(grid: np.ndarray, block_rows: int, block_cols: int, shape) -> np.ndar
     return full[: shape[0], : shape[1]]
 
 
-def quantize_direction(x2d, fmt, block_rows, block_cols, force_pow2, epsilon):
+def quantize_direction(x2d, fmt, block_rows, block_cols, force_pow2, epsilon, value_for_inf):
     """(q bytes [M, K], scale_inv grid) for one block shape."""
-    s = block_scales(block_amax(x2d, block_rows, block_cols), fmt, force_pow2, epsilon)
+    s = block_scales(block_amax(x2d, block_rows, block_cols), fmt, force_pow2, epsilon, value_for_inf)
     q = cast_to_fp8_bytes(x2d * expand(s, block_rows, block_cols, x2d.shape), fmt)
     return q, (np.float32(1.0) / s).astype(np.float32)
 
@@ -83,12 +91,13 @@ def quantize(x, fmt="e4m3", block_dim=1, layout="gemm_ready", force_pow2=True, e
     x2d = as_matrix(x)
     m, k = x2d.shape
     b = BLOCK
+    args = (force_pow2, epsilon, max_finite(np.asarray(x).dtype))
     if block_dim == 2:
-        q, inv = quantize_direction(x2d, fmt, b, b, force_pow2, epsilon)  # inv [MB, KB]
+        q, inv = quantize_direction(x2d, fmt, b, b, *args)  # inv [MB, KB]
         q_col, inv_col = q, inv
     else:
-        q, inv = quantize_direction(x2d, fmt, 1, b, force_pow2, epsilon)  # inv [M, KB]
-        q_col, inv_col = quantize_direction(x2d, fmt, b, 1, force_pow2, epsilon)  # [MB, K]
+        q, inv = quantize_direction(x2d, fmt, 1, b, *args)  # inv [M, KB]
+        q_col, inv_col = quantize_direction(x2d, fmt, b, 1, *args)  # [MB, K]
     if layout == "compact":
         row_scales, col_scales, col_data = inv, inv_col, q_col
     elif block_dim == 2:
