@@ -116,12 +116,11 @@ void transpose_2d(const Transpose2dArgs& a) {
   } else if (a.rows * a.cols > 0) {
     std::memcpy(a.columnwise, a.rowwise, static_cast<size_t>(a.rows * a.cols));
   }
-  zero_scale_padding(a.columnwise_scale_inv, a.columnwise_map);
-  for (int64_t r = 0; r < a.rows; r += kBlock)
-    for (int64_t c = 0; c < a.cols; c += kBlock) {
-      const int64_t to = gemm_ready ? a.columnwise_map.index(c, r) : a.columnwise_map.index(r, c);
-      a.columnwise_scale_inv[to] = a.rowwise_scale_inv[a.rowwise_map.index(r, c)];
-    }
+  const ScaleMap& map = a.columnwise_map;
+  for (int64_t i = 0; i < map.shape0; ++i)
+    for (int64_t j = 0; j < map.shape1; ++j)
+      a.columnwise_scale_inv[i * map.shape1 + j] = columnwise_2d_scale(
+          a.rowwise_scale_inv, a.rowwise_map, map, gemm_ready, i, j);
 }
 
 }  // namespace te::fp8_block::cpu

@@ -53,4 +53,15 @@ inline ScaleMap output_scale_map(int64_t m, int64_t k, te_fp8_block_dim dim,
   return scale_map(m, k, dim, layout, columnwise);
 }
 
+// Entry (i, j) of the 2-D columnwise scale array, from the rowwise scales of
+// the same [M, K] tensor (te_fp8_block_transpose_2d). GEMM-ready columnwise
+// entry (i, j) is tile (j, i) of the rowwise array, compact is the same tile;
+// padding entries are 0.
+TE_HD float columnwise_2d_scale(const float* rowwise_scales, const ScaleMap& row_map,
+                                const ScaleMap& col_map, bool gemm_ready, int64_t i, int64_t j) {
+  if (j >= col_map.valid1) return 0.0f;
+  return gemm_ready ? rowwise_scales[row_map.index(j * kBlock, i * kBlock)]
+                    : rowwise_scales[row_map.index(i * kBlock, j * kBlock)];
+}
+
 }  // namespace te::fp8_block

@@ -8,13 +8,14 @@ and docs/numerics.md. Per block of 1x128 (rowwise), 128x1 (columnwise) or
 
 from __future__ import annotations
 
-from typing import NamedTuple, Optional
+from typing import NamedTuple
 
 import numpy as np
 
 from ._arrays import as_high_precision, desc, empty, matrix_shape
 from ._native import lib
-from .dtypes import FP8_DTYPES, DType, fp8_dtype as _fp8_dtype, te_dtype
+from .dtypes import FP8_DTYPES, DType, te_dtype
+from .dtypes import fp8_dtype as _fp8_dtype
 
 BLOCK = 128
 LAYOUTS = {"gemm_ready": 0, "compact": 1}
@@ -54,10 +55,10 @@ class Fp8BlockTensor(NamedTuple):
     block_dim: int  # 1 or 2
     layout: str  # "gemm_ready" or "compact"
     fp8_dtype: DType
-    rowwise: Optional[np.ndarray]  # FP8, the input's shape
-    rowwise_scale_inv: Optional[np.ndarray]  # FP32
-    columnwise: Optional[np.ndarray]  # FP8, [K, M] (gemm_ready) or the input's shape (compact)
-    columnwise_scale_inv: Optional[np.ndarray]  # FP32
+    rowwise: np.ndarray | None  # FP8, the input's shape
+    rowwise_scale_inv: np.ndarray | None  # FP32
+    columnwise: np.ndarray | None  # FP8, [K, M] (gemm_ready) or the input's shape (compact)
+    columnwise_scale_inv: np.ndarray | None  # FP32
 
     def dequantize(self, out_dtype=np.float32, *, columnwise=False) -> np.ndarray:
         """The tensor in its original shape, from the rowwise or the columnwise copy."""
