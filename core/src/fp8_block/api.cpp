@@ -134,7 +134,8 @@ te_status te_fp8_block_scale_shape(int64_t rows, int64_t cols, te_fp8_block_dim 
     if (rows < 0 || cols < 0)
       fail(TE_ERROR_INVALID_ARGUMENT, "arguments 'rows' and 'cols' must be >= 0, got ", rows,
            " and ", cols);
-    if (shape == nullptr) fail(TE_ERROR_INVALID_ARGUMENT, "argument 'shape' is required (got NULL)");
+    if (shape == nullptr)
+      fail(TE_ERROR_INVALID_ARGUMENT, "argument 'shape' is required (got NULL)");
     const ScaleMap map = output_scale_map(rows, cols, block_dim, layout, columnwise != 0);
     shape[0] = map.shape0;
     shape[1] = map.shape1;

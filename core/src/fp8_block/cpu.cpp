@@ -54,7 +54,8 @@ void quantize_band(const T* in, int64_t rows, int64_t cols, int64_t r0, const Di
   const float value_for_inf = max_finite_of(a.input_dtype);
   std::vector<float> block_scale(block_amax.size());
   for (size_t b = 0; b < block_amax.size(); ++b) {
-    const float s = scale_from_amax(block_amax[b], fmt.max_finite, a.force_pow2, a.epsilon, value_for_inf);
+    const float s =
+        scale_from_amax(block_amax[b], fmt.max_finite, a.force_pow2, a.epsilon, value_for_inf);
     block_scale[b] = s;
     // The block's first element, in stored coordinates, locates its scale.
     const int64_t r = r0 + static_cast<int64_t>(b / blocks_per_row) * d.block_rows;
@@ -74,7 +75,8 @@ void quantize_direction(const QuantizeArgs& a, const Direction& d) {
   zero_scale_padding(d.scale_inv, d.map);
   const T* in = static_cast<const T*>(a.input);
   parallel_for(cdiv(a.rows, kBlock), 1, [&](int64_t b0, int64_t b1) {
-    for (int64_t band = b0; band < b1; ++band) quantize_band(in, a.rows, a.cols, band * kBlock, d, a);
+    for (int64_t band = b0; band < b1; ++band)
+      quantize_band(in, a.rows, a.cols, band * kBlock, d, a);
   });
 }
 

@@ -228,7 +228,8 @@ __global__ void __launch_bounds__(kThreads)
     for (int i = 0; i < kRows; ++i) {
       q[i] = quantize8<kE5M2>(v[i], s);
       if (p.rowwise != nullptr) store_row8(p.rowwise, p, row0 + i, col0, q[i]);
-      if (p.columnwise != nullptr && !p.gemm_ready) store_row8(p.columnwise, p, row0 + i, col0, q[i]);
+      if (p.columnwise != nullptr && !p.gemm_ready)
+        store_row8(p.columnwise, p, row0 + i, col0, q[i]);
     }
   } else {
     if (p.rowwise != nullptr) {
@@ -312,7 +313,8 @@ __global__ void __launch_bounds__(kThreads)
     const float* s_row = scales + (r >> p.shift_r) * p.stride_r;
     auto scale_of = [&](int64_t c) { return s_row[(c >> p.shift_c) * p.stride_c]; };
     if (p.vectorized) {
-      for (int64_t c = kSpan * static_cast<int64_t>(threadIdx.x); c < p.cols; c += kSpan * kThreads) {
+      for (int64_t c = kSpan * static_cast<int64_t>(threadIdx.x); c < p.cols;
+           c += kSpan * kThreads) {
         const Vec<uint8_t, kSpan> q = load_vec<uint8_t, kSpan>(q_row + c);
         Vec<Out, kSpan> o;
 #pragma unroll
