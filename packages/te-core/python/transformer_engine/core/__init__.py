@@ -15,6 +15,16 @@ from .cast import (
     quantize_fp8_current_scaling,
 )
 from .dtypes import DType, numpy_dtype, te_dtype
+from .nvfp4 import (
+    Nvfp4Tensor,
+    compute_amax_nvfp4,
+    dequantize_nvfp4,
+    pack_fp4,
+    quantize_nvfp4,
+    rht_sign_mask_from_seed,
+    transpose_nvfp4_2d,
+    unpack_fp4,
+)
 from .scaling import delayed_scaling_update
 from .transpose import transpose
 
@@ -29,15 +39,23 @@ def built_with_cuda() -> bool:
 __all__ = [
     "DType",
     "Fp8Tensor",
+    "Nvfp4Tensor",
     "built_with_cuda",
     "compute_amax",
+    "compute_amax_nvfp4",
     "compute_scale_from_amax",
     "delayed_scaling_update",
     "dequantize_fp8",
+    "dequantize_nvfp4",
     "lib",
     "numpy_dtype",
+    "pack_fp4",
     "quantize_fp8",
     "quantize_fp8_current_scaling",
+    "quantize_nvfp4",
+    "rht_sign_mask_from_seed",
     "te_dtype",
     "transpose",
+    "transpose_nvfp4_2d",
+    "unpack_fp4",
 ]

@@ -1,0 +1,154 @@
+// NVFP4 element and scale arithmetic shared by the CPU and CUDA backends (host
+// and device code). The formulas and their order are specified once, in
+// te/nvfp4.h; these functions are that text in code.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "runtime/numerics.h"
+
+namespace te::nvfp4 {
+
+constexpr int kBlock = 16;                     // elements per block (and tile side)
+constexpr float kGlobalEncodeNumerator = 2688.0f;  // 448 (E4M3 max) * 6 (E2M1 max)
+constexpr float kRcp6 = 1.0f / 6.0f;           // the FP32 constant the reference multiplies by
+
+TE_HD float fp32_div(float a, float b) {
+#ifdef __CUDA_ARCH__
+  return __fdiv_rn(a, b);  // IEEE division whatever the compiler flags
+#else
+  return a / b;
+#endif
+}
+
+// min that ignores NaN, as fminf.
+TE_HD float fmin_ignore_nan(float a, float b) {
+#ifdef __CUDA_ARCH__
+  return fminf(a, b);
+#else
+  return std::fmin(a, b);
+#endif
+}
+
+// S_enc from the direction's global amax.
+TE_HD float global_encode_scale(float amax) {
+  const float s = fmin_ignore_nan(fp32_div(kGlobalEncodeNumerator, amax), kFp32Max);
+  return (amax == 0.0f || s == 0.0f) ? 1.0f : s;
+}
+
+// S_dec = 1 / S_enc.
+TE_HD float global_decode_scale(float s_enc) { return fp32_div(1.0f, s_enc); }
+
+// The stored E4M3 block scale s_b.
+TE_HD uint8_t block_scale(float block_amax, float s_enc) {
+  const float v = block_amax * (s_enc * kRcp6);
+  return float_to_fp8(fmin_ignore_nan(v, kFp32Max), kE4M3);
+}
+
+// float(s_b) * S_dec: the factor dequantization multiplies by.
+TE_HD float block_decode_factor(uint8_t s_b, float s_dec) {
+  return fp8_to_float(s_b, kE4M3) * s_dec;
+}
+
+// enc_b = min(1 / (float(s_b) * S_dec), FLT_MAX); 1/0 = inf -> FLT_MAX.
+TE_HD float block_encode_factor(uint8_t s_b, float s_dec) {
+  return fmin_ignore_nan(fp32_div(1.0f, block_decode_factor(s_b, s_dec)), kFp32Max);
+}
+
+constexpr uint8_t kE2M1NaNCode = 0x7;  // NaN -> +6, as cvt.rn.satfinite.e2m1x2.f32
+
+// E2M1 code of v, round to nearest even, saturating. The thresholds are the
+// midpoints between neighbours; a tie goes to the even code (0, 1, 2, 4 ...
+// codes 0, 2, 4, 6), hence the alternating > and >=.
+TE_HD uint8_t float_to_e2m1(float v) {
+  if (v != v) return kE2M1NaNCode;
+  const uint8_t sign = std::signbit(v) ? 0x8 : 0x0;
+  const float a = std::fabs(v);
+  const int code = (a > 0.25f) + (a >= 0.75f) + (a > 1.25f) + (a >= 1.75f) + (a > 2.5f) +
+                   (a >= 3.5f) + (a > 5.0f);
+  return static_cast<uint8_t>(sign | code);
+}
+
+// Stochastic rounding of v with the 32-bit random word r (see te/nvfp4.h).
+TE_HD uint8_t float_to_e2m1_stochastic(float v, uint32_t r) {
+  if (v != v) return kE2M1NaNCode;
+  const uint8_t sign = std::signbit(v) ? 0x8 : 0x0;
+  const float a = std::fabs(v);
+  if (a >= 6.0f) return static_cast<uint8_t>(sign | 0x7);
+  // The lower neighbour lo (code lo_code) and 1 / (hi - lo); all exact.
+  int lo_code;
+  float lo, inv_step;
+  if (a < 2.0f) {  // 0, 0.5, 1, 1.5: spacing 0.5
+    lo_code = static_cast<int>(a * 2.0f);
+    lo = static_cast<float>(lo_code) * 0.5f;
+    inv_step = 2.0f;
+  } else if (a < 4.0f) {  // 2, 3: spacing 1
+    lo = a < 3.0f ? 2.0f : 3.0f;
+    lo_code = a < 3.0f ? 4 : 5;
+    inv_step = 1.0f;
+  } else {  // 4: spacing 2 up to 6
+    lo = 4.0f;
+    lo_code = 6;
+    inv_step = 0.5f;
+  }
+  const float frac = (a - lo) * inv_step;  // exact: a - lo by Sterbenz, inv_step a power of 2
+  const bool up = static_cast<double>(r) < static_cast<double>(frac) * 4294967296.0;
+  return static_cast<uint8_t>(sign | (lo_code + (up ? 1 : 0)));
+}
+
+// Value of an E2M1 code (the low 4 bits of c).
+TE_HD float e2m1_to_float(uint8_t c) {
+  const int m = c & 0x7;
+  // 0, 0.5, 1, 1.5 for codes 0-3 (m / 2); 2, 3, 4, 6 for codes 4-7.
+  const float magnitude = m < 4 ? static_cast<float>(m) * 0.5f
+                                : static_cast<float>((2 + (m & 1)) << ((m >> 1) - 2)) ;
+  return (c & 0x8) ? -magnitude : magnitude;
+}
+
+// Block amax: max |x| with NaN skipped (fmax keeps the non-NaN operand).
+TE_HD float abs_max(float running, float x) {
+#ifdef __CUDA_ARCH__
+  return fmaxf(running, fabsf(x));
+#else
+  return std::fmax(running, std::fabs(x));
+#endif
+}
+
+// max |v_i| of a block, NaN skipped.
+TE_HD float block_abs_max(const float v[kBlock]) {
+  float m = 0.0f;
+#ifdef __CUDA_ARCH__
+#pragma unroll
+#endif
+  for (int i = 0; i < kBlock; ++i) m = abs_max(m, v[i]);
+  return m;
+}
+
+// The 16 codes of a block, q_i = e2m1(v_i * enc_b) (stochastic when random,
+// 16 words, is given), packed: element i in bits 4i..4i+3, so byte i/2 holds
+// element i in its low nibble when i is even.
+TE_HD uint64_t encode_block(const float v[kBlock], float enc_b, const uint32_t* random) {
+  uint64_t packed = 0;
+#ifdef __CUDA_ARCH__
+#pragma unroll
+#endif
+  for (int i = 0; i < kBlock; ++i) {
+    const float x = v[i] * enc_b;
+    const uint8_t code = random ? float_to_e2m1_stochastic(x, random[i]) : float_to_e2m1(x);
+    packed |= static_cast<uint64_t>(code) << (4 * i);
+  }
+  return packed;
+}
+
+constexpr int64_t round_up(int64_t v, int64_t multiple) { return (v + multiple - 1) / multiple * multiple; }
+
+// Padded scale-buffer shape for data [rows, cols] with blocks along cols.
+struct ScaleShape {
+  int64_t rows, cols;
+};
+constexpr ScaleShape scale_shape(int64_t rows, int64_t cols) {
+  return ScaleShape{round_up(rows, 128), round_up(cols / kBlock, 4)};
+}
+
+}  // namespace te::nvfp4
