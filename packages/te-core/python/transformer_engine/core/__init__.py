@@ -15,6 +15,7 @@ from .cast import (
     quantize_fp8_current_scaling,
 )
 from .dtypes import DType, numpy_dtype, te_dtype
+from .gemm import GemmOutput, gemm
 from .nvfp4 import (
     Nvfp4Tensor,
     compute_amax_nvfp4,
@@ -39,6 +40,7 @@ def built_with_cuda() -> bool:
 __all__ = [
     "DType",
     "Fp8Tensor",
+    "GemmOutput",
     "Nvfp4Tensor",
     "built_with_cuda",
     "compute_amax",
@@ -47,6 +49,7 @@ __all__ = [
     "delayed_scaling_update",
     "dequantize_fp8",
     "dequantize_nvfp4",
+    "gemm",
     "lib",
     "numpy_dtype",
     "pack_fp4",
