@@ -175,7 +175,7 @@ void dequantize(const DequantizeArgs& a) {
         T* y = out + r * a.cols + c * kBlock;
         for (int i = 0; i < kBlock; ++i) {
           const uint8_t code = (q[i / 2] >> (4 * (i % 2))) & 0xF;
-          y[i] = from_float<T>(e2m1_to_float(code) * factor);
+          y[i] = from_float<T>(dequantize_element(code, factor));
         }
       }
     });

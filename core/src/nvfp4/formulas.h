@@ -8,6 +8,11 @@
 
 #include "runtime/numerics.h"
 
+#ifdef __CUDACC__
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#endif
+
 namespace te::nvfp4 {
 
 constexpr int kBlock = 16;                     // elements per block (and tile side)
@@ -40,15 +45,29 @@ TE_HD float global_encode_scale(float amax) {
 // S_dec = 1 / S_enc.
 TE_HD float global_decode_scale(float s_enc) { return fp32_div(1.0f, s_enc); }
 
-// The stored E4M3 block scale s_b.
+// The stored E4M3 block scale s_b. The argument is never NaN (block amaxes
+// skip NaN, S_enc is finite), so the hardware conversion (RNE, saturating)
+// gives the bytes of the software one.
 TE_HD uint8_t block_scale(float block_amax, float s_enc) {
-  const float v = block_amax * (s_enc * kRcp6);
-  return float_to_fp8(fmin_ignore_nan(v, kFp32Max), kE4M3);
+  const float v = fmin_ignore_nan(block_amax * (s_enc * kRcp6), kFp32Max);
+#ifdef __CUDA_ARCH__
+  return static_cast<uint8_t>(__nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3));
+#else
+  return float_to_fp8(v, kE4M3);
+#endif
 }
 
-// float(s_b) * S_dec: the factor dequantization multiplies by.
+// float(s_b) * S_dec: the factor dequantization multiplies by. A NaN byte
+// (0x7F, 0xFF; never written by the quantizer, possible in a caller's buffer)
+// gives the NaN 0x7FC00000 with the byte's sign, the same bits everywhere.
 TE_HD float block_decode_factor(uint8_t s_b, float s_dec) {
-  return fp8_to_float(s_b, kE4M3) * s_dec;
+  if ((s_b & 0x7F) == 0x7F) return bit_cast_value<float>((s_b & 0x80) ? 0xFFC00000u : 0x7FC00000u);
+#ifdef __CUDA_ARCH__
+  const float scale = __half2float(__half(__nv_cvt_fp8_to_halfraw(s_b, __NV_E4M3)));  // exact
+#else
+  const float scale = fp8_to_float(s_b, kE4M3);
+#endif
+  return scale * s_dec;
 }
 
 // enc_b = min(1 / (float(s_b) * S_dec), FLT_MAX); 1/0 = inf -> FLT_MAX.
@@ -101,9 +120,16 @@ TE_HD uint8_t float_to_e2m1_stochastic(float v, uint32_t r) {
 TE_HD float e2m1_to_float(uint8_t c) {
   const int m = c & 0x7;
   // 0, 0.5, 1, 1.5 for codes 0-3 (m / 2); 2, 3, 4, 6 for codes 4-7.
+  // codes 4-7: (2 or 3) * (1 or 2), i.e. 2, 3, 4, 6
   const float magnitude = m < 4 ? static_cast<float>(m) * 0.5f
-                                : static_cast<float>((2 + (m & 1)) << ((m >> 1) - 2)) ;
+                                : static_cast<float>((2 + (m & 1)) << ((m >> 1) - 2));
   return (c & 0x8) ? -magnitude : magnitude;
+}
+
+// One dequantized element, float(q) * factor. A NaN factor is returned as it
+// is (GPUs would replace it by their canonical NaN).
+TE_HD float dequantize_element(uint8_t code, float factor) {
+  return factor != factor ? factor : e2m1_to_float(code) * factor;
 }
 
 // Block amax: max |x| with NaN skipped (fmax keeps the non-NaN operand).

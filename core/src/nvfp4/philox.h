@@ -55,8 +55,13 @@ struct RandomStream {
                          static_cast<uint32_t>(offset), static_cast<uint32_t>(offset >> 32),
                          static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
   }
-  // Word j.
-  TE_HD uint32_t word(uint64_t j) const { return block(j >> 2).w[j & 3]; }
+  // Word j. (Selects without indexing by a runtime value, which would put
+  // the words in local memory on the GPU.)
+  TE_HD uint32_t word(uint64_t j) const {
+    const PhiloxWords b = block(j >> 2);
+    const uint32_t lane = static_cast<uint32_t>(j & 3);
+    return lane == 0 ? b.w[0] : lane == 1 ? b.w[1] : lane == 2 ? b.w[2] : b.w[3];
+  }
 
   // The words of a 16-element block whose element i has word index
   // first + i * stride. Contiguous aligned blocks take 4 Philox calls, not 16.
@@ -73,6 +78,9 @@ struct RandomStream {
         r[4 * q + 3] = b.w[3];
       }
     } else {
+#ifdef __CUDA_ARCH__
+#pragma unroll
+#endif
       for (int i = 0; i < 16; ++i) r[i] = word(first + static_cast<uint64_t>(i) * stride);
     }
   }
