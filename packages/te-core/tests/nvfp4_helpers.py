@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import ml_dtypes
 import numpy as np
-
 from conftest import finfo
 from transformer_engine.core import reference_nvfp4 as ref
 

@@ -7,10 +7,7 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 import pytest
-
 import transformer_engine.core as tc
-from transformer_engine.core import reference_nvfp4 as ref
-
 from nvfp4_helpers import (
     COLUMNWISE_SHAPES,
     INPUT_DTYPES,
@@ -19,6 +16,7 @@ from nvfp4_helpers import (
     check_against_oracle,
     hostile,
 )
+from transformer_engine.core import reference_nvfp4 as ref
 
 
 @pytest.mark.parametrize("shape", ROWWISE_SHAPES)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 import pytest
-
 import transformer_engine.core as tc
 from transformer_engine.core._arrays import desc
 from transformer_engine.core.nvfp4 import _fp4_desc, scale_shape

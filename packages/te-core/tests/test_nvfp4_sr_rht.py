@@ -7,11 +7,7 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 import pytest
-
 import transformer_engine.core as tc
-from transformer_engine.core import reference_nvfp4 as ref
-from transformer_engine.core.nvfp4 import RHT_SIGN_MASK
-
 from nvfp4_helpers import (
     COLUMNWISE_SHAPES,
     INPUT_DTYPES,
@@ -20,6 +16,8 @@ from nvfp4_helpers import (
     check_against_oracle,
     hostile,
 )
+from transformer_engine.core import reference_nvfp4 as ref
+from transformer_engine.core.nvfp4 import RHT_SIGN_MASK
 
 # Known-answer vectors of Philox4x32-10 (Random123's kat_vectors): counter, key, output.
 PHILOX_KAT = [
@@ -74,7 +72,7 @@ def test_stochastic_rowwise_is_bit_exact(rng, shape, dtype):
 def test_stochastic_both_directions_are_bit_exact(rng, shape, dtype, block_2d):
     x = hostile(rng, shape, dtype)
     seed, offset = seeds(rng, 2)
-    opts = dict(columnwise=True, block_2d=block_2d, stochastic_rounding=True, seed=seed, offset=offset)
+    opts = {"columnwise": True, "block_2d": block_2d, "stochastic_rounding": True, "seed": seed, "offset": offset}
     out = tc.quantize_nvfp4(x, **opts)
     check_against_oracle(x, out, **opts)
 
@@ -152,7 +150,8 @@ def test_rht_columnwise_is_bit_exact(rng, shape, dtype, stochastic):
     x = hostile(rng, shape, dtype)
     mask = int(rng.choice([0, RHT_SIGN_MASK, int(rng.integers(0, 1 << 16))]))
     seed = seeds(rng)[0]
-    opts = dict(columnwise=True, random_hadamard=True, rht_sign_mask=mask, stochastic_rounding=stochastic, seed=seed)
+    opts = {"columnwise": True, "random_hadamard": True, "rht_sign_mask": mask,
+            "stochastic_rounding": stochastic, "seed": seed}
     out = tc.quantize_nvfp4(x, **opts)
     m, k = x.size // shape[-1], shape[-1]
     expected_amax = ref.amax(ref.columnwise_values(x.astype(np.float32).reshape(m, k), True, mask))

@@ -19,13 +19,13 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-import transformer_engine.core as tc  # noqa: E402
-from transformer_engine.core import lib  # noqa: E402
-from transformer_engine.core.dtypes import DType, te_dtype  # noqa: E402
-from transformer_engine.core.nvfp4 import RHT_SIGN_MASK, scale_shape  # noqa: E402
+import transformer_engine.core as tc
+from transformer_engine.core import lib
+from transformer_engine.core.dtypes import DType, te_dtype
+from transformer_engine.core.nvfp4 import RHT_SIGN_MASK, scale_shape
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from nvfp4_helpers import INPUT_DTYPES, hostile  # noqa: E402
+from nvfp4_helpers import INPUT_DTYPES, hostile
 
 pytestmark = pytest.mark.gpu
 
@@ -35,12 +35,12 @@ pytestmark = pytest.mark.gpu
 ROWWISE_SHAPES = [(1, 16), (5, 160), (3, 7, 48), (77, 272), (130, 64)]
 BOTH_SHAPES = [(16, 16), (48, 64), (80, 272), (3, 16, 32), (128, 256), (192, 4096), (2048, 528)]
 MODES = {
-    "1d": dict(),
-    "2d": dict(block_2d=True),
-    "sr": dict(stochastic_rounding=True),
-    "2d_sr": dict(block_2d=True, stochastic_rounding=True),
-    "rht": dict(random_hadamard=True),
-    "rht_sr": dict(random_hadamard=True, stochastic_rounding=True),
+    "1d": {},
+    "2d": {"block_2d": True},
+    "sr": {"stochastic_rounding": True},
+    "2d_sr": {"block_2d": True, "stochastic_rounding": True},
+    "rht": {"random_hadamard": True},
+    "rht_sr": {"random_hadamard": True, "stochastic_rounding": True},
 }
 
 
@@ -70,7 +70,7 @@ class Dev:
             self.t[offset:] = torch.from_numpy(raw.copy()).to("cuda")
 
     @classmethod
-    def of(cls, array: np.ndarray, offset: int = 0) -> "Dev":
+    def of(cls, array: np.ndarray, offset: int = 0) -> Dev:
         array = np.ascontiguousarray(array)
         return cls(array.nbytes, te_dtype(array.dtype), array.shape, array, offset)
 
@@ -112,7 +112,7 @@ def gpu_quantize(x, rowwise=True, columnwise=True, seed=0, offset=0, **mode):
     rng_state = Dev.of(np.array([seed, offset], np.uint64).view(np.int64))
     row = (fp4(x.shape), scales(m, k)) if rowwise else (None, None)
     col = (fp4((k, m)), scales(k, m)) if columnwise else (None, None)
-    d = lambda dev: None if dev is None else dev.desc  # noqa: E731
+    d = lambda dev: None if dev is None else dev.desc
     lib.nvfp4_quantize(
         xd.desc, amax_row.desc if rowwise else None, d(row[0]), d(row[1]),
         amax_col.desc if columnwise else None, d(col[0]), d(col[1]),

@@ -15,7 +15,7 @@ columnwise copy is the [K, M] transpose ([K, M/2] bytes).
 
 from __future__ import annotations
 
-from typing import NamedTuple, Optional
+from typing import NamedTuple
 
 import ml_dtypes
 import numpy as np
@@ -34,11 +34,11 @@ class Nvfp4Tensor(NamedTuple):
     """Result of an NVFP4 quantization (missing directions are None)."""
 
     shape: tuple  # logical shape of the input
-    rowwise: Optional[np.ndarray]  # uint8, shape[:-1] + (K/2,)
-    rowwise_scale: Optional[np.ndarray]  # float8_e4m3fn [roundup(M,128), roundup(K/16,4)]
+    rowwise: np.ndarray | None  # uint8, shape[:-1] + (K/2,)
+    rowwise_scale: np.ndarray | None  # float8_e4m3fn [roundup(M,128), roundup(K/16,4)]
     amax_rowwise: np.ndarray  # FP32 scalar the rowwise copy was scaled with
-    columnwise: Optional[np.ndarray]  # uint8 [K, M/2]
-    columnwise_scale: Optional[np.ndarray]  # float8_e4m3fn [roundup(K,128), roundup(M/16,4)]
+    columnwise: np.ndarray | None  # uint8 [K, M/2]
+    columnwise_scale: np.ndarray | None  # float8_e4m3fn [roundup(K,128), roundup(M/16,4)]
     amax_columnwise: np.ndarray  # FP32 scalar (post-RHT amax with the RHT)
 
 
@@ -47,7 +47,7 @@ def scale_shape(rows: int, cols: int) -> tuple[int, int]:
     return (-(-rows // 128) * 128, -(-(cols // BLOCK) // 4) * 4)
 
 
-def _fp4_desc(packed: np.ndarray) -> "lib.TensorDesc":
+def _fp4_desc(packed: np.ndarray) -> lib.TensorDesc:
     """Descriptor of packed bytes [..., n] as the FP4 tensor [..., 2n]."""
     if packed.dtype != np.uint8 or not packed.flags.c_contiguous:
         raise TypeError("packed FP4 data must be a C-contiguous uint8 array")

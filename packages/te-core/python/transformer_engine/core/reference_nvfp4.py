@@ -44,7 +44,7 @@ def random_words(seed: int, offset: int, index) -> np.ndarray:
     counter (lo, hi of index // 4, lo, hi of offset) and key (lo, hi of seed)."""
     index = np.asarray(index, np.uint64)
     n = index >> np.uint64(2)
-    split = lambda v: (np.uint32(int(v) & 0xFFFFFFFF), np.uint32(int(v) >> 32))  # noqa: E731
+    split = lambda v: (np.uint32(int(v) & 0xFFFFFFFF), np.uint32(int(v) >> 32))
     off_lo, off_hi = split(offset)
     seed_lo, seed_hi = split(seed)
     words = philox4x32_10(
@@ -60,7 +60,7 @@ def random_words(seed: int, offset: int, index) -> np.ndarray:
 def hadamard_matrix(sign_mask: int) -> np.ndarray:
     """H = (1/4) diag(S) H16 in float64 (H16 Sylvester, S_i = -1 where bit i set)."""
     i = np.arange(BLOCK)
-    popcount = np.vectorize(lambda v: bin(int(v)).count("1"))(i[:, None] & i[None, :])
+    popcount = np.vectorize(lambda v: int(v).bit_count())(i[:, None] & i[None, :])
     h16 = np.where(popcount % 2 == 0, 1.0, -1.0)
     signs = np.where((sign_mask >> i) & 1, -1.0, 1.0)
     return 0.25 * signs[:, None] * h16
