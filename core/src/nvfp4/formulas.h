@@ -77,16 +77,27 @@ TE_HD float block_encode_factor(uint8_t s_b, float s_dec) {
 
 constexpr uint8_t kE2M1NaNCode = 0x7;  // NaN -> +6, as cvt.rn.satfinite.e2m1x2.f32
 
-// E2M1 code of v, round to nearest even, saturating. The thresholds are the
-// midpoints between neighbours; a tie goes to the even code (0, 1, 2, 4 ...
-// codes 0, 2, 4, 6), hence the alternating > and >=.
+// E2M1 code of v, round to nearest even, saturating; NaN -> +6. As
+// thresholds: |v| <= 0.25 -> 0, < 0.75 -> 0.5, <= 1.25 -> 1, < 1.75 -> 1.5,
+// <= 2.5 -> 2, < 3.5 -> 3, <= 5 -> 4, else 6 (ties go to the even code).
+// Computed with few instructions (this is the kernels' inner loop): clamp to
+// [-6, 6] (NaN -> 6), then round |y| to the E2M1 step of its binade (0.5
+// below 2, 1 in [2, 4), 2 in [4, 6]) by adding 1.5 * 2^23 * step, whose ulp
+// is the step: the FP32 addition rounds to nearest even. The number of steps
+// q and the binade give the code. Checked against the thresholds for all
+// 2^32 inputs.
 TE_HD uint8_t float_to_e2m1(float v) {
-  if (v != v) return kE2M1NaNCode;
-  const uint8_t sign = std::signbit(v) ? 0x8 : 0x0;
-  const float a = std::fabs(v);
-  const int code = (a > 0.25f) + (a >= 0.75f) + (a > 1.25f) + (a >= 1.75f) + (a > 2.5f) +
-                   (a >= 3.5f) + (a > 5.0f);
-  return static_cast<uint8_t>(sign | code);
+  float y = v < 6.0f ? v : 6.0f;  // NaN -> 6 (any NaN: no fminf quirks with signalling NaNs)
+  y = y > -6.0f ? y : -6.0f;
+  const uint32_t bits = bit_cast_value<uint32_t>(y);
+  uint32_t exponent = (bits >> 23) & 0xFFu;  // biased exponent of |y|
+  exponent = exponent < 127u ? 127u : exponent;  // |y| < 2 rounds in steps of 0.5 like [1, 2)
+  const uint32_t magic = (exponent << 23) + 0x0B400000u;  // 1.5 * 2^22 * 2^(exponent - 127)
+  const uint32_t sum = bit_cast_value<uint32_t>(std::fabs(y) + bit_cast_value<float>(magic));
+  // steps = sum - magic (|y| / step, rounded); code = steps + 2 * (exponent - 127),
+  // folded into one multiply-add: binade 127 gives codes 0..4, 128 4..6, 129 6..7.
+  const uint32_t code = sum - exponent * 0x7FFFFEu - (0x0B400000u + 254u);
+  return static_cast<uint8_t>(((bits >> 28) & 0x8u) | code);
 }
 
 // Stochastic rounding of v with the 32-bit random word r (see te/nvfp4.h).
@@ -155,16 +166,16 @@ TE_HD float block_abs_max(const float v[kBlock]) {
 // 16 words, is given), packed: element i in bits 4i..4i+3, so byte i/2 holds
 // element i in its low nibble when i is even.
 TE_HD uint64_t encode_block(const float v[kBlock], float enc_b, const uint32_t* random) {
-  uint64_t packed = 0;
+  uint32_t word[2] = {0, 0};  // elements 0-7 and 8-15
 #ifdef __CUDA_ARCH__
 #pragma unroll
 #endif
   for (int i = 0; i < kBlock; ++i) {
     const float x = v[i] * enc_b;
-    const uint8_t code = random ? float_to_e2m1_stochastic(x, random[i]) : float_to_e2m1(x);
-    packed |= static_cast<uint64_t>(code) << (4 * i);
+    const uint32_t code = random ? float_to_e2m1_stochastic(x, random[i]) : float_to_e2m1(x);
+    word[i / 8] += code << (4 * (i % 8));  // disjoint nibbles: + is |, and one shift-add
   }
-  return packed;
+  return (static_cast<uint64_t>(word[1]) << 32) | word[0];
 }
 
 constexpr int64_t round_up(int64_t v, int64_t multiple) { return (v + multiple - 1) / multiple * multiple; }

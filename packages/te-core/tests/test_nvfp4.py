@@ -104,6 +104,26 @@ def test_e2m1_ties_round_to_even():
     assert_same_bytes(out.rowwise, ref.quantize(x)["rowwise"])
 
 
+def test_e2m1_rounding_of_many_values(rng):
+    """With enc_b = 1 (global amax 2688, each block's max 6) the codes are the E2M1
+    rounding of the inputs themselves: random values and the neighbours of every
+    rounding threshold, both signs, against ml_dtypes."""
+    thresholds = np.array([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 6.0], np.float32)
+    near, below, above = [thresholds], thresholds, thresholds
+    for _ in range(3):  # three floats on each side of each threshold
+        below, above = np.nextafter(below, np.float32(0)), np.nextafter(above, np.float32(7))
+        near += [below, above]
+    values = np.concatenate(near + [rng.uniform(0, 6, 20000).astype(np.float32),
+                                    (2.0 ** rng.uniform(-40, 2.5, 5000)).astype(np.float32)])
+    values = np.concatenate([values, -values])
+    values = np.concatenate([values, np.zeros((-values.size) % 15, np.float32)]).reshape(-1, 15)
+    x = np.concatenate([np.full((values.shape[0], 1), 6.0, np.float32), values], axis=1)  # [n, 16]
+    x[0, 0] = 2688.0  # the global amax; this block gets scale 448 instead
+    out = tc.quantize_nvfp4(x)
+    codes = tc.unpack_fp4(out.rowwise).view(np.uint8).reshape(-1, 16)[1:, 1:]
+    np.testing.assert_array_equal(codes, ref.e2m1_nearest(x.reshape(-1, 16)[1:, 1:]))
+
+
 def test_infinities_saturate_and_nan_gives_plus_six():
     x = np.zeros((1, 32), np.float32)
     x[0, :4] = [np.inf, -np.inf, 1.0, np.nan]
