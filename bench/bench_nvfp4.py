@@ -77,18 +77,9 @@ def bench_nvfp4(table: Table, copy_gbs: float) -> None:
         table.add(f"NVFP4 {name} {m}x{k} bf16", ms, gbs, "GB/s", gbs / copy_gbs, target=target)
 
 
-def main() -> int:
-    if not torch.cuda.is_available() or not tc.built_with_cuda():
-        print("bench: needs a CUDA GPU and a te-core built with CUDA", file=sys.stderr)
-        return 2
-    torch.manual_seed(0)
-    table = Table()
-    copy_gbs = copy_ceiling_gbs()
-    print(f"copy ceiling: {copy_gbs:.0f} GB/s")
-    bench_nvfp4(table, copy_gbs)
-    print("\n" + table.markdown())
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    if not (torch.cuda.is_available() and tc.built_with_cuda()):
+        sys.exit("bench: needs a CUDA GPU and a te-core built with CUDA")
+    table = Table()
+    bench_nvfp4(table, copy_ceiling_gbs())
+    print("\n" + table.markdown())
