@@ -8,4 +8,5 @@
 #include "te/gemm.h"
 #include "te/norm.h"
 #include "te/fp8_block.h"
+#include "te/nvfp4.h"
 #endif

@@ -61,4 +61,5 @@ NB_MODULE(_te_core, m) {
   bind_gemm(m);
   bind_norm(m);
   bind_fp8_block(m);
+  bind_nvfp4(m);
 }

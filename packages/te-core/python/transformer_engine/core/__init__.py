@@ -24,6 +24,16 @@ from .fp8_block import (
 )
 from .gemm import GemmOutput, gemm
 from .norm import NormForward, layernorm_bwd, layernorm_fwd, rmsnorm_bwd, rmsnorm_fwd
+from .nvfp4 import (
+    Nvfp4Tensor,
+    compute_amax_nvfp4,
+    dequantize_nvfp4,
+    pack_fp4,
+    quantize_nvfp4,
+    rht_sign_mask_from_seed,
+    transpose_nvfp4_2d,
+    unpack_fp4,
+)
 from .scaling import delayed_scaling_update
 from .transpose import transpose
 
@@ -41,18 +51,22 @@ __all__ = [
     "Fp8Tensor",
     "GemmOutput",
     "NormForward",
+    "Nvfp4Tensor",
     "built_with_cuda",
     "compute_amax",
+    "compute_amax_nvfp4",
     "compute_scale_from_amax",
     "delayed_scaling_update",
     "dequantize_fp8",
     "dequantize_fp8_block",
     "fp8_block_scale_shape",
+    "dequantize_nvfp4",
     "gemm",
     "layernorm_bwd",
     "layernorm_fwd",
     "lib",
     "numpy_dtype",
+    "pack_fp4",
     "quantize_fp8",
     "quantize_fp8_block",
     "quantize_fp8_current_scaling",
@@ -61,4 +75,10 @@ __all__ = [
     "te_dtype",
     "transpose",
     "transpose_fp8_block_2d",
+    "quantize_nvfp4",
+    "rht_sign_mask_from_seed",
+    "te_dtype",
+    "transpose",
+    "transpose_nvfp4_2d",
+    "unpack_fp4",
 ]
