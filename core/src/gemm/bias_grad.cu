@@ -83,7 +83,9 @@ constexpr int kRowLanes = 8;
 template <class E, int V>
 __global__ void __launch_bounds__(kColThreads * kRowLanes)
     column_sums_kernel(BiasGradArgs p, int64_t rows_per_part) {
-  __shared__ float lanes[kRowLanes][kColThreads * V];
+  // Thread x's V sums at x * (V + 1): with the odd stride neither these stores
+  // nor the column-order reads below hit one bank twice.
+  __shared__ float lanes[kRowLanes][kColThreads * (V + 1)];
   const float scale = E::kFp8 ? *p.scale_inv : 1.0f;
   const auto* a = static_cast<const typename E::T*>(p.a);
   const int64_t block_col = static_cast<int64_t>(blockIdx.x) * kColThreads * V;
@@ -102,14 +104,15 @@ __global__ void __launch_bounds__(kColThreads * kRowLanes)
     }
   }
 #pragma unroll
-  for (int j = 0; j < V; ++j) lanes[threadIdx.y][threadIdx.x * V + j] = acc[j];
+  for (int j = 0; j < V; ++j) lanes[threadIdx.y][threadIdx.x * (V + 1) + j] = acc[j];
   __syncthreads();
   for (int c = threadIdx.y * kColThreads + threadIdx.x; c < kColThreads * V;
        c += kColThreads * kRowLanes) {
     if (block_col + c >= p.m) break;
-    float s = lanes[0][c];
+    const int at = c + c / V;  // (c / V) * (V + 1) + c % V
+    float s = lanes[0][at];
 #pragma unroll
-    for (int y = 1; y < kRowLanes; ++y) s += lanes[y][c];
+    for (int y = 1; y < kRowLanes; ++y) s += lanes[y][at];
     write_sum(p, part, block_col + c, s);
   }
 }
