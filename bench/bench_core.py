@@ -106,6 +106,9 @@ def main(argv=None) -> int:
         bench_gemm = None
     if bench_gemm is not None:
         bench_gemm(table, time_ms)
+    from bench_fp8_block import bench_fp8_block
+
+    bench_fp8_block(table, time_ms, copy_gbs)
     header = (
         f"{datetime.date.today()} · {torch.cuda.get_device_name()} · torch {torch.__version__} · "
         f"te-core {tc.__version__} · copy ceiling {copy_gbs:.0f} GB/s\n\n"

@@ -6,4 +6,6 @@
 #include "te/transpose.h"
 #include "te/recipe.h"
 #include "te/gemm.h"
+#include "te/norm.h"
+#include "te/fp8_block.h"
 #endif

@@ -59,4 +59,6 @@ NB_MODULE(_te_core, m) {
   bind_transpose(m);
   bind_recipe(m);
   bind_gemm(m);
+  bind_norm(m);
+  bind_fp8_block(m);
 }

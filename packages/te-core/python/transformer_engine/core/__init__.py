@@ -15,7 +15,15 @@ from .cast import (
     quantize_fp8_current_scaling,
 )
 from .dtypes import DType, numpy_dtype, te_dtype
+from .fp8_block import (
+    Fp8BlockTensor,
+    dequantize_fp8_block,
+    fp8_block_scale_shape,
+    quantize_fp8_block,
+    transpose_fp8_block_2d,
+)
 from .gemm import GemmOutput, gemm
+from .norm import NormForward, layernorm_bwd, layernorm_fwd, rmsnorm_bwd, rmsnorm_fwd
 from .scaling import delayed_scaling_update
 from .transpose import transpose
 
@@ -29,18 +37,28 @@ def built_with_cuda() -> bool:
 
 __all__ = [
     "DType",
+    "Fp8BlockTensor",
     "Fp8Tensor",
     "GemmOutput",
+    "NormForward",
     "built_with_cuda",
     "compute_amax",
     "compute_scale_from_amax",
     "delayed_scaling_update",
     "dequantize_fp8",
+    "dequantize_fp8_block",
+    "fp8_block_scale_shape",
     "gemm",
+    "layernorm_bwd",
+    "layernorm_fwd",
     "lib",
     "numpy_dtype",
     "quantize_fp8",
+    "quantize_fp8_block",
     "quantize_fp8_current_scaling",
+    "rmsnorm_bwd",
+    "rmsnorm_fwd",
     "te_dtype",
     "transpose",
+    "transpose_fp8_block_2d",
 ]
