@@ -399,9 +399,10 @@ def test_bias_grad_parts_and_layouts(rng, dtype, transa, shape, offset):
         pytest.skip("FP8 GEMMs need multiples of 16 and 16-byte aligned operands")
     a, b = random_operands(rng, m, n, k, transa, False, dtype, dtype)
     scales = {"a_scale_inv": 0.75, "b_scale_inv": 0.5} if is_fp8(dtype) else {}
+    out_dtype = F32 if is_fp8(dtype) else dtype  # offset_bytes moves D too: D of A's type
     for grad_dtype in (F32, BF16):
         r = gpu_gemm(a, b, transa=transa, bias_grad=True, bias_grad_dtype=grad_dtype,
-                     out_dtype=F32, offset_bytes=offset * dtype.itemsize, **scales)
+                     out_dtype=out_dtype, offset_bytes=offset * dtype.itemsize, **scales)
         expected, err = bias_grad_reference(a, scales.get("a_scale_inv"), transa=transa)
         assert_close(r.bias_grad, expected, err, f"bias_grad ({grad_dtype})")
 
