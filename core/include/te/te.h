@@ -6,4 +6,6 @@
 #include "te/transpose.h"
 #include "te/recipe.h"
 #include "te/gemm.h"
+#include "te/mxfp8.h"
+#include "te/swizzle.h"
 #endif

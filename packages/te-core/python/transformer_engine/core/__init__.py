@@ -15,7 +15,9 @@ from .cast import (
     quantize_fp8_current_scaling,
 )
 from .dtypes import DType, numpy_dtype, te_dtype
+from .mxfp8 import Mxfp8Tensor, dequantize_mxfp8, mxfp8_scale_shape, quantize_mxfp8
 from .scaling import delayed_scaling_update
+from .swizzle import swizzle_block_scales, unswizzle_block_scales
 from .transpose import transpose
 
 __version__ = lib.version()
@@ -29,15 +31,21 @@ def built_with_cuda() -> bool:
 __all__ = [
     "DType",
     "Fp8Tensor",
+    "Mxfp8Tensor",
     "built_with_cuda",
     "compute_amax",
     "compute_scale_from_amax",
     "delayed_scaling_update",
     "dequantize_fp8",
+    "dequantize_mxfp8",
     "lib",
+    "mxfp8_scale_shape",
     "numpy_dtype",
     "quantize_fp8",
     "quantize_fp8_current_scaling",
+    "quantize_mxfp8",
+    "swizzle_block_scales",
     "te_dtype",
     "transpose",
+    "unswizzle_block_scales",
 ]
