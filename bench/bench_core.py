@@ -104,6 +104,12 @@ def main(argv=None) -> int:
         bench_gemm = None
     if bench_gemm is not None:
         bench_gemm(table, time_ms)
+    try:
+        from bench_mxfp8 import bench_mxfp8
+    except ImportError:
+        bench_mxfp8 = None
+    if bench_mxfp8 is not None:
+        bench_mxfp8(table, time_ms, copy_gbs)
     header = (
         f"{datetime.date.today()} · {torch.cuda.get_device_name()} · torch {torch.__version__} · "
         f"te-core {tc.__version__} · copy ceiling {copy_gbs:.0f} GB/s\n\n"

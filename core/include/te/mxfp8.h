@@ -34,6 +34,8 @@
  *
  * Dequantization: y = out_type(fl32(float(q) * 2^(e - 127))), 2^-127 for e = 0
  * (subnormal, exact), NaN for e = 255; rounded to nearest even into FP32/BF16/FP16.
+ * A NaN result is the quiet NaN with the sign bit of q's byte (FP32 0x7FC00000 /
+ * 0xFFC00000, BF16/FP16 0x7FFF / 0xFFFF), on both backends.
  *
  * Scale buffers: E8M0 (TE_DTYPE_FLOAT8E8M0, one byte each), 2-D, padded:
  *   rowwise     [roundup(M, 128), roundup(K / 32, 4)]   scale of block (r, j) at [r, j]

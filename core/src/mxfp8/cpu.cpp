@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "mxfp8/backend.h"
@@ -13,6 +14,8 @@
 
 namespace te::mxfp8::cpu {
 namespace {
+
+constexpr float kQuietNaN = std::numeric_limits<float>::quiet_NaN();  // 0x7FC00000
 
 float max_reciprocal(te_dtype fp8_dtype) {
   return fp8_dtype == TE_DTYPE_FLOAT8E5M2 ? kE5M2MaxReciprocal : kE4M3MaxReciprocal;
@@ -49,10 +52,11 @@ class StripQuantizer {
     for (int64_t r = r0; r < r1; ++r) {
       for (int64_t j = 0; j < blocks_; ++j) {
         float amax = 0.0f;
-        for (int64_t c = j * kBlock; c < (j + 1) * kBlock; ++c) amax = std::fmax(amax, std::fabs(x(r, c)));
+        const int64_t c0 = j * kBlock, c1 = c0 + kBlock;
+        for (int64_t c = c0; c < c1; ++c) amax = std::fmax(amax, std::fabs(x(r, c)));
         const uint8_t e = block_scale(amax, reciprocal_);
         a_.rowwise_scales[rowwise_scale_offset(r, j, a_.row_scale_cols, a_.swizzled)] = e;
-        for (int64_t c = j * kBlock; c < (j + 1) * kBlock; ++c) a_.rowwise[r * a_.cols + c] = cast(x(r, c), e);
+        for (int64_t c = c0; c < c1; ++c) a_.rowwise[r * a_.cols + c] = cast(x(r, c), e);
       }
     }
   }
@@ -136,8 +140,10 @@ void dequantize(const DequantizeArgs& a) {
                                 ? columnwise_scale_offset(r / kBlock, c, a.scale_rows,
                                                           a.scale_cols, a.swizzled)
                                 : rowwise_scale_offset(r, c / kBlock, a.scale_cols, a.swizzled);
-          const float q = fp8_to_float(a.input[r * a.cols + c], fmt);
-          out[r * a.cols + c] = from_float<T>(q * dequantize_factor(a.scales[s]));
+          const uint8_t code = a.input[r * a.cols + c];
+          float y = fp8_to_float(code, fmt) * dequantize_factor(a.scales[s]);
+          if (y != y) y = code & 0x80 ? -kQuietNaN : kQuietNaN;  // one NaN per sign
+          out[r * a.cols + c] = from_float<T>(y);
         }
       }
     });

@@ -58,7 +58,9 @@ TE_HD int64_t columnwise_scale_offset(int64_t i, int64_t c, int64_t scale_rows,
 }
 
 // Padded scale shapes for an [m, k] matrix view (te/mxfp8.h).
-inline int64_t round_up(int64_t x, int64_t multiple) { return (x + multiple - 1) / multiple * multiple; }
+inline int64_t round_up(int64_t x, int64_t multiple) {
+  return (x + multiple - 1) / multiple * multiple;
+}
 inline void rowwise_scale_shape(int64_t m, int64_t k, int64_t* rows, int64_t* cols) {
   *rows = round_up(m, 128);
   *cols = round_up(k / kBlock, 4);
