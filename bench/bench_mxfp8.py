@@ -16,17 +16,18 @@ lib = tc.lib
 ROWS, COLS = 32768, 4096
 
 
-def _e8m0(shape) -> tuple[torch.Tensor, "lib.TensorDesc"]:
-    t = torch.empty(shape, dtype=torch.uint8, device="cuda")
-    return t, lib.TensorDesc(t.data_ptr(), int(tc.DType.kFloat8E8M0), list(shape), 1, t.device.index or 0)
+def _e8m0_desc(t: torch.Tensor) -> "lib.TensorDesc":
+    """Descriptor of a uint8 tensor holding E8M0 scales (torch has no E8M0 code in torch_desc)."""
+    return lib.TensorDesc(t.data_ptr(), int(tc.DType.kFloat8E8M0), list(t.shape), 1, t.device.index or 0)
 
 
 def bench_mxfp8(table, time_ms, copy_gbs: float) -> None:
     x = torch.randn(ROWS, COLS, device="cuda", dtype=torch.bfloat16)
     row = torch.empty(ROWS, COLS, device="cuda", dtype=torch.float8_e4m3fn)
     col = torch.empty(ROWS, COLS, device="cuda", dtype=torch.float8_e4m3fn)
-    row_s, drow_s = _e8m0(tc.mxfp8_scale_shape((ROWS, COLS)))
-    col_s, dcol_s = _e8m0(tc.mxfp8_scale_shape((ROWS, COLS), columnwise=True))
+    row_s = torch.empty(tc.mxfp8_scale_shape((ROWS, COLS)), dtype=torch.uint8, device="cuda")
+    col_s = torch.empty(tc.mxfp8_scale_shape((ROWS, COLS), columnwise=True), dtype=torch.uint8, device="cuda")
+    drow_s, dcol_s = _e8m0_desc(row_s), _e8m0_desc(col_s)  # the tensors stay alive in this frame
     back = torch.empty_like(x)
     dx, drow, dcol, dback = desc(x), desc(row), desc(col), desc(back)
     n = x.numel()

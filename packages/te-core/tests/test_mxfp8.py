@@ -129,6 +129,23 @@ def test_e8m0_round_up_rule_by_hand():
 
 
 @pytest.mark.parametrize("fmt", FP8_FORMATS)
+def test_multiply_and_division_agree_near_power_of_two_boundaries(fmt):
+    """docs/numerics.md: for every FP32 amax within 3000 ulps of fp8_max * 2^k, the
+    reference's multiply by fl32(1/fp8_max) and a true division give the same e."""
+    fp8_max = np.float32(FP8_MAX[fmt])
+    k = np.arange(-149, 128)
+    with np.errstate(over="ignore"):
+        centers = (fp8_max * np.exp2(k.astype(np.float64))).astype(np.float32)
+    centers = centers[np.isfinite(centers) & (centers > 0)]
+    bits = centers.view(np.int32)[:, None] + np.arange(-3000, 3001, dtype=np.int32)
+    amax = bits.reshape(-1).view(np.float32)
+    amax = amax[np.isfinite(amax) & (amax > 0)]
+    by_multiply = ref.e8m0_round_up(amax * ref.max_reciprocal(fmt))
+    by_division = ref.e8m0_round_up(amax / fp8_max)
+    np.testing.assert_array_equal(by_multiply, by_division)
+
+
+@pytest.mark.parametrize("fmt", FP8_FORMATS)
 def test_hostile_blocks_by_hand(rng, fmt):
     """Rowwise blocks with known scale bytes and data (FP32 input)."""
     fp8_max = np.float32(FP8_MAX[fmt])
