@@ -12,7 +12,7 @@ from transformer_engine.core import reference_mxfp8 as ref
 from transformer_engine.core._arrays import desc
 from transformer_engine.core.reference import FP8_MAX, FP8_NUMPY
 
-from conftest import FP8_FORMATS, INPUT_DTYPES, hostile
+from conftest import FP8_FORMATS, INPUT_DTYPES, finfo, hostile
 
 lib = tc.lib
 E8M0 = ml_dtypes.float8_e8m0fnu
@@ -38,10 +38,13 @@ def next_up(v, n=1) -> np.float32:
     return (np.array(v, np.float32).view(np.int32) + np.int32(n)).view(np.float32)[()]
 
 
-def block_pattern(rng, kind: str, n: int, fmt: str) -> np.ndarray:
+def block_pattern(rng, kind: str, n: int, fmt: str, dtype) -> np.ndarray:
     """n float32 values for one block (or tile) of a hostile kind."""
     fp8_max = np.float32(FP8_MAX[fmt])
     signs = rng.choice([-1.0, 1.0], n).astype(np.float32)
+    if kind == "denormal":  # subnormals of the input type only
+        tiny = np.float32(finfo(dtype).smallest_subnormal)
+        return (rng.integers(0, 8, n) * tiny * signs).astype(np.float32)
     if kind == "nan":
         return np.full(n, np.nan, np.float32)
     if kind == "zeros":
@@ -61,20 +64,20 @@ def block_pattern(rng, kind: str, n: int, fmt: str) -> np.ndarray:
     return v
 
 
-PATTERNS = ["nan", "zeros", "inf", "tiny", "pow2", "pow2_below", "pow2_above"]
+PATTERNS = ["nan", "zeros", "denormal", "inf", "tiny", "pow2", "pow2_below", "pow2_above"]
 
 
 def mxfp8_hostile(rng, shape, dtype, fmt: str) -> np.ndarray:
     """hostile() values, with whole 1x32 segments and 32x32 tiles overwritten by
-    block patterns (NaN, zeros, inf, tiny and power-of-two amaxes)."""
+    block patterns (NaN, zeros, subnormals, inf, tiny and power-of-two amaxes)."""
     x = hostile(rng, shape, dtype, fmt).astype(np.float32).reshape(-1, shape[-1])
     m, k = x.shape
     for kind in PATTERNS:
         r, j = int(rng.integers(m)), int(rng.integers(k // 32))
-        x[r, 32 * j : 32 * j + 32] = block_pattern(rng, kind, 32, fmt)
+        x[r, 32 * j : 32 * j + 32] = block_pattern(rng, kind, 32, fmt, dtype)
         r0 = 32 * int(rng.integers(max(1, m // 32)))
         rows = min(32, m - r0)
-        x[r0 : r0 + rows, 32 * j : 32 * j + 32] = block_pattern(rng, kind, rows * 32, fmt).reshape(rows, 32)
+        x[r0 : r0 + rows, 32 * j : 32 * j + 32] = block_pattern(rng, kind, rows * 32, fmt, dtype).reshape(rows, 32)
     with np.errstate(over="ignore"):
         return x.astype(dtype).reshape(shape)
 
