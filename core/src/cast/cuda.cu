@@ -26,7 +26,7 @@
 
 #include "cast/backend.h"
 #include "runtime/cuda_check.h"
-#include "runtime/cuda_fp8.cuh"
+#include "runtime/cuda_elem.cuh"
 #include "runtime/cuda_launch.h"
 #include "runtime/cuda_utils.cuh"
 #include "runtime/element.h"
@@ -38,12 +38,13 @@ namespace {
 
 constexpr int kThreads = 256;
 
-using device::dispatch_fp8;
-using device::dispatch_input;
-using device::fp8x2;
-using device::fp8x2_to_float2;
-using device::from_float;
-using device::to_float;
+using cuda_elem::dequant;
+using cuda_elem::dispatch_fp8;
+using cuda_elem::dispatch_input;
+using cuda_elem::fp8x2;
+using cuda_elem::fp8x2_to_float2;
+using cuda_elem::from_float;
+using cuda_elem::to_float;
 
 // Where the quantize kernels get the scale. Delayed scaling reads `scale`;
 // current scaling (scale == nullptr) computes it from `amax`. At the end of the
@@ -185,17 +186,6 @@ __global__ void scale_from_amax_kernel(const float* amax, float* scale, float* s
   const float s = te::scale_from_amax(*amax, fp8_max, force_pow2, epsilon, kFp32Max);
   *scale = s;
   if (scale_inv != nullptr) *scale_inv = __fdiv_rn(1.0f, s);
-}
-
-// float(q) * scale_inv as the CPU computes it, NaN bits included: x86 returns
-// the NaN operand (quieted) and, for 0 * inf, the default NaN 0xFFC00000; the
-// GPU would give 0x7FFFFFFF. The CPU's float(q) of a NaN code is +-0x7FC00000.
-__device__ __forceinline__ float dequant(float qf, bool q_negative, float s) {
-  const float v = __fmul_rn(qf, s);
-  if (v == v) return v;
-  if (qf != qf) return __uint_as_float(q_negative ? 0xFFC00000u : 0x7FC00000u);
-  if (s != s) return __uint_as_float(__float_as_uint(s) | 0x00400000u);
-  return __uint_as_float(0xFFC00000u);
 }
 
 template <class Out, bool kE5M2>

@@ -13,7 +13,7 @@
 //    block amax. Columnwise 32x1 block = the 4 row groups: butterfly over lanes
 //    8 and 16 apart, per column. A 2-D 32x32 tile is the union of both.
 //  - Each lane then casts its elements (FP32 multiply by 2^(127-e), hardware
-//    cvt.rn.satfinite, NaN patched to 0x7F: runtime/cuda_fp8.cuh) and stores V bytes per row for each
+//    cvt.rn.satfinite, NaN patched to 0x7F: runtime/cuda_elem.cuh) and stores V bytes per row for each
 //    requested direction; the first lane of a block writes its scale byte,
 //    compact or swizzled (mxfp8/numerics.h offsets).
 //  - Warps are independent; consecutive warps take consecutive column tiles of
@@ -29,7 +29,7 @@
 #include "mxfp8/backend.h"
 #include "mxfp8/numerics.h"
 #include "runtime/cuda_check.h"
-#include "runtime/cuda_fp8.cuh"
+#include "runtime/cuda_elem.cuh"
 #include "runtime/cuda_launch.h"
 #include "runtime/cuda_utils.cuh"
 
@@ -41,12 +41,12 @@ constexpr int kWarpsPerBlock = kThreads / 32;
 constexpr int kRowsPerLane = 8;  // 4 row groups x 8 rows = one 32-row block
 constexpr unsigned kFullMask = 0xFFFFFFFFu;
 
-using device::dispatch_fp8;
-using device::dispatch_input;
-using device::fp8x2;
-using device::fp8x2_to_float2;
-using device::from_float;
-using device::to_float;
+using cuda_elem::dispatch_fp8;
+using cuda_elem::dispatch_input;
+using cuda_elem::fp8x2;
+using cuda_elem::fp8x2_to_float2;
+using cuda_elem::from_float;
+using cuda_elem::to_float;
 
 // V FP8 bytes of one lane-row, packed for a V-byte store.
 template <int V>
