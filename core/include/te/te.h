@@ -9,4 +9,6 @@
 #include "te/norm.h"
 #include "te/fp8_block.h"
 #include "te/nvfp4.h"
+#include "te/mxfp8.h"
+#include "te/swizzle.h"
 #endif

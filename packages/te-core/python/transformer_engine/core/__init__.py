@@ -23,6 +23,7 @@ from .fp8_block import (
     transpose_fp8_block_2d,
 )
 from .gemm import GemmOutput, gemm
+from .mxfp8 import Mxfp8Tensor, dequantize_mxfp8, mxfp8_scale_shape, quantize_mxfp8
 from .norm import NormForward, layernorm_bwd, layernorm_fwd, rmsnorm_bwd, rmsnorm_fwd
 from .nvfp4 import (
     Nvfp4Tensor,
@@ -35,6 +36,7 @@ from .nvfp4 import (
     unpack_fp4,
 )
 from .scaling import delayed_scaling_update
+from .swizzle import swizzle_block_scales, unswizzle_block_scales
 from .transpose import transpose
 
 __version__ = lib.version()
@@ -50,6 +52,7 @@ __all__ = [
     "Fp8BlockTensor",
     "Fp8Tensor",
     "GemmOutput",
+    "Mxfp8Tensor",
     "NormForward",
     "Nvfp4Tensor",
     "built_with_cuda",
@@ -59,26 +62,29 @@ __all__ = [
     "delayed_scaling_update",
     "dequantize_fp8",
     "dequantize_fp8_block",
-    "fp8_block_scale_shape",
+    "dequantize_mxfp8",
     "dequantize_nvfp4",
+    "fp8_block_scale_shape",
     "gemm",
     "layernorm_bwd",
     "layernorm_fwd",
     "lib",
+    "mxfp8_scale_shape",
     "numpy_dtype",
     "pack_fp4",
     "quantize_fp8",
     "quantize_fp8_block",
     "quantize_fp8_current_scaling",
+    "quantize_mxfp8",
+    "quantize_nvfp4",
+    "rht_sign_mask_from_seed",
     "rmsnorm_bwd",
     "rmsnorm_fwd",
+    "swizzle_block_scales",
     "te_dtype",
     "transpose",
     "transpose_fp8_block_2d",
-    "quantize_nvfp4",
-    "rht_sign_mask_from_seed",
-    "te_dtype",
-    "transpose",
     "transpose_nvfp4_2d",
     "unpack_fp4",
+    "unswizzle_block_scales",
 ]
