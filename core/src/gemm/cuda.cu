@@ -109,6 +109,17 @@ const char* epilogue_name(LtEpilogue e) {
        ", epilogue ", epilogue_name(call.epilogue));
 }
 
+// cuBLASLt needs 16-byte aligned scale pointers; a misaligned one is copied
+// (4 bytes, on the stream) into its workspace slot first.
+const float* aligned_scale(const float* scale, char* slot, cudaStream_t stream) {
+  if (scale == nullptr || reinterpret_cast<uintptr_t>(scale) % kScaleSlotBytes == 0) return scale;
+  const cudaError_t err =
+      cudaMemcpyAsync(slot, scale, sizeof(float), cudaMemcpyDeviceToDevice, stream);
+  if (err != cudaSuccess)
+    fail(TE_ERROR_CUDA, "copying an FP8 scale to an aligned slot: ", cudaGetErrorString(err));
+  return reinterpret_cast<const float*>(slot);
+}
+
 }  // namespace
 
 void gemm(const GemmArgs& g, te_stream stream_handle) {
@@ -147,7 +158,15 @@ void gemm(const GemmArgs& g, te_stream stream_handle) {
   if (plan.transpose_b)  // B stored [K, N] -> [N, K]
     kernels::transpose_bytes(static_cast<const uint8_t*>(g.b.data),
                              reinterpret_cast<uint8_t*>(ws + plan.b_t_offset), g.k, g.n, stream);
-  if (plan.run_matmul) run_lt_matmul(call, algo, stream);
+  if (plan.run_matmul) {
+    if (call.fp8 || plan.lt_fp8_output) {
+      char* slots = ws + plan.scale_slots_offset;
+      call.a_scale = aligned_scale(call.a_scale, slots, stream);
+      call.b_scale = aligned_scale(call.b_scale, slots + kScaleSlotBytes, stream);
+      call.d_scale = aligned_scale(call.d_scale, slots + 2 * kScaleSlotBytes, stream);
+    }
+    run_lt_matmul(call, algo, stream);
+  }
   if (plan.amax_combine)
     kernels::amax_combine(g.d_amax, reinterpret_cast<const float*>(ws + plan.amax_offset),
                           stream);

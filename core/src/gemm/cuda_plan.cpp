@@ -139,6 +139,8 @@ CudaPlan make_cuda_plan(const GemmArgs& args, bool allow_fusion) {
   if (p.transpose_b) p.b_t_offset = take(n * k);
   if (p.matmul_into_tmp) p.tmp_offset = take(m * n * sizeof(float));
   if (p.lt_amax) p.amax_offset = take(sizeof(float));
+  if (p.run_matmul && (args.fp8_inputs() || p.lt_fp8_output))
+    p.scale_slots_offset = take(3 * kScaleSlotBytes);
   if (p.bias_grad_kernel && p.bias_grad_splits > 1)
     p.bias_grad_offset = take(static_cast<size_t>(p.bias_grad_splits) * m * sizeof(float));
   // + slack so that any caller pointer can be rounded up to the alignment.
