@@ -25,6 +25,9 @@ from .. import kernels
 from .quantized_tensor import QuantizedTensor, Quantizer
 
 _TORCH_FP8 = {torch.float8_e4m3fn: DType.kFloat8E4M3, torch.float8_e5m2: DType.kFloat8E5M2}
+# Looked up by int code rather than calling DType(value): older dynamo versions
+# (torch 2.11) cannot trace an Enum constructor inside torch.compile.
+_FP8_BY_CODE = {int(DType.kFloat8E4M3): DType.kFloat8E4M3, int(DType.kFloat8E5M2): DType.kFloat8E5M2}
 aten = torch.ops.aten
 
 
@@ -32,11 +35,8 @@ def fp8_dtype_of(value) -> DType:
     """A DType FP8 member from a DType, its int code or a torch float8 dtype."""
     if isinstance(value, torch.dtype) and value in _TORCH_FP8:
         return _TORCH_FP8[value]
-    try:
-        code = DType(value)
-    except (ValueError, TypeError):
-        code = None
-    if code not in (DType.kFloat8E4M3, DType.kFloat8E5M2):
+    code = _FP8_BY_CODE.get(int(value)) if isinstance(value, int) else None
+    if code is None:
         raise TypeError(f"fp8_dtype must be DType.kFloat8E4M3 or DType.kFloat8E5M2, got {value!r}")
     return code
 
