@@ -32,25 +32,25 @@ class Case(NamedTuple):
         return {"transa": self.transa, "transb": self.transb}
 
 
-def dequantized(op: BlockOperand, columnwise: bool = False) -> np.ndarray:
-    """The FP32 values of a stored operand, by the format's dequantize function
-    (columnwise: MXFP8 32x1 blocks). Folded to a matrix."""
+def dequantized(op: BlockOperand, columnwise: bool = False, out_dtype=np.float32) -> np.ndarray:
+    """The values of a stored block-scaled operand by the format's dequantize
+    function, rounded to out_dtype (columnwise: MXFP8 32x1 blocks), as a matrix.
+    FP32 is what the CPU path multiplies, BF16 what the CUDA emulated path does."""
     if op.scaling in ("fp8_block_1d", "fp8_block_2d"):
         dim = 1 if op.scaling == "fp8_block_1d" else 2
-        out = tec.dequantize_fp8_block(op.data, op.scale_inv, block_dim=dim, layout="gemm_ready")
+        out = tec.dequantize_fp8_block(op.data, op.scale_inv, block_dim=dim, layout="gemm_ready",
+                                       out_dtype=out_dtype)
     elif op.scaling == "mxfp8":
         out = tec.dequantize_mxfp8(op.data, op.scale_inv, columnwise=columnwise,
-                                   swizzled_scales=op.swizzled_scales)
+                                   swizzled_scales=op.swizzled_scales, out_dtype=out_dtype)
     elif op.scaling == "nvfp4":
         scales = op.scale_inv
         if op.swizzled_scales:
             scales = tec.unswizzle_block_scales(scales)
-        out = tec.dequantize_nvfp4(op.data, scales, op.amax)
-    elif op.scaling == "tensor":
-        out = op.data.astype(np.float32) * np.float32(op.scale_inv)
+        out = tec.dequantize_nvfp4(op.data, scales, op.amax, out_dtype=out_dtype)
     else:
-        out = np.asarray(op.data).astype(np.float32)
-    return np.ascontiguousarray(out, np.float32).reshape(-1, out.shape[-1])
+        raise ValueError(f"not a block-scaled operand: {op.scaling}")
+    return np.ascontiguousarray(out).reshape(-1, out.shape[-1])
 
 
 def _operand(fmt: str, tensor, columnwise: bool, swizzled: bool) -> BlockOperand:
