@@ -58,7 +58,8 @@
  *                          exactly te_gemm on the dequantized operands.
  * Native paths (CUDA; anything else is emulated, as is every CPU call):
  *   FP8 block  compute capability 9.x, cuBLASLt >= 12.9 at run time, not 2-D x
- *              2-D, M % 16 == N % 16 == 0, not both E5M2 (scale modes
+ *              2-D, M % 16 == N % 16 == 0, whole blocks (K % 128 == 0, and the
+ *              rows of a 2-D operand % 128 == 0), not both E5M2 (scale modes
  *              VEC128_32F / BLK128x128_32F, which read the GEMM-ready layouts
  *              above as they are).
  *   MXFP8      compute capability 10.x, cuBLASLt >= 12.8, swizzled scales on

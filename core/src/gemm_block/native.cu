@@ -81,10 +81,15 @@ bool eligible(const BlockGemm& g) {
   const size_t lt = cublasLtGetVersion();
   switch (g.a.scaling) {
     case TE_SCALING_FP8_BLOCK_1D:
-    case TE_SCALING_FP8_BLOCK_2D:
-      // cuBLASLt pairs 1-D x 1-D, 1-D x 2-D and 2-D x 1-D, on Hopper only.
-      return major == 9 && lt >= kFp8BlockMinLt &&
-             !(g.a.scaling == TE_SCALING_FP8_BLOCK_2D && g.b.scaling == TE_SCALING_FP8_BLOCK_2D);
+    case TE_SCALING_FP8_BLOCK_2D: {
+      // cuBLASLt pairs 1-D x 1-D, 1-D x 2-D and 2-D x 1-D, on Hopper only. Whole
+      // blocks only (the reference library's shape rule): no block cut by K, and
+      // no 128x128 tile cut by its operand's rows.
+      const bool a_2d = g.a.scaling == TE_SCALING_FP8_BLOCK_2D;
+      const bool b_2d = g.b.scaling == TE_SCALING_FP8_BLOCK_2D;
+      return major == 9 && lt >= kFp8BlockMinLt && !(a_2d && b_2d) && k % 128 == 0 &&
+             (!a_2d || m % 128 == 0) && (!b_2d || n % 128 == 0);
+    }
     case TE_SCALING_MXFP8:
       return major == 10 && lt >= kMicroscalingMinLt && g.a.swizzled && g.b.swizzled;
     case TE_SCALING_NVFP4:
