@@ -121,6 +121,8 @@ def test_alpha_beta_c_bias(rng, fmt, out_dtype):
     c = random_operand(rng, (m, n), out_dtype)
     bias = random_operand(rng, (n,), BF16)
     alpha, beta = float(rng.uniform(-2, 2)), float(rng.uniform(-2, 2))
+    if out_dtype == F16:  # rows of magnitude ~30 give sums near FP16's 65504
+        alpha /= 64
     r = tec.gemm_block(case.a, case.b, c=c, alpha=alpha, beta=beta, bias=bias,
                        out_dtype=out_dtype, **case.kwargs())
     assert r.out.dtype == out_dtype and r.out.shape == (m, n)
