@@ -102,6 +102,7 @@ def main(argv=None) -> int:
     bench_quantize(table, copy_gbs)
     from bench_fp8_block import bench_fp8_block
     from bench_gemm import bench_gemm
+    from bench_gemm_block import bench_gemm_block
     from bench_mxfp8 import bench_mxfp8
     from bench_nvfp4 import bench_nvfp4
 
@@ -109,6 +110,7 @@ def main(argv=None) -> int:
     bench_fp8_block(table, time_ms, copy_gbs)
     bench_nvfp4(table, copy_gbs)
     bench_mxfp8(table, time_ms, copy_gbs)
+    bench_gemm_block(table, time_ms)
     header = (
         f"{datetime.date.today()} · {torch.cuda.get_device_name()} · torch {torch.__version__} · "
         f"te-core {tc.__version__} · copy ceiling {copy_gbs:.0f} GB/s\n\n"

@@ -11,4 +11,5 @@
 #include "te/nvfp4.h"
 #include "te/mxfp8.h"
 #include "te/swizzle.h"
+#include "te/gemm_block.h"
 #endif

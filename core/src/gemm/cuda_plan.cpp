@@ -58,9 +58,11 @@ bool fusable_gelu(const GemmArgs& a) {
 // The cuBLASLt call and the epilogue around it (M, N, K all > 0).
 void plan_matmul(const GemmArgs& args, bool allow_fusion, CudaPlan& p) {
   p.run_matmul = true;
-  if (args.fp8_inputs()) {
+  if (args.fp8_inputs() && !args.block_scaled()) {
     // Hopper FP8 kernels are "TN" only: cuBLASLt's first operand (our B) must be
     // transposed, i.e. B stored [N, K], and the second (our A) not: A stored [M, K].
+    // (Block-scaled operands arrive in a layout their kernels take, with scales
+    // that a byte transpose would not move: te/gemm_block.h.)
     p.transpose_a = args.a.trans;
     p.transpose_b = !args.b.trans;
   }
