@@ -69,9 +69,9 @@ struct SharedTile {
 // Byte offset of chunk c of tile row r (XOR swizzle within each 8-chunk half row).
 __device__ __forceinline__ int chunk_offset(int r, int c) { return r * kRowBytes + ((c ^ (r & 7)) << 4); }
 
-__device__ __forceinline__ void copy16_async(void* smem, const void* gmem) {
-  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
+// 16 bytes global -> shared (a shared-window address), bypassing L1.
+__device__ __forceinline__ void copy16_async(uint32_t smem, const void* gmem) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem), "l"(gmem) : "memory");
 }
 __device__ __forceinline__ void commit_async() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 __device__ __forceinline__ void wait_async_but_one() {
@@ -401,18 +401,21 @@ __global__ void __launch_bounds__(kThreads, kSR ? 2 : 4) quantize_kernel(const K
 
   // A tile's 1024 chunks, 4 per thread: rows 16 i + tid / 16, chunk tid % 16.
   // Out-of-range chunks are skipped: no block reads them.
+  constexpr int kLoadRows = kThreads / kChunks;  // rows one round of the CTA copies
   const int load_r = threadIdx.x / kChunks, load_c = threadIdx.x % kChunks;
   const uint64_t row_bytes = static_cast<uint64_t>(a.cols) * sizeof(T);
   const uint64_t load_off = load_r * row_bytes + load_c * 16;
+  // chunk_offset(r + 16 i, c) = chunk_offset(r, c) + 16 i * kRowBytes: the swizzle repeats every 8 rows.
+  const uint32_t load_dst = static_cast<uint32_t>(__cvta_generic_to_shared(sm.data[0])) +
+                            static_cast<uint32_t>(chunk_offset(load_r, load_c));
   auto load_tile = [&](const TileView& t, int stage) {
     if (load_c * 16 >= t.cols * static_cast<int>(sizeof(T))) return;
+    const uint8_t* src = t.input + load_off;
+    const uint32_t dst = load_dst + stage * (kTileRows * kRowBytes);
 #pragma unroll
-    for (int i = 0; i < kTileRows * kChunks / kThreads; ++i) {
-      const int r = i * (kThreads / kChunks) + load_r;
-      if (r < t.rows)
-        copy16_async(sm.data[stage] + chunk_offset(r, load_c),
-                     t.input + load_off + i * (kThreads / kChunks) * row_bytes);
-    }
+    for (int i = 0; i < kTileRows / kLoadRows; ++i)
+      if (i * kLoadRows + load_r < t.rows)
+        copy16_async(dst + i * kLoadRows * kRowBytes, src + i * kLoadRows * row_bytes);
   };
   int tm = static_cast<int>(blockIdx.x) / grid.tiles_k, tk = static_cast<int>(blockIdx.x) % grid.tiles_k;
   TileView t = grid.view(a, tm, tk);
