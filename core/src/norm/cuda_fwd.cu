@@ -27,7 +27,8 @@
 // To keep it that low, the per-pass unpacking is volatile asm (the compiler
 // would otherwise keep the 128 widened floats live across the reductions),
 // the per-chunk row-end tests are recomputed in each pass (opaque()), and the
-// element-wise path is a separate instantiation (kVec = false).
+// element-wise path is a separate instantiation (kVec = false). Helpers shared
+// with the backward are in cuda_common.cuh.
 //
 // Summation order (rows): each chunk's E values are added as a balanced tree
 // (((v0+v1)+(v2+v3))+((v4+v5)+(v6+v7))), a lane adds its chunk sums in chunk
@@ -81,56 +82,6 @@ bool with_fwd_shape(int64_t H, F&& f) {
   if (H <= FwdShape<Tx, 4, 16>::kCapacity) return f(FwdShape<Tx, 4, 16>{}), true;
   static_assert(FwdShape<Tx, 8, 16>::kCapacity >= kMaxResidentRow, "8 warps hold the longest row");
   return f(FwdShape<Tx, 8, 16>{}), true;
-}
-
-// ---------------------------------------------------------------------------
-// x chunks: 16 bytes as four 32-bit words, widened exactly to FP32.
-
-// The conversions are volatile asm so that the compiler cannot merge the
-// identical unpacks of the three passes into one set of 128 live floats: the
-// point is to keep only the packed row live across the reductions.
-__device__ __forceinline__ void widen_pair(uint32_t w, float& lo, float& hi, __nv_bfloat16) {
-  // BF16 is the high half of an FP32.
-  asm volatile("{ shl.b32 %0, %2, 16; and.b32 %1, %2, 0xFFFF0000; }" : "=f"(lo), "=f"(hi) : "r"(w));
-}
-__device__ __forceinline__ void widen_pair(uint32_t w, float& lo, float& hi, __half) {
-  asm volatile("{ .reg .b16 l, h; mov.b32 {l, h}, %2; cvt.f32.f16 %0, l; cvt.f32.f16 %1, h; }"
-               : "=f"(lo), "=f"(hi) : "r"(w));
-}
-__device__ __forceinline__ void unpack(const uint32_t (&w)[4], float (&f)[4], float) {
-#pragma unroll
-  for (int i = 0; i < 4; ++i) asm volatile("mov.b32 %0, %1;" : "=f"(f[i]) : "r"(w[i]));
-}
-template <class Tx>
-__device__ __forceinline__ void unpack(const uint32_t (&w)[4], float (&f)[8], Tx tag) {
-#pragma unroll
-  for (int i = 0; i < 4; ++i) widen_pair(w[i], f[2 * i], f[2 * i + 1], tag);
-}
-
-// The chunk at p, of which `left` elements (if positive) lie in the row: one
-// 16-byte load (vec: H % E == 0 and x 16-byte aligned, so a chunk is wholly
-// in or out of the row), or element loads. Elements past the row are 0.
-template <class Tx>
-__device__ __forceinline__ void load_x(const Tx* p, int left, bool vec, uint32_t (&w)[4]) {
-  if (vec) {
-    uint4 q = make_uint4(0, 0, 0, 0);
-    if (left > 0) q = __ldg(reinterpret_cast<const uint4*>(p));
-    w[0] = q.x, w[1] = q.y, w[2] = q.z, w[3] = q.w;
-    return;
-  }
-  if constexpr (sizeof(Tx) == 4) {
-    const unsigned int* e = reinterpret_cast<const unsigned int*>(p);
-#pragma unroll
-    for (int j = 0; j < 4; ++j) w[j] = j < left ? __ldg(e + j) : 0u;
-  } else {
-    const unsigned short* e = reinterpret_cast<const unsigned short*>(p);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const uint32_t lo = 2 * i < left ? __ldg(e + 2 * i) : 0u;
-      const uint32_t hi = 2 * i + 1 < left ? __ldg(e + 2 * i + 1) : 0u;
-      w[i] = lo | (hi << 16);
-    }
-  }
 }
 
 // Balanced-tree sum of a chunk's values (the order of the header comment).
@@ -248,14 +199,6 @@ __device__ __forceinline__ void finish_fp8(const FwdArgs& a, float amax) {
     *a.y_scale_inv = __fdiv_rn(1.0f, *a.y_scale);
 }
 
-// v, hidden from the optimizer: the per-chunk conditions of each pass are
-// recomputed from it where they are used, instead of being hoisted out of the
-// row loop into 16 live registers.
-__device__ __forceinline__ int opaque(int v) {
-  asm volatile("" : "+r"(v));
-  return v;
-}
-
 // Barrier over the kThreads threads of one row group only (ids 1.., 0 is
 // __syncthreads'), so the other row groups of the block never wait.
 __device__ __forceinline__ void group_barrier(int id, int threads) {
@@ -286,19 +229,6 @@ struct GroupSum {
     return v;
   }
 };
-
-// Shared-memory layout of the weights: element j of chunk c is at
-// (j / 4) * part + 4 * c + j % 4 (part = 4 * chunks): the float4 of a chunk's
-// elements [4p, 4p + 4) lies at w_c + p * part (w_c = 4 * c), consecutive
-// across lanes.
-template <int kE>
-__device__ __forceinline__ void load_weights(const float* w_c, int part, float (&v)[kE]) {
-#pragma unroll
-  for (int p = 0; p < kE / 4; ++p) {
-    const float4 q = *reinterpret_cast<const float4*>(w_c + p * part);
-    v[4 * p] = q.x, v[4 * p + 1] = q.y, v[4 * p + 2] = q.z, v[4 * p + 3] = q.w;
-  }
-}
 
 // Pass 3 of a row for one output type: y = ((x - mu) * rsigma) * g (+ beta),
 // stored chunk by chunk; FP8 also folds |y| of the row's elements into amax.
@@ -348,14 +278,13 @@ __global__ void __launch_bounds__(S::kBlockThreads)
   __shared__ float exchange[2][S::kRows][S::kWarps];
   const int H = static_cast<int>(a.cols);  // <= kMaxResidentRow: int indices within a row
   const int chunks = (H + kE - 1) / kE;
-  const int part = 4 * chunks;
+  const int part = 4 * chunks;  // the per-chunk layout of cuda_common.cuh
   float* g_s = weights;
   float* b_s = weights + chunks * kE;
-  for (int i = threadIdx.x; i < chunks * kE; i += blockDim.x) {
-    const int at = (i % kE) / 4 * part + 4 * (i / kE) + i % 4;
-    g_s[at] = i < H ? weight_at(a.gamma, a.w_dtype, i, a.zero_centered_gamma) : 0.0f;
-    if (kLayerNorm) b_s[at] = i < H ? load_any(a.beta, a.w_dtype, i) : 0.0f;
-  }
+  stage_weights<kE>(g_s, H, [&](int i) {
+    return weight_at(a.gamma, a.w_dtype, i, a.zero_centered_gamma);
+  });
+  if (kLayerNorm) stage_weights<kE>(b_s, H, [&](int i) { return load_any(a.beta, a.w_dtype, i); });
   __syncthreads();
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -375,7 +304,7 @@ __global__ void __launch_bounds__(S::kBlockThreads)
     const Tx* x_lane = x + row * a.cols + t * kE;
     int r = opaque(rem);
 #pragma unroll
-    for (int k = 0; k < kVecs; ++k) load_x(x_lane + k * kStride, r - k * kStride, vec, w[k]);
+    for (int k = 0; k < kVecs; ++k) load_packed(x_lane + k * kStride, r - k * kStride, vec, w[k]);
 
     float mu = 0.0f;
     if constexpr (kLayerNorm) {
