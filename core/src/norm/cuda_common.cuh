@@ -12,9 +12,10 @@
 // round-to-nearest intrinsic (__fadd_rn, __fmul_rn, ...), which the compiler
 // never contracts into an FMA: the FP32 y is then the same whatever the output
 // type, and a fused FP8 output quantizes exactly the values an FP32 output
-// holds. Row sums: each thread adds its elements in order, a butterfly over the
-// warp gives every lane the same total, and the warps of a row add their totals
-// in warp order: fixed order, deterministic.
+// holds. Row sums: each thread adds its own elements (the backward in order;
+// the forward a balanced tree per chunk, then the chunks in order), a
+// butterfly over the warp gives every lane the same total, and the warps of a
+// row add their totals in warp order: fixed order, deterministic.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -193,22 +194,22 @@ __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float v) {
 template <>
 __device__ __forceinline__ __half from_f32<__half>(float v) { return __float2half_rn(v); }
 
-// Rounds the 8 values of a chunk at `row` to T and stores those in the row
+// Rounds the 8 values of the chunk at p to T and stores those in the row
 // (`left` of them if fewer than 8): one vector store (vec: aligned, whole
 // chunks) or element stores.
 template <class T>
-__device__ __forceinline__ void store_chunk(T* row, int left, bool vec, const float (&v)[kChunk]) {
+__device__ __forceinline__ void store_chunk(T* p, int left, bool vec, const float (&v)[kChunk]) {
   if (vec) {
     if (left <= 0) return;
     Vec<T, kChunk> r;
 #pragma unroll
     for (int j = 0; j < kChunk; ++j) r.v[j] = from_f32<T>(v[j]);
-    store_vec(row, r);
+    store_vec(p, r);
     return;
   }
 #pragma unroll
   for (int j = 0; j < kChunk; ++j)
-    if (j < left) row[j] = from_f32<T>(v[j]);
+    if (j < left) p[j] = from_f32<T>(v[j]);
 }
 
 // FP8 byte of an already-scaled value, as numerics.h defines it: RNE,
