@@ -118,15 +118,25 @@ class Reference(NamedTuple):
     k: int
 
 
-def fp8_tensor_core_error(k: int, s_ab: np.ndarray) -> np.ndarray:
-    """The Hopper FP8 MMA accumulation term: (ceil(K / 32) + 1) 2^-13 S_AB."""
-    steps = -(-k // FP8_MMA_K)
+def fp8_tensor_core_error(k: int, s_ab: np.ndarray, scale_block_k: int = 0) -> np.ndarray:
+    """The Hopper FP8 MMA accumulation term: (ceil(K / 32) + 1) 2^-13 S_AB.
+
+    Block-scaled GEMMs (scale_block_k = 128: a scale per 128 K-elements on both
+    operands) sum each 128-wide K block in the tensor core (4 truncating 32-steps),
+    then convert that partial sum once more to apply the block scales before the
+    FP32 accumulation: (5 ceil(K / 128) + 1) 2^-13 S_AB. Measured on the H200
+    (1x128 x 1x128, K = 256): up to 1.17x the plain model, inside this one."""
+    if scale_block_k:
+        blocks = -(-k // scale_block_k)
+        steps = blocks * (scale_block_k // FP8_MMA_K + 1)
+    else:
+        steps = -(-k // FP8_MMA_K)
     return (steps + 1) * 2.0 ** (1 - FP8_ACCUMULATOR_BITS) * s_ab
 
 
 def reference(a, b, *, transa=False, transb=False, a_scale_inv=None, b_scale_inv=None, c=None,
               alpha=1.0, beta=0.0, bias=None, gelu=False, extra_roundings=0,
-              tensor_core_fp8=False, rounded_before_bias=None,
+              tensor_core_fp8=False, rounded_before_bias=None, scale_block_k=0,
               dequantized_fp8=False) -> Reference:
     """v = alpha op(A) op(B) + beta C + bias (gelu(v) with gelu) and its error bound.
 
@@ -158,7 +168,7 @@ def reference(a, b, *, transa=False, transb=False, a_scale_inv=None, b_scale_inv
     err_v = (k + 4 + extra_roundings) * U32 * s
     fp8_pair = is_fp8(np.asarray(a).dtype) and is_fp8(np.asarray(b).dtype)
     if tensor_core_fp8 and (fp8_pair or dequantized_fp8):
-        err_v = err_v + fp8_tensor_core_error(k, s_ab)
+        err_v = err_v + fp8_tensor_core_error(k, s_ab, scale_block_k)
     if rounded_before_bias is not None and bias is not None:
         t = np.dtype(rounded_before_bias)
         u = UNIT_ROUNDOFF[t]

@@ -50,10 +50,17 @@ def fp8_error(t: torch.Tensor, fmt: str, scale: float) -> torch.Tensor:
 FAST_ACCUM_U = 2.0**-12
 
 
+# Hopper FP8 tensor cores truncate each 32-product step to ~14 significant bits even with
+# the split accumulator (te-core's tests/gemm_reference.py: (ceil(K/32) + 1) 2^-13 S).
+# As a per-step unit for K u S: (ceil(K/32) + 1) / K <= 1/8 for every K >= 16.
+SPLIT_ACCUM_FP8_U = 2.0**-13 / 8
+
+
 def accumulation_u(device, split_accumulator: bool) -> float:
-    """Unit roundoff of one GEMM accumulation step on this device."""
-    fast = torch.device(device).type == "cuda" and not split_accumulator
-    return FAST_ACCUM_U if fast else 2.0**-24
+    """Unit roundoff of one FP8 GEMM accumulation step on this device (K >= 16)."""
+    if torch.device(device).type != "cuda":
+        return 2.0**-24
+    return SPLIT_ACCUM_FP8_U if split_accumulator else max(FAST_ACCUM_U, SPLIT_ACCUM_FP8_U)
 
 
 def matmul_bound(a, b, err_a, err_b, out_dtype, acc_u: float = 2.0**-24) -> torch.Tensor:

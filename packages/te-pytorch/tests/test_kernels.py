@@ -13,6 +13,7 @@ import pytest
 import torch
 from pt_helpers import (
     FP8_MAX,
+    accumulation_u,
     assert_within,
     cuda_ready,
     fp8_error,
@@ -106,7 +107,7 @@ def test_fp8_gemm_tn(device, m, n, k, a_fmt, b_fmt, out_dtype):
     b_hat = kernels.dequantize_fp8(qb[0], qb[2][1:2], CODE[b_fmt]).double()
     zero_a, zero_b = torch.zeros_like(a_hat), torch.zeros_like(b_hat)
     expected = a_hat @ b_hat.T + bias.double()
-    bound = matmul_bound(a_hat, b_hat, zero_a, zero_b, out_dtype)
+    bound = matmul_bound(a_hat, b_hat, zero_a, zero_b, out_dtype, accumulation_u(device, True))
     bound += {torch.float32: 2.0**-24, torch.bfloat16: 2.0**-8}[out_dtype] * bias.double().abs()
     assert_within(y, expected, bound, "FP8 GEMM vs dequantized operands")
     # Against the unquantized operands: the per-format bound of pt_helpers.fp8_error.

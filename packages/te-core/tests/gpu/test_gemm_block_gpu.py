@@ -232,7 +232,7 @@ def test_microscaling_is_emulated_below_blackwell(rng, fmt):
 def native_reference(case, **epilogue):
     out_dtype = epilogue.pop("out_dtype", F32)
     return reference(case.a_deq, case.b_deq, transa=case.transa, transb=case.transb,
-                     tensor_core_fp8=True, dequantized_fp8=True,
+                     tensor_core_fp8=True, dequantized_fp8=True, scale_block_k=128,
                      extra_roundings=BLOCK_EXTRA_ROUNDINGS,
                      rounded_before_bias=fused_bias_rounding(out_dtype, epilogue.get("bias")),
                      **epilogue)

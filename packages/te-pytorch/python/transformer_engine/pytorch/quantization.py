@@ -147,7 +147,14 @@ class autocast:
         s = FP8GlobalStateManager
         self._saved = (s.fp8_enabled, s.fp8_calibration, s.fp8_recipe, s.fp8_group)
         if s.autocast_depth == 0:
-            s.backward_queue = _UpdateQueue()
+            if torch.compiler.is_compiling():
+                # torch 2.11's dynamo cannot trace a new object set on a class; only
+                # current scaling compiles (no queued states), so clearing in place is
+                # equivalent here.
+                s.backward_queue.groups = {}
+                s.backward_queue.owner_taken = False
+            else:
+                s.backward_queue = _UpdateQueue()
         s.fp8_enabled = self.enabled
         s.fp8_calibration = self.calibrating
         s.fp8_recipe = recipe
