@@ -6,4 +6,5 @@
 #include "te/transpose.h"
 #include "te/recipe.h"
 #include "te/gemm.h"
+#include "te/activation.h"
 #endif

@@ -49,5 +49,6 @@ void bind_cast(nb::module_& m);
 void bind_transpose(nb::module_& m);
 void bind_recipe(nb::module_& m);
 void bind_gemm(nb::module_& m);
+void bind_activation(nb::module_& m);
 
 }  // namespace te_py

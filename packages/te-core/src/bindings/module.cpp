@@ -59,4 +59,5 @@ NB_MODULE(_te_core, m) {
   bind_transpose(m);
   bind_recipe(m);
   bind_gemm(m);
+  bind_activation(m);
 }
