@@ -1,8 +1,10 @@
 """Float64 NumPy oracle of the activation family: forward values and analytic derivatives.
 
 Written from the formulas of core/include/te/activation.h (docs/numerics.md),
-not from the C++ sources. gelu is evaluated in its tanh form
-0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). The documented special values
+not from the C++ sources. gelu is the tanh approximation
+0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), with 0.5 (1 + tanh u) evaluated
+as sigmoid(2u) so that its negative tail keeps full float64 precision (tests
+check the identity against np.tanh). The documented special values
 are applied explicitly: f(-inf) = -0 for the sigmoid-based kinds, the slopes at
 +-inf are 1 and 0, NaN propagates through every term that reads it, and the
 clamped_swiglu slopes are 0 strictly outside +-limit.
@@ -47,22 +49,31 @@ def _swish(x, alpha):
 
 
 def _dswish(x, alpha):
-    s = sigmoid(alpha * x)
+    s, sbar = sigmoid(alpha * x), sigmoid(-alpha * x)  # sbar = 1 - s without cancellation
     with np.errstate(invalid="ignore", over="ignore"):
-        d = s + alpha * x * s * (1.0 - s)
+        d = s + alpha * x * s * sbar
     return np.where(np.isinf(x), np.where(x > 0, 1.0, 0.0), d)
+
+
+def _gelu_half(x):
+    """0.5 (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3), as sigmoid(2u): the
+    same number, without the cancellation of 1 + tanh(u) in float64 for u << 0."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        return sigmoid(2.0 * GELU_K * (x + GELU_C * x**3))
 
 
 def _gelu(x):
     with np.errstate(invalid="ignore", over="ignore"):
-        y = 0.5 * x * (1.0 + np.tanh(GELU_K * (x + GELU_C * x**3)))
+        y = x * _gelu_half(x)
     return np.where(np.isneginf(x), -0.0, y)
 
 
 def _dgelu(x):
+    # d/dx 0.5 x (1 + tanh u) = 0.5 (1 + tanh u) + 0.5 x (1 - tanh^2 u) u', with
+    # 0.5 (1 + tanh u) = h and 1 - tanh^2 u = 4 h (1 - h).
+    h, hbar = _gelu_half(x), _gelu_half(-x)  # hbar = 1 - h (the argument is odd in x)
     with np.errstate(invalid="ignore", over="ignore"):
-        t = np.tanh(GELU_K * (x + GELU_C * x**3))
-        d = 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * GELU_K * (1.0 + 3.0 * GELU_C * x * x)
+        d = h + 2.0 * x * h * hbar * GELU_K * (1.0 + 3.0 * GELU_C * x * x)
     return np.where(np.isinf(x), np.where(x > 0, 1.0, 0.0), d)
 
 
@@ -107,8 +118,7 @@ def df(base: str, x, p) -> np.ndarray:
     if base == "srelu":
         return np.where(nan | (x > 0), 2.0 * x, 0.0)
     if base == "sigmoid":
-        s = sigmoid(x)
-        return s * (1.0 - s)
+        return sigmoid(x) * sigmoid(-x)
     if base == "clamped":
         return np.where(x > p["limit"], 0.0, _dswish(x, p["alpha"]))
     raise ValueError(base)
