@@ -42,12 +42,14 @@ class Table:
         self.rows = []
 
     def add(self, case, ms, rate, unit, ceiling_ratio, baseline_name="", baseline_ms=None, target=""):
+        """ceiling_ratio: of the copy ceiling (memory-bound) or of the same-run baseline (GEMMs)."""
         vs = f"{baseline_ms / ms:.2f}x vs {baseline_name} ({baseline_ms:.3f} ms)" if baseline_ms else ""
-        self.rows.append((case, f"{ms:.3f}", f"{rate:.0f} {unit}", f"{ceiling_ratio:.0%}", vs, target))
-        print(f"{case:58s} {ms:8.3f} ms  {rate:7.0f} {unit:7s} {ceiling_ratio:5.0%}  {vs}  {target}", flush=True)
+        ratio = f"{ceiling_ratio:.0%}" if ceiling_ratio else "-"
+        self.rows.append((case, f"{ms:.3f}", f"{rate:.0f} {unit}", ratio, vs, target))
+        print(f"{case:58s} {ms:8.3f} ms  {rate:7.0f} {unit:7s} {ratio:>5s}  {vs}  {target}", flush=True)
 
     def markdown(self) -> str:
-        head = "| case | time (ms) | rate | of ceiling | vs baseline (same run) | target |\n|---|---|---|---|---|---|\n"
+        head = "| case | time (ms) | rate | of ceiling (copy, or same-run baseline for GEMMs) | speed-up vs baseline (same run) | target |\n|---|---|---|---|---|---|\n"
         return head + "\n".join("| " + " | ".join(r) + " |" for r in self.rows) + "\n"
 
 

@@ -81,10 +81,10 @@ def fp8_gemms(q) -> dict:
     """fprop y = x W^T, dgrad dx = dy W, wgrad dW = dy^T x, all in FP8 (TN inside the core)."""
     x, w, dy = q["x"], q["w"], q["dy"]
     return {
-        "fprop  y = x W^T": tc.gemm(x.rowwise, w.rowwise, transb=True, a_scale_inv=x.scale_inv, b_scale_inv=w.scale_inv).d,
-        "dgrad dx = dy W": tc.gemm(dy.rowwise, w.rowwise, a_scale_inv=dy.scale_inv, b_scale_inv=w.scale_inv).d,
+        "fprop  y = x W^T": tc.gemm(x.rowwise, w.rowwise, transb=True, a_scale_inv=x.scale_inv, b_scale_inv=w.scale_inv).out,
+        "dgrad dx = dy W": tc.gemm(dy.rowwise, w.rowwise, a_scale_inv=dy.scale_inv, b_scale_inv=w.scale_inv).out,
         "wgrad dW = dy^T x": tc.gemm(dy.columnwise, x.columnwise, transb=True,
-                                     a_scale_inv=dy.scale_inv, b_scale_inv=x.scale_inv).d,
+                                     a_scale_inv=dy.scale_inv, b_scale_inv=x.scale_inv).out,
     }
 
 

@@ -1,31 +1,54 @@
 /* Dense GEMM with fused epilogues, in row-major terms:
  *
- *     D = alpha * op(A) @ op(B) + beta * C  (+ bias[n] broadcast over rows)
+ *     v = alpha * op(A) @ op(B) + beta * C  (+ bias[n] broadcast over rows)
+ *     D = gelu(v) with the GELU epilogue, else v
  *
  * op(A) is [M, K]: A is stored [M, K], or [K, M] when transa.
  * op(B) is [K, N]: B is stored [K, N], or [N, K] when transb.
  * A Linear layer's forward Y = X W^T is (A = X, B = W, transb = 1).
- * Tensors of rank > 2 are viewed as matrices by folding their leading dims.
+ * A and B have at least 2 dims; leading dims are folded into rows ([..., c]
+ * is a [prod(...), c] matrix). D, C and pre_gelu_out are [M, N] matrices in the
+ * same sense (D may keep A's leading dims when A is not transposed).
  *
  * Operands are FP32, BF16, FP16 or per-tensor FP8 (E4M3/E5M2, mixed allowed,
  * not both E5M2); an FP8 operand is dequantized as float(q) * its scale_inv.
- * A and B must have the same type unless both are FP8. Accumulation is FP32.
+ * A and B must have the same type unless both are FP8. Every element is
+ * turned into FP32 exactly as stated and the products are accumulated in FP32
+ * (the summation order is the backend's: the only difference from exact
+ * arithmetic on the dequantized operands, besides the output rounding).
+ * D may be FP32, BF16, FP16 or FP8 whatever the inputs (values are rounded to
+ * nearest even; an FP8 D needs d_scale).
  *
  * Epilogues (each optional):
- *   bias       D += bias[n] (before GELU); bias is BF16/FP16/FP32.
- *   gelu       with pre_gelu_out: pre_gelu_out = the value before GELU and
- *              D = gelu_tanh(that value).
- *   bias_grad  bias_grad[m] = sum_k op(A)[m, k]: the bias gradient when op(A)
+ *   C          beta * C, C [M, N]: D's type when D is high precision,
+ *              FP32/BF16/FP16 when D is FP8. beta == 0: C is not read. C may be
+ *              D itself (same pointer and type): accumulation in place.
+ *   bias       v += bias[n] (after beta * C, before GELU); [N], FP32/BF16/FP16.
+ *   gelu       with pre_gelu_out ([M, N], FP32/BF16/FP16): pre_gelu_out = v and
+ *              D = gelu_tanh(v) = 0.5 v (1 + tanh(sqrt(2/pi) (v + 0.044715 v^3))).
+ *   bias_grad  bias_grad[m] = sum_k op(A)[m, k] ([M], FP32/BF16/FP16; FP32
+ *              sums of the dequantized elements): the bias gradient when op(A)
  *              is the transposed output gradient of a layer (the wgrad GEMM).
- *   FP8 D      d_scale given: D = saturate(RNE(result * d_scale)); d_amax
- *              (optional) receives max|result| (max-accumulated).
+ *   FP8 D      D = saturate(RNE(gelu-or-v * d_scale)) (+-448 / +-57344, NaN ->
+ *              0x7F); d_amax (optional) = max(d_amax, max |gelu-or-v|), NaN
+ *              ignored: max-accumulated like the cast family's amax.
  *
  * FP8 on Hopper: cuBLASLt only takes the "TN" form for FP8; the core picks the
  * operand order and transposes an FP8 operand into the workspace when needed,
- * so every transa/transb combination works for every type. Query the
- * workspace size with te_gemm_workspace_size first.
+ * so every transa/transb combination works for every type (the "TN" layout,
+ * transa = 0 and transb = 1, needs no copy). Combinations cuBLASLt cannot fuse
+ * run as one extra kernel pass (see core/src/gemm/cuda_plan.h).
+ *
+ * Workspace: query te_gemm_workspace_size with the same parameters. The CPU
+ * backend needs none (it allocates host scratch); the CUDA backend needs the
+ * cuBLASLt workspace (32 MiB) plus room for FP8 transposes and, for unfused
+ * epilogues with a non-FP32 D, an [M, N] FP32 buffer. The size depends on
+ * types, shapes and flags only, never on data pointers.
  *
  * FP8 GEMM dimensions must be multiples of 16 (pad the tensors when not).
+ * alpha and beta must be finite. No call allocates device memory or
+ * synchronizes; the CUDA backend is safe to capture in a CUDA graph once a
+ * first call on the device has created its cuBLASLt handle.
  */
 #ifndef TE_GEMM_H_
 #define TE_GEMM_H_
@@ -43,17 +66,18 @@ typedef struct {
   const te_tensor* b;            /* required */
   const te_tensor* b_scale_inv;  /* FP32 scalar, required iff B is FP8 */
   int transb;
-  const te_tensor* c;            /* [M, N] like D's type (not FP8), or NULL (then beta must be 0) */
+  const te_tensor* c;            /* [M, N] (type: see above), or NULL (then beta must be 0) */
   te_tensor* d;                  /* [M, N]: FP32, BF16, FP16, or FP8 with d_scale */
   const te_tensor* d_scale;      /* FP32 scalar, required iff D is FP8 */
-  te_tensor* d_amax;             /* FP32 scalar or NULL; only with FP8 D */
+  te_tensor* d_amax;             /* FP32 scalar or NULL; only with FP8 D; max-accumulated */
   const te_tensor* bias;         /* [N] or NULL */
   te_tensor* pre_gelu_out;       /* [M, N] or NULL: enables the GELU epilogue */
   te_tensor* bias_grad;          /* [M] or NULL */
   te_tensor* workspace;          /* bytes (TE_DTYPE_BYTE), >= te_gemm_workspace_size; may be NULL when that is 0 */
   float alpha;
   float beta;
-  int use_split_accumulator;     /* FP8 only: 1 = exact FP32 accumulation, 0 = cuBLASLt fast accumulation */
+  int use_split_accumulator;     /* FP8 on CUDA: 1 = full FP32 accumulation, 0 = cuBLASLt's fast
+                                    accumulation (fewer accumulator bits); the CPU ignores it */
 } te_gemm_params;
 
 /* Bytes of workspace te_gemm needs for these parameters (their data pointers

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "runtime/numerics.h"
 #include "te/recipe.h"
 #include "te/types.h"
 
@@ -35,9 +36,10 @@ void delayed_scaling_update(const DelayedUpdateArgs& args, te_stream stream);
 }
 #endif
 
-// The per-column update rule shared by both backends' tests: given the
-// column's `last` amax and the window maximum, the new scale.
-inline float delayed_scale(float amax, float old_scale, float scaled_max) {
+// The per-column update rule shared by both backends: given the column's amax
+// (window max or most recent), the new scale. Host and device (TE_HD); the
+// division is IEEE round-to-nearest on both (nvcc's default -prec-div=true).
+TE_HD float delayed_scale(float amax, float old_scale, float scaled_max) {
   float scale = (amax > 0.0f && amax <= 3.40282347e38f) ? scaled_max / amax : old_scale;
   if (scale > 3.40282347e38f) scale = 3.40282347e38f;  // tiny amax: inf -> FLT_MAX
   return scale;

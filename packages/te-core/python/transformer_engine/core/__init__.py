@@ -21,6 +21,7 @@ from .cast import (
     quantize_fp8_current_scaling,
 )
 from .dtypes import DType, numpy_dtype, te_dtype
+from .gemm import GemmOutput, gemm
 from .scaling import delayed_scaling_update
 from .transpose import transpose
 
@@ -39,11 +40,13 @@ __all__ = [
     "activation_forward",
     "DType",
     "Fp8Tensor",
+    "GemmOutput",
     "built_with_cuda",
     "compute_amax",
     "compute_scale_from_amax",
     "delayed_scaling_update",
     "dequantize_fp8",
+    "gemm",
     "lib",
     "numpy_dtype",
     "quantize_fp8",

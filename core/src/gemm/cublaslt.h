@@ -1,0 +1,58 @@
+// One cublasLtMatmul call, in cuBLASLt's own (column-major) terms, plus the
+// per-device handle and a cache of heuristic results. CUDA builds only.
+#pragma once
+
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "gemm/cuda_plan.h"
+#include "te/types.h"
+
+namespace te::gemm {
+
+// A column-major matrix operand: `rows x cols` as stored, leading dimension ld.
+struct LtMatrix {
+  const void* data = nullptr;
+  te_dtype dtype = TE_DTYPE_FLOAT32;
+  bool trans = false;  // op() of cuBLASLt: the stored matrix is op's input
+  uint64_t rows = 0, cols = 0;
+  int64_t ld = 0;
+};
+
+// D = epilogue(alpha * op(A) op(B) + beta * C), D is m x n (column-major, ld m).
+struct LtCall {
+  int device = 0;
+  uint64_t m = 0, n = 0, k = 0;
+  LtMatrix a, b;
+  const void* c = nullptr;  // read only when beta != 0
+  te_dtype c_dtype = TE_DTYPE_FLOAT32;
+  void* d = nullptr;
+  te_dtype d_dtype = TE_DTYPE_FLOAT32;
+  float alpha = 1.0f, beta = 0.0f;
+  LtEpilogue epilogue = LtEpilogue::kDefault;
+  const void* bias = nullptr;  // bias (input) or bias gradient (output)
+  te_dtype bias_dtype = TE_DTYPE_FLOAT32;
+  bool set_bias_dtype = false;  // set BIAS_DATA_TYPE (FP8); else the default, D's type
+  void* aux = nullptr;          // GELU input (pre_gelu_out), same layout as D
+  const float* a_scale = nullptr;  // FP8 only
+  const float* b_scale = nullptr;
+  const float* d_scale = nullptr;  // FP8 D only
+  float* d_amax = nullptr;         // FP8 D only: overwritten by cuBLASLt
+  bool fp8 = false;
+  bool fast_accum = false;
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
+};
+
+// The algorithm cuBLASLt's heuristic picks for this call (cached per
+// configuration). CUBLAS_STATUS_SUCCESS when found; otherwise the heuristic's
+// status (NOT_SUPPORTED when it has no kernel; INVALID_VALUE for a type or
+// epilogue combination cuBLASLt rejects), so the caller can fall back.
+cublasStatus_t find_lt_algo(const LtCall& call, cublasLtMatmulAlgo_t* algo);
+
+void run_lt_matmul(const LtCall& call, const cublasLtMatmulAlgo_t& algo, cudaStream_t stream);
+
+}  // namespace te::gemm
