@@ -106,6 +106,12 @@ def main(argv=None) -> int:
         bench_gemm = None
     if bench_gemm is not None:
         bench_gemm(table, time_ms)
+    try:
+        from bench_activation import bench_activation
+    except ImportError:
+        bench_activation = None
+    if bench_activation is not None:
+        bench_activation(table, time_ms, copy_gbs)
     header = (
         f"{datetime.date.today()} · {torch.cuda.get_device_name()} · torch {torch.__version__} · "
         f"te-core {tc.__version__} · copy ceiling {copy_gbs:.0f} GB/s\n\n"

@@ -41,10 +41,12 @@
  *
  * Bias gradient (backward): dbias[j] = sum over rows r of grad_input[r, j] in
  * FP32 (the values before rounding to grad_input's type), in a fixed order:
- * rows are taken in chunks of 64, each chunk summed in row order from 0, and
- * the chunk sums added in chunk order from 0. The result is rounded once to
+ * rows in groups of 4 (rows 4i .. 4i+3), each group summed in row order; the
+ * 16 group sums of each 64-row chunk added in order; the chunk sums added in
+ * chunk order (every sum starts from +0). The result is rounded once to
  * dbias's type. The CUDA backend needs a caller-allocated workspace for it
- * (te_activation_bwd_workspace_size); the order is the same on both backends.
+ * (te_activation_bwd_workspace_size); the order is the same on both backends,
+ * so they give the same bits.
  */
 #ifndef TE_ACTIVATION_H_
 #define TE_ACTIVATION_H_

@@ -9,8 +9,10 @@
 
 namespace te::activation {
 
-// Rows per chunk of the bias-gradient reduction (te/activation.h): both
-// backends sum each chunk in row order, then the chunk sums in chunk order.
+// The order of the bias-gradient sums (te/activation.h), the same on both
+// backends: rows in groups of 4 (each summed in row order), the 16 groups of
+// a 64-row chunk added in order, then the chunk sums in chunk order.
+constexpr int64_t kDbiasGroupRows = 4;
 constexpr int64_t kDbiasChunkRows = 64;
 
 // Where the FP32 values v of an output matrix [rows, cols] go.

@@ -110,13 +110,14 @@ void backward(const BackwardArgs& a) {
   const int64_t in_cols = input_cols(a.kind, a.cols);
   const int64_t chunks = dbias_chunks(a.rows);
   const Writer writer(a.out, a.rows, in_cols);
-  // partial[t * in_cols + j]: the sum of chunk t's rows of column j, in row order.
+  // partial[t * in_cols + j]: chunk t's sum of column j (te/activation.h): the
+  // chunk's 4-row groups, each summed in row order, added in group order.
   std::vector<float> partial(a.dbias ? chunks * in_cols : 0, 0.0f);
   float amax = 0.0f;
   with_kind(a.kind, [&](auto kind) {
     constexpr te_activation K = decltype(kind)::value;
     amax = for_chunks(a.rows, [&](int64_t t0, int64_t t1) {
-      std::vector<float> g(a.cols), x(in_cols), d(in_cols);
+      std::vector<float> g(a.cols), x(in_cols), d(in_cols), group(in_cols, 0.0f);
       float local = 0.0f;
       for (int64_t t = t0; t < t1; ++t) {
         const int64_t r1 = std::min(a.rows, (t + 1) * kDbiasChunkRows);
@@ -130,9 +131,12 @@ void backward(const BackwardArgs& a) {
             if (Kind<K>::gated) d[a.cols + j] = gp.db;
           }
           local = std::fmax(local, writer.store_row(r, d.data()));
-          if (a.dbias != nullptr) {
+          if (a.dbias == nullptr) continue;
+          for (int64_t j = 0; j < in_cols; ++j) group[j] += d[j];
+          if (r % kDbiasGroupRows == kDbiasGroupRows - 1 || r + 1 == r1) {  // the group is complete
             float* p = partial.data() + t * in_cols;
-            for (int64_t j = 0; j < in_cols; ++j) p[j] += d[j];
+            for (int64_t j = 0; j < in_cols; ++j) p[j] += group[j];
+            std::fill(group.begin(), group.end(), 0.0f);
           }
         }
       }

@@ -60,7 +60,10 @@ TE_HD float recip(float a) {
 
 constexpr uint32_t kCanonicalNaNBits = 0x7FC00000u;
 
-TE_HD float canonical(float v) { return v != v ? bit_cast_value<float>(kCanonicalNaNBits) : v; }
+TE_HD float canonical(float v) {
+  const uint32_t nan_bits = kCanonicalNaNBits;  // a local copy: no reference to a host constant
+  return v != v ? bit_cast_value<float>(nan_bits) : v;
+}
 
 // ---- exp -------------------------------------------------------------------
 

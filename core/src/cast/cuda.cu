@@ -2,10 +2,7 @@
 // from amax and dequantization. Byte-identical to the CPU backend (cpu.cpp):
 //     q = saturate(round_to_nearest_even(float32(x) * scale)), NaN -> 0x7F
 //     amax = max |x| over the non-NaN x;  x' = float32(q) * scale_inv
-// with the hardware conversion (cvt.rn.satfinite.{e4m3,e5m2}x2.f32): RNE,
-// denormals kept, +-inf and out-of-range values saturated to +-max. NaN lanes
-// are patched to 0x7F explicitly, so the bytes do not depend on which NaN the
-// instruction produces.
+// with the hardware FP8 conversion of runtime/cuda_convert.cuh.
 //
 // Kernels (256 threads, all memory bound):
 //  - rowwise only: a persistent grid-stride loop over 16-byte input vectors
@@ -26,6 +23,7 @@
 
 #include "cast/backend.h"
 #include "runtime/cuda_check.h"
+#include "runtime/cuda_convert.cuh"
 #include "runtime/cuda_launch.h"
 #include "runtime/cuda_utils.cuh"
 #include "runtime/element.h"
@@ -37,21 +35,9 @@ namespace {
 
 constexpr int kThreads = 256;
 
-__device__ __forceinline__ float to_float(float x) { return x; }
-__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
-
-// Two floats -> two FP8 bytes (lo in the low byte). The caller's values are
-// already multiplied by the scale.
-template <bool kE5M2>
-__device__ __forceinline__ uint32_t fp8x2(float lo, float hi) {
-  uint32_t bytes = __nv_cvt_float2_to_fp8x2(make_float2(lo, hi), __NV_SATFINITE,
-                                            kE5M2 ? __NV_E5M2 : __NV_E4M3);
-  // The spec's NaN is 0x7F whatever the sign and payload (numerics.h).
-  if (lo != lo) bytes = (bytes & 0xFF00u) | kFp8CanonicalNaN;
-  if (hi != hi) bytes = (bytes & 0x00FFu) | (uint32_t{kFp8CanonicalNaN} << 8);
-  return bytes;
-}
+using dev::fp8x2;
+using dev::from_float;
+using dev::to_float;
 
 // Where the quantize kernels get the scale. Delayed scaling reads `scale`;
 // current scaling (scale == nullptr) computes it from `amax`. At the end of the
@@ -206,28 +192,6 @@ __device__ __forceinline__ float dequant(float qf, bool q_negative, float s) {
   return __uint_as_float(0xFFC00000u);
 }
 
-// float -> output element bits, as numerics.h rounds (RNE; NaN keeps its sign
-// and becomes 0x7FFF in BF16/FP16).
-template <class Out>
-__device__ __forceinline__ Out from_float(float v);
-template <>
-__device__ __forceinline__ float from_float<float>(float v) { return v; }
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
-  __nv_bfloat16_raw r;
-  r.x = te::float_to_bf16(v);
-  return r;
-}
-template <>
-__device__ __forceinline__ __half from_float<__half>(float v) {
-  if (v != v) {
-    __half_raw r;
-    r.x = static_cast<unsigned short>(((__float_as_uint(v) >> 16) & 0x8000u) | 0x7FFFu);
-    return r;
-  }
-  return __float2half_rn(v);
-}
-
 template <bool kE5M2>
 __device__ __forceinline__ float2 fp8x2_to_float2(uint32_t two_codes) {
   const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two_codes),
@@ -258,17 +222,6 @@ __global__ void __launch_bounds__(kThreads)
         const float f = fp8x2_to_float2<kE5M2>(in[i]).x;
         out[i] = from_float<Out>(dequant(f, in[i] & 0x80, s));
       });
-}
-
-// Host dispatch: f(In{}, std::bool_constant<kE5M2>{}) for the CUDA input type.
-template <class F>
-void dispatch_input(te_dtype dtype, F&& f) {
-  switch (dtype) {
-    case TE_DTYPE_FLOAT32: f(float{}); return;
-    case TE_DTYPE_BFLOAT16: f(__nv_bfloat16{}); return;
-    case TE_DTYPE_FLOAT16: f(__half{}); return;
-    default: fail(TE_ERROR_INTERNAL, "unexpected dtype ", dtype_name(dtype));
-  }
 }
 
 template <class F>
@@ -310,7 +263,7 @@ void launch_quantize(const Fp8QuantizeArgs& a, const ScaleSource& source, float*
 
 void quantize(const Fp8QuantizeArgs& a, const ScaleSource& source, float* amax_accum,
               cudaStream_t stream) {
-  dispatch_input(a.input_dtype, [&](auto in_tag) {
+  dev::dispatch_float_type(a.input_dtype, [&](auto in_tag) {
     dispatch_fp8(a.fp8_dtype, [&](auto e5m2) {
       launch_quantize<decltype(in_tag), decltype(e5m2)::value>(a, source, amax_accum, stream);
     });
@@ -320,7 +273,7 @@ void quantize(const Fp8QuantizeArgs& a, const ScaleSource& source, float* amax_a
 // Zeroes *amax, then max-reduces |input| into it.
 void amax_into(const void* input, te_dtype dtype, int64_t n, float* amax, cudaStream_t stream) {
   TE_CHECK_CUDA(cudaMemsetAsync(amax, 0, sizeof(float), stream));
-  dispatch_input(dtype, [&](auto in_tag) {
+  dev::dispatch_float_type(dtype, [&](auto in_tag) {
     using In = decltype(in_tag);
     constexpr int N = 16 / sizeof(In);
     const In* in = static_cast<const In*>(input);
@@ -361,7 +314,7 @@ void scale_from_amax(const float* amax, float* scale, float* scale_inv, float fp
 
 void dequantize_fp8(const uint8_t* input, te_dtype fp8_dtype, const float* scale_inv,
                     void* output, te_dtype output_dtype, int64_t n, te_stream stream) {
-  dispatch_input(output_dtype, [&](auto out_tag) {
+  dev::dispatch_float_type(output_dtype, [&](auto out_tag) {
     dispatch_fp8(fp8_dtype, [&](auto e5m2) {
       using Out = decltype(out_tag);
       constexpr int N = 16 / sizeof(Out);

@@ -33,6 +33,7 @@ GELU_C = 0.044715
 QGELU_ALPHA = 1.702
 DEFAULT_PARAMS = {"limit": 7.0, "alpha": 1.702, "glu_linear_offset": 1.0}
 CHUNK_ROWS = 64  # the bias-gradient reduction order (te/activation.h)
+GROUP_ROWS = 4
 
 
 def sigmoid(z):
@@ -179,8 +180,9 @@ def backward(grad, x, kind: str, **overrides) -> np.ndarray:
 
 
 def chunked_column_sum(values_fp32: np.ndarray) -> np.ndarray:
-    """dbias in the documented FP32 order: each 64-row chunk summed in row order
-    from 0, then the chunk sums added in chunk order from 0."""
+    """dbias in the documented FP32 order: rows in groups of 4, each summed in
+    row order; the groups of a 64-row chunk added in order; the chunk sums
+    added in chunk order. Every sum starts from +0."""
     v = np.asarray(values_fp32, np.float32)
     k = v.shape[-1] if v.ndim else 1
     v = v.reshape(-1, k)
@@ -188,7 +190,10 @@ def chunked_column_sum(values_fp32: np.ndarray) -> np.ndarray:
     with np.errstate(invalid="ignore", over="ignore"):
         for start in range(0, v.shape[0], CHUNK_ROWS):
             chunk = np.zeros(k, np.float32)
-            for row in v[start:start + CHUNK_ROWS]:
-                chunk = chunk + row
+            for group_start in range(start, min(start + CHUNK_ROWS, v.shape[0]), GROUP_ROWS):
+                group = np.zeros(k, np.float32)
+                for row in v[group_start:min(group_start + GROUP_ROWS, start + CHUNK_ROWS)]:
+                    group = group + row
+                chunk = chunk + group
             total = total + chunk
     return total
