@@ -42,6 +42,18 @@ def bench_gemm(table, time_ms) -> None:
     ours = time_ms(CoreGemm(x, w, y, transb=True))
     table.add("BF16 GEMM 8192^3 (x @ w^T)", ours, tflops(ours), "TFLOP/s", ours and torch_bf16 / ours,
               "torch.matmul", torch_bf16, ">= 95% of torch.matmul")
+    # torch.matmul goes through cuBLAS (cublasGemmEx) by default, which picks its
+    # kernel its own way; ours and torch's cuBLASLt paths take cuBLASLt's first
+    # heuristic answer. The same product through torch's cuBLASLt backend tells
+    # the two apart.
+    previous = torch.backends.cuda.preferred_blas_library()
+    try:
+        torch.backends.cuda.preferred_blas_library("cublaslt")
+        torch_lt = time_ms(lambda: torch.matmul(x, w.t()))
+    finally:
+        torch.backends.cuda.preferred_blas_library(previous)
+    table.add("BF16 GEMM 8192^3 (x @ w^T), vs torch's cuBLASLt backend", ours, tflops(ours),
+              "TFLOP/s", torch_lt / ours, "torch.matmul (cublaslt)", torch_lt, "")
 
     x8, w8 = x.to(torch.float8_e4m3fn), w.to(torch.float8_e4m3fn)
     one = torch.ones((), device="cuda")

@@ -19,6 +19,19 @@
  * D may be FP32, BF16, FP16 or FP8 whatever the inputs (values are rounded to
  * nearest even; an FP8 D needs d_scale).
  *
+ * Two exceptions on the CUDA backend (docs/numerics.md gives the error bounds):
+ *   - FP8 x FP8 runs on Hopper's FP8 tensor cores, which sum each k-step of 32
+ *     products into an accumulator of 14 significant bits (truncated).
+ *     cuBLASLt moves those partial sums to FP32 at intervals when
+ *     use_split_accumulator = 1, never when 0. Error: about 2^-13 of
+ *     sum |a||b| per 32 products (split accumulator), not FP32's 2^-24.
+ *   - With a bias and a BF16/FP16 D, cuBLASLt's fused BIAS epilogue may round
+ *     the product to D's type before adding the bias (two roundings of D's
+ *     type instead of one).
+ * Otherwise both backends follow the statement above, GELU and bias_grad
+ * included (on CUDA, GELU with a 16-bit output and every bias_grad come from
+ * our FP32 kernels, not from cuBLASLt's fused epilogues).
+ *
  * Epilogues (each optional):
  *   C          beta * C, C [M, N]: D's type when D is high precision,
  *              FP32/BF16/FP16 when D is FP8. beta == 0: C is not read. C may be
@@ -41,9 +54,10 @@
  *
  * Workspace: query te_gemm_workspace_size with the same parameters. The CPU
  * backend needs none (it allocates host scratch); the CUDA backend needs the
- * cuBLASLt workspace (32 MiB) plus room for FP8 transposes and, for unfused
- * epilogues with a non-FP32 D, an [M, N] FP32 buffer. The size depends on
- * types, shapes and flags only, never on data pointers.
+ * cuBLASLt workspace (32 MiB) plus room for FP8 transposes, for unfused
+ * epilogues with a non-FP32 D an [M, N] FP32 buffer, and for bias_grad with
+ * a long K up to 8 MiB of FP32 partial sums. The size depends on types,
+ * shapes and flags only, never on data pointers.
  *
  * FP8 GEMM dimensions must be multiples of 16 (pad the tensors when not).
  * alpha and beta must be finite. No call allocates device memory or

@@ -6,5 +6,10 @@
 #include "te/transpose.h"
 #include "te/recipe.h"
 #include "te/gemm.h"
+#include "te/norm.h"
+#include "te/fp8_block.h"
+#include "te/nvfp4.h"
+#include "te/mxfp8.h"
+#include "te/swizzle.h"
 #include "te/activation.h"
 #endif

@@ -11,7 +11,7 @@ void backward(const BackwardArgs& a, te_stream stream) {
   float* partial = a.dbias != nullptr ? a.workspace : nullptr;
   with_kind(a.kind, [&](auto kind) {
     constexpr te_activation K = decltype(kind)::value;
-    dev::dispatch_float_type(a.input_dtype, [&](auto in_tag) {
+    cuda_elem::dispatch_input(a.input_dtype, [&](auto in_tag) {
       using In = decltype(in_tag);
       const Inputs<In> in{static_cast<const In*>(a.input), static_cast<const In*>(a.grad), a.rows,
                           a.cols, in_cols, in_cols};
@@ -19,7 +19,7 @@ void backward(const BackwardArgs& a, te_stream stream) {
     });
   });
   if (a.dbias == nullptr || in_cols == 0) return;
-  dev::dispatch_float_type(a.dbias_dtype, [&](auto out_tag) {
+  cuda_elem::dispatch_input(a.dbias_dtype, [&](auto out_tag) {
     using Out = decltype(out_tag);
     dbias_kernel<Out><<<ceil_div(in_cols, kThreads), kThreads, 0, s>>>(
         partial, dbias_chunks(a.rows), in_cols, static_cast<Out*>(a.dbias));

@@ -6,7 +6,7 @@ namespace te::activation::cuda {
 void forward(const ForwardArgs& a, te_stream stream) {
   with_kind(a.kind, [&](auto kind) {
     constexpr te_activation K = decltype(kind)::value;
-    dev::dispatch_float_type(a.input_dtype, [&](auto in_tag) {
+    cuda_elem::dispatch_input(a.input_dtype, [&](auto in_tag) {
       using In = decltype(in_tag);
       const Inputs<In> in{static_cast<const In*>(a.input), nullptr, a.rows, a.cols,
                           input_cols(K, a.cols), a.cols};

@@ -1,7 +1,7 @@
 // Kernels of the activation family's CUDA backend (cuda_forward.cu and
 // cuda_backward.cu instantiate them). The values come from the formulas of
 // functions.h (_rn arithmetic, the core's own exp, canonical NaN) and the
-// conversions of runtime/cuda_convert.cuh, so every byte equals the CPU's.
+// conversions of runtime/cuda_elem.cuh, so every byte equals the CPU's.
 //
 //  rowwise_kernel  outputs without a columnwise copy. A thread owns one column
 //                  vector (16 bytes of input: 8 BF16/FP16 or 4 FP32 values; one
@@ -32,7 +32,7 @@
 
 #include "activation/backend.h"
 #include "runtime/cuda_check.h"
-#include "runtime/cuda_convert.cuh"
+#include "runtime/cuda_elem.cuh"
 #include "runtime/cuda_launch.h"
 #include "runtime/cuda_utils.cuh"
 #include "transpose/tile.cuh"
@@ -71,7 +71,7 @@ struct Outputs {
 };
 
 __device__ __forceinline__ uint32_t fp8_pair(float lo, float hi, bool e5m2) {
-  return e5m2 ? dev::fp8x2<true>(lo, hi) : dev::fp8x2<false>(lo, hi);
+  return e5m2 ? cuda_elem::fp8x2<true>(lo, hi) : cuda_elem::fp8x2<false>(lo, hi);
 }
 
 // W values to row elements [offset, offset + W) of an output of type Out.
@@ -93,11 +93,11 @@ __device__ __forceinline__ void store_values(void* base, int64_t offset, const f
       store_vec(dst, q);
     }
   } else if constexpr (W == 1) {
-    *dst = dev::from_float<Out>(v[0]);
+    *dst = cuda_elem::from_float<Out>(v[0]);
   } else {
     Vec<Out, W> o;
 #pragma unroll
-    for (int i = 0; i < W; ++i) o.v[i] = dev::from_float<Out>(v[i]);
+    for (int i = 0; i < W; ++i) o.v[i] = cuda_elem::from_float<Out>(v[i]);
     store_vec(dst, o);
   }
 }
@@ -144,9 +144,9 @@ struct Element {
                                                      float (&group)[kParts][W]) {
 #pragma unroll
     for (int i = 0; i < W; ++i) {
-      const float a = dev::to_float(v.a.v[i]);
-      const float b = kGated ? dev::to_float(v.b.v[i]) : 0.0f;
-      const float g = kBwd ? dev::to_float(v.g.v[i]) : 0.0f;
+      const float a = cuda_elem::to_float(v.a.v[i]);
+      const float b = kGated ? cuda_elem::to_float(v.b.v[i]) : 0.0f;
+      const float g = kBwd ? cuda_elem::to_float(v.g.v[i]) : 0.0f;
       float e[kParts];
       compute(g, a, b, p, e);
 #pragma unroll
@@ -400,7 +400,7 @@ __global__ void __launch_bounds__(kThreads)
   if (j >= cols) return;
   float sum = 0.0f;
   for (int64_t t = 0; t < chunks; ++t) sum = add(sum, partial[t * cols + j]);
-  dbias[j] = dev::from_float<Out>(canonical(sum));
+  dbias[j] = cuda_elem::from_float<Out>(canonical(sum));
 }
 
 // ---- host side ----------------------------------------------------------------
@@ -416,7 +416,7 @@ void dispatch_output(te_dtype dtype, F&& f) {
   if (is_fp8(dtype)) {
     f(Fp8Bytes{});
   } else {
-    dev::dispatch_float_type(dtype, f);
+    cuda_elem::dispatch_input(dtype, f);
   }
 }
 

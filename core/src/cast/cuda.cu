@@ -2,7 +2,10 @@
 // from amax and dequantization. Byte-identical to the CPU backend (cpu.cpp):
 //     q = saturate(round_to_nearest_even(float32(x) * scale)), NaN -> 0x7F
 //     amax = max |x| over the non-NaN x;  x' = float32(q) * scale_inv
-// with the hardware FP8 conversion of runtime/cuda_convert.cuh.
+// with the hardware conversion (cvt.rn.satfinite.{e4m3,e5m2}x2.f32): RNE,
+// denormals kept, +-inf and out-of-range values saturated to +-max. NaN lanes
+// are patched to 0x7F explicitly, so the bytes do not depend on which NaN the
+// instruction produces.
 //
 // Kernels (256 threads, all memory bound):
 //  - rowwise only: a persistent grid-stride loop over 16-byte input vectors
@@ -23,7 +26,7 @@
 
 #include "cast/backend.h"
 #include "runtime/cuda_check.h"
-#include "runtime/cuda_convert.cuh"
+#include "runtime/cuda_elem.cuh"
 #include "runtime/cuda_launch.h"
 #include "runtime/cuda_utils.cuh"
 #include "runtime/element.h"
@@ -35,9 +38,13 @@ namespace {
 
 constexpr int kThreads = 256;
 
-using dev::fp8x2;
-using dev::from_float;
-using dev::to_float;
+using cuda_elem::dequant;
+using cuda_elem::dispatch_fp8;
+using cuda_elem::dispatch_input;
+using cuda_elem::fp8x2;
+using cuda_elem::fp8x2_to_float2;
+using cuda_elem::from_float;
+using cuda_elem::to_float;
 
 // Where the quantize kernels get the scale. Delayed scaling reads `scale`;
 // current scaling (scale == nullptr) computes it from `amax`. At the end of the
@@ -181,24 +188,6 @@ __global__ void scale_from_amax_kernel(const float* amax, float* scale, float* s
   if (scale_inv != nullptr) *scale_inv = __fdiv_rn(1.0f, s);
 }
 
-// float(q) * scale_inv as the CPU computes it, NaN bits included: x86 returns
-// the NaN operand (quieted) and, for 0 * inf, the default NaN 0xFFC00000; the
-// GPU would give 0x7FFFFFFF. The CPU's float(q) of a NaN code is +-0x7FC00000.
-__device__ __forceinline__ float dequant(float qf, bool q_negative, float s) {
-  const float v = __fmul_rn(qf, s);
-  if (v == v) return v;
-  if (qf != qf) return __uint_as_float(q_negative ? 0xFFC00000u : 0x7FC00000u);
-  if (s != s) return __uint_as_float(__float_as_uint(s) | 0x00400000u);
-  return __uint_as_float(0xFFC00000u);
-}
-
-template <bool kE5M2>
-__device__ __forceinline__ float2 fp8x2_to_float2(uint32_t two_codes) {
-  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two_codes),
-                                                    kE5M2 ? __NV_E5M2 : __NV_E4M3);
-  return __half22float2(__half2(h));
-}
-
 template <class Out, bool kE5M2>
 __global__ void __launch_bounds__(kThreads)
     dequantize_kernel(const uint8_t* __restrict__ in, const float* scale_inv,
@@ -222,15 +211,6 @@ __global__ void __launch_bounds__(kThreads)
         const float f = fp8x2_to_float2<kE5M2>(in[i]).x;
         out[i] = from_float<Out>(dequant(f, in[i] & 0x80, s));
       });
-}
-
-template <class F>
-void dispatch_fp8(te_dtype fp8_dtype, F&& f) {
-  if (fp8_dtype == TE_DTYPE_FLOAT8E5M2) {
-    f(std::true_type{});
-  } else {
-    f(std::false_type{});
-  }
 }
 
 template <class In, bool kE5M2>
@@ -263,7 +243,7 @@ void launch_quantize(const Fp8QuantizeArgs& a, const ScaleSource& source, float*
 
 void quantize(const Fp8QuantizeArgs& a, const ScaleSource& source, float* amax_accum,
               cudaStream_t stream) {
-  dev::dispatch_float_type(a.input_dtype, [&](auto in_tag) {
+  dispatch_input(a.input_dtype, [&](auto in_tag) {
     dispatch_fp8(a.fp8_dtype, [&](auto e5m2) {
       launch_quantize<decltype(in_tag), decltype(e5m2)::value>(a, source, amax_accum, stream);
     });
@@ -273,7 +253,7 @@ void quantize(const Fp8QuantizeArgs& a, const ScaleSource& source, float* amax_a
 // Zeroes *amax, then max-reduces |input| into it.
 void amax_into(const void* input, te_dtype dtype, int64_t n, float* amax, cudaStream_t stream) {
   TE_CHECK_CUDA(cudaMemsetAsync(amax, 0, sizeof(float), stream));
-  dev::dispatch_float_type(dtype, [&](auto in_tag) {
+  dispatch_input(dtype, [&](auto in_tag) {
     using In = decltype(in_tag);
     constexpr int N = 16 / sizeof(In);
     const In* in = static_cast<const In*>(input);
@@ -314,7 +294,7 @@ void scale_from_amax(const float* amax, float* scale, float* scale_inv, float fp
 
 void dequantize_fp8(const uint8_t* input, te_dtype fp8_dtype, const float* scale_inv,
                     void* output, te_dtype output_dtype, int64_t n, te_stream stream) {
-  dev::dispatch_float_type(output_dtype, [&](auto out_tag) {
+  dispatch_input(output_dtype, [&](auto out_tag) {
     dispatch_fp8(fp8_dtype, [&](auto e5m2) {
       using Out = decltype(out_tag);
       constexpr int N = 16 / sizeof(Out);

@@ -5,6 +5,17 @@
 // heuristic query, runs once per configuration: its result is cached under a
 // key of everything the heuristic sees (types, shapes, layouts, epilogue,
 // pointer alignments, workspace size, device).
+//
+// Algorithm choice: cuBLASLt's heuristic, no timing (timing would need a
+// synchronization and extra launches, which graph capture forbids). The
+// preference carries the 32 MiB workspace (cuda_plan.h) and the operands'
+// actual pointer alignments (up to 256 bytes), so kernels that need more
+// alignment than a buffer has are excluded and none that it has is lost.
+// torch.matmul on BF16 goes through cuBLAS by default (cublasGemmEx, 32 MiB
+// workspace on sm90; torch.backends.cuda.preferred_blas_library() "cublas"),
+// whose own selection can differ from this heuristic's first answer; torch's
+// cuBLASLt paths (addmm with a bias, _scaled_mm) take the first answer as we
+// do. bench/bench_gemm.py measures both baselines.
 #ifdef TE_WITH_CUDA
 
 #include "gemm/cublaslt.h"
@@ -34,7 +45,6 @@ cublasLtEpilogue_t lt_epilogue(LtEpilogue e) {
     case LtEpilogue::kBias: return CUBLASLT_EPILOGUE_BIAS;
     case LtEpilogue::kGeluAux: return CUBLASLT_EPILOGUE_GELU_AUX;
     case LtEpilogue::kGeluAuxBias: return CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
-    case LtEpilogue::kBgradB: return CUBLASLT_EPILOGUE_BGRADB;
     default: return CUBLASLT_EPILOGUE_DEFAULT;
   }
 }
@@ -154,6 +164,8 @@ struct CachedAlgo {
 };
 
 constexpr size_t kMaxCachedAlgos = 4096;  // then start over: shapes are few in practice
+// Heuristic answers asked for: the first usable one is taken (see find_lt_algo).
+constexpr int kHeuristicResults = 8;
 
 }  // namespace
 
@@ -178,20 +190,28 @@ cublasStatus_t find_lt_algo(const LtCall& call, cublasLtMatmulAlgo_t* algo) {
   set_pref(&pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, alignment_of(call.b.data));
   set_pref(&pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, alignment_of(call.c));
   set_pref(&pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, alignment_of(call.d));
-  cublasLtMatmulHeuristicResult_t result{};
+  std::array<cublasLtMatmulHeuristicResult_t, kHeuristicResults> results{};
   int count = 0;
-  cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(handle_for(call.device), &desc.op,
-                                                         &desc.a, &desc.b, &desc.c, &desc.d,
-                                                         &pref, 1, &result, &count);
-  if (status == CUBLAS_STATUS_SUCCESS && count == 0) status = CUBLAS_STATUS_NOT_SUPPORTED;
-  *algo = result.algo;
+  cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
+      handle_for(call.device), &desc.op, &desc.a, &desc.b, &desc.c, &desc.d, &pref,
+      static_cast<int>(results.size()), results.data(), &count);
+  // cuBLASLt's first usable answer: results come best-estimated first, each
+  // for exactly this descriptor (epilogue, types, alignments) and within the
+  // workspace; the checks below only guard that promise.
+  const cublasLtMatmulHeuristicResult_t* chosen = nullptr;
+  for (int i = 0; status == CUBLAS_STATUS_SUCCESS && i < count && chosen == nullptr; ++i)
+    if (results[i].state == CUBLAS_STATUS_SUCCESS &&
+        results[i].workspaceSize <= call.workspace_bytes)
+      chosen = &results[i];
+  if (status == CUBLAS_STATUS_SUCCESS && chosen == nullptr) status = CUBLAS_STATUS_NOT_SUPPORTED;
+  *algo = chosen != nullptr ? chosen->algo : cublasLtMatmulAlgo_t{};
   // Cache answers about the configuration, not passing failures.
   if (status != CUBLAS_STATUS_SUCCESS && status != CUBLAS_STATUS_NOT_SUPPORTED &&
       status != CUBLAS_STATUS_INVALID_VALUE)
     return status;
   std::lock_guard<std::mutex> lock(mutex);
   if (cache.size() >= kMaxCachedAlgos) cache.clear();
-  cache.emplace(key, CachedAlgo{status, result.algo});
+  cache.emplace(key, CachedAlgo{status, *algo});
   return status;
 }
 

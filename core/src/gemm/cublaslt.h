@@ -33,7 +33,7 @@ struct LtCall {
   te_dtype d_dtype = TE_DTYPE_FLOAT32;
   float alpha = 1.0f, beta = 0.0f;
   LtEpilogue epilogue = LtEpilogue::kDefault;
-  const void* bias = nullptr;  // bias (input) or bias gradient (output)
+  const void* bias = nullptr;  // BIAS_POINTER
   te_dtype bias_dtype = TE_DTYPE_FLOAT32;
   bool set_bias_dtype = false;  // set BIAS_DATA_TYPE (FP8); else the default, D's type
   void* aux = nullptr;          // GELU input (pre_gelu_out), same layout as D

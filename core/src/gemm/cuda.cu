@@ -73,7 +73,6 @@ LtCall make_call(const GemmArgs& g, const CudaPlan& plan, char* ws) {
       // (the plan only fuses that case), so leave cuBLASLt's default.
       call.set_bias_dtype = g.fp8_inputs();
       break;
-    case LtEpilogue::kBgradB: call.bias = g.bias_grad.data; break;  // D's type by definition
     default: break;
   }
   if (plan.lt_epilogue == LtEpilogue::kGeluAux || plan.lt_epilogue == LtEpilogue::kGeluAuxBias)
@@ -98,7 +97,6 @@ const char* epilogue_name(LtEpilogue e) {
     case LtEpilogue::kBias: return "BIAS";
     case LtEpilogue::kGeluAux: return "GELU_AUX";
     case LtEpilogue::kGeluAuxBias: return "GELU_AUX_BIAS";
-    case LtEpilogue::kBgradB: return "BGRADB";
     default: return "DEFAULT";
   }
 }
@@ -181,6 +179,9 @@ void gemm(const GemmArgs& g, te_stream stream_handle) {
     b.a_dtype = g.a.dtype;
     b.scale_inv = g.a.scale_inv;
     b.trans = g.a.trans;
+    b.splits = plan.bias_grad_splits;
+    if (plan.bias_grad_splits > 1)
+      b.partials = reinterpret_cast<float*>(ws + plan.bias_grad_offset);
     b.out = const_cast<void*>(g.bias_grad.data);
     b.out_dtype = g.bias_grad.dtype;
     kernels::bias_grad(b, stream);

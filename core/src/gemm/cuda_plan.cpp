@@ -1,5 +1,7 @@
-// The CUDA backend's plan (see cuda_plan.h for the fusion rules).
+// The CUDA backend's plan (see cuda_plan.h for the fusion rules and why).
 #include "gemm/cuda_plan.h"
+
+#include <algorithm>
 
 namespace te::gemm {
 namespace {
@@ -32,6 +34,8 @@ bool native_c(const GemmArgs& a) {
   return !a.fp8_output() && a.c.dtype == a.d_dtype;
 }
 
+// BIAS is fused with 16-bit outputs too, where it may round the product to D's
+// type before adding the bias (cuda_plan.h says why we accept that).
 bool fusable_bias(const GemmArgs& a) {
   if (!a.bias.present()) return true;
   if (!a.fp8_inputs()) return a.bias.dtype == a.d_dtype;
@@ -43,28 +47,16 @@ bool fusable_bias(const GemmArgs& a) {
   }
 }
 
+// GELU_AUX only where its results are FP32 values: its 16-bit outputs were
+// measured beyond one rounding (cuda_plan.h).
 bool fusable_gelu(const GemmArgs& a) {
   if (!a.pre_gelu_out.present()) return true;
-  return !a.fp8_inputs() && a.pre_gelu_out.dtype == a.d_dtype && a.n % 8 == 0;
+  return !a.fp8_inputs() && a.d_dtype == TE_DTYPE_FLOAT32 &&
+         a.pre_gelu_out.dtype == TE_DTYPE_FLOAT32 && a.n % 8 == 0;
 }
 
-bool fusable_bias_grad(const GemmArgs& a) {
-  return !a.fp8_inputs() && a.bias_grad.dtype == a.d_dtype && a.d_dtype == a.a.dtype &&
-         !a.bias.present() && !a.pre_gelu_out.present() && a.a.trans;
-}
-
-}  // namespace
-
-CudaPlan make_cuda_plan(const GemmArgs& args, bool allow_fusion) {
-  CudaPlan p;
-  const bool empty_output = args.m == 0 || args.n == 0;
-  p.bias_grad_kernel = args.bias_grad.present() && args.m > 0;
-  if (empty_output) return p;  // nothing but (possibly) bias_grad to compute
-  if (args.k == 0) {
-    // op(A) op(B) is 0: D = epilogue(beta * C + bias), all in our kernel.
-    p.epilogue_kernel = true;
-    return p;
-  }
+// The cuBLASLt call and the epilogue around it (M, N, K all > 0).
+void plan_matmul(const GemmArgs& args, bool allow_fusion, CudaPlan& p) {
   p.run_matmul = true;
   if (args.fp8_inputs()) {
     // Hopper FP8 kernels are "TN" only: cuBLASLt's first operand (our B) must be
@@ -72,7 +64,6 @@ CudaPlan make_cuda_plan(const GemmArgs& args, bool allow_fusion) {
     p.transpose_a = args.a.trans;
     p.transpose_b = !args.b.trans;
   }
-
   const bool fused = allow_fusion && native_output(args) && native_c(args) &&
                      fusable_bias(args) && fusable_gelu(args);
   if (fused) {
@@ -84,10 +75,6 @@ CudaPlan make_cuda_plan(const GemmArgs& args, bool allow_fusion) {
       p.lt_epilogue = bias ? LtEpilogue::kGeluAuxBias : LtEpilogue::kGeluAux;
     } else if (bias) {
       p.lt_epilogue = LtEpilogue::kBias;
-    } else if (args.bias_grad.present() && fusable_bias_grad(args)) {
-      p.lt_epilogue = LtEpilogue::kBgradB;
-      p.lt_bias_dtype = args.bias_grad.dtype;
-      p.bias_grad_kernel = false;
     }
     if (bias) p.lt_bias_dtype = args.bias.dtype;
     if (args.fp8_output()) {
@@ -104,6 +91,36 @@ CudaPlan make_cuda_plan(const GemmArgs& args, bool allow_fusion) {
     p.epilogue_kernel =
         p.matmul_into_tmp || args.bias.present() || args.pre_gelu_out.present();
   }
+}
+
+}  // namespace
+
+int64_t bias_grad_splits(int64_t m, int64_t k, bool a_stored_k_by_m) {
+  constexpr int64_t kMaxSplits = 128;
+  constexpr int64_t kMaxPartialBytes = int64_t(8) << 20;
+  // [K, M]: a block of 256 threads sums 128 rows of up to 512 columns;
+  // [M, K]: a warp sums 4096 elements of one row.
+  const int64_t per_split = a_stored_k_by_m ? 128 : 4096;
+  int64_t splits = (k + per_split - 1) / per_split;
+  splits = std::min(splits, kMaxSplits);
+  splits = std::min(splits, kMaxPartialBytes / (int64_t(sizeof(float)) * std::max<int64_t>(m, 1)));
+  return std::max<int64_t>(splits, 1);
+}
+
+CudaPlan make_cuda_plan(const GemmArgs& args, bool allow_fusion) {
+  CudaPlan p;
+  if (args.bias_grad.present() && args.m > 0) {  // needs K only, whatever N is
+    p.bias_grad_kernel = true;
+    p.bias_grad_splits = bias_grad_splits(args.m, args.k, args.a.trans);
+  }
+  if (args.m > 0 && args.n > 0) {
+    if (args.k == 0) {
+      // op(A) op(B) is 0: D = epilogue(beta * C + bias), all in our kernel.
+      p.epilogue_kernel = true;
+    } else {
+      plan_matmul(args, allow_fusion, p);
+    }
+  }
 
   // Workspace layout.
   size_t offset = 0;
@@ -112,16 +129,20 @@ CudaPlan make_cuda_plan(const GemmArgs& args, bool allow_fusion) {
     offset += align_up(bytes);
     return at;
   };
-  p.lt_workspace_bytes = kLtWorkspaceBytes;
-  p.lt_workspace_offset = take(p.lt_workspace_bytes);
   const size_t m = static_cast<size_t>(args.m), n = static_cast<size_t>(args.n),
                k = static_cast<size_t>(args.k);
+  if (p.run_matmul) {
+    p.lt_workspace_bytes = kLtWorkspaceBytes;
+    p.lt_workspace_offset = take(p.lt_workspace_bytes);
+  }
   if (p.transpose_a) p.a_t_offset = take(m * k);
   if (p.transpose_b) p.b_t_offset = take(n * k);
   if (p.matmul_into_tmp) p.tmp_offset = take(m * n * sizeof(float));
   if (p.lt_amax) p.amax_offset = take(sizeof(float));
+  if (p.bias_grad_kernel && p.bias_grad_splits > 1)
+    p.bias_grad_offset = take(static_cast<size_t>(p.bias_grad_splits) * m * sizeof(float));
   // + slack so that any caller pointer can be rounded up to the alignment.
-  p.total_bytes = offset + kWorkspaceAlignment;
+  p.total_bytes = offset == 0 ? 0 : offset + kWorkspaceAlignment;
   return p;
 }
 

@@ -1,15 +1,15 @@
-// The GEMM family's own CUDA kernels (see kernels.h for what each computes).
-// They are small, memory-bound helpers around cuBLASLt: element types are
-// dispatched per element on warp-uniform values, which costs nothing next to
-// the memory traffic.
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-#include <cuda_fp8.h>
-
+// The GEMM family's own CUDA kernels, bias_grad's aside (see kernels.h for
+// what each computes). They are small, memory-bound helpers around cuBLASLt:
+// element types are dispatched per element on warp-uniform values, which
+// costs nothing next to the memory traffic.
 #include <algorithm>
 
 #include "gemm/cublas_check.h"
+#include "gemm/elements.cuh"
 #include "gemm/kernels.h"
+#include "runtime/cuda_launch.h"
+#include "runtime/cuda_utils.cuh"
+#include "runtime/tensor.h"
 
 namespace te::gemm::kernels {
 namespace {
@@ -17,71 +17,32 @@ namespace {
 constexpr int kTile = 32;       // transpose tile (bytes per side)
 constexpr int kTileRows = 8;    // threads per tile column
 constexpr int kMaxGridY = 65535;
-
-__device__ __forceinline__ float load_high(const void* p, te_dtype t, int64_t i) {
-  if (t == TE_DTYPE_FLOAT32) return static_cast<const float*>(p)[i];
-  if (t == TE_DTYPE_BFLOAT16) return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
-  return __half2float(static_cast<const __half*>(p)[i]);
-}
-
-__device__ __forceinline__ void store_high(void* p, te_dtype t, int64_t i, float v) {
-  if (t == TE_DTYPE_FLOAT32) {
-    static_cast<float*>(p)[i] = v;
-  } else if (t == TE_DTYPE_BFLOAT16) {
-    static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(v);
-  } else {
-    static_cast<__half*>(p)[i] = __float2half_rn(v);
-  }
-}
-
-__device__ __forceinline__ bool is_fp8_dtype(te_dtype t) {
-  return t == TE_DTYPE_FLOAT8E4M3 || t == TE_DTYPE_FLOAT8E5M2;
-}
-
-__device__ __forceinline__ __nv_fp8_interpretation_t fp8_kind(te_dtype t) {
-  return t == TE_DTYPE_FLOAT8E4M3 ? __NV_E4M3 : __NV_E5M2;
-}
-
-// RNE with saturation to the largest finite value (inf too); NaN -> 0x7F, the
-// canonical NaN byte of the CPU spec (te::float_to_fp8).
-__device__ __forceinline__ uint8_t to_fp8(float v, te_dtype t) {
-  if (isnan(v)) return 0x7F;
-  return static_cast<uint8_t>(__nv_cvt_float_to_fp8(v, __NV_SATFINITE, fp8_kind(t)));
-}
-
-// Every E4M3/E5M2 value is exact in FP16, so this is the exact FP8 value.
-__device__ __forceinline__ float fp8_value(uint8_t q, te_dtype t) {
-  const __half_raw h = __nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(q), fp8_kind(t));
-  return __half2float(__half(h));
-}
-
-// Element i of an operand as FP32 (FP8: float(q) * scale_inv).
-__device__ __forceinline__ float load_operand(const void* p, te_dtype t, int64_t i,
-                                              float scale_inv) {
-  if (is_fp8_dtype(t)) return fp8_value(static_cast<const uint8_t*>(p)[i], t) * scale_inv;
-  return load_high(p, t, i);
-}
+constexpr int kEpilogueThreads = 256;
 
 __device__ __forceinline__ float gelu_tanh(float x) {
   constexpr float kSqrt2OverPi = 0.7978845608028654f;
   return 0.5f * x * (1.0f + tanhf(kSqrt2OverPi * (x + 0.044715f * x * x * x)));
 }
 
-// *addr = fmaxf(*addr, v) atomically (fmaxf semantics: NaN never wins).
-__device__ void atomic_fmax(float* addr, float v) {
-  unsigned int* bits = reinterpret_cast<unsigned int*>(addr);
-  unsigned int old = *bits, assumed;
-  do {
-    assumed = old;
-    const float next = fmaxf(__uint_as_float(assumed), v);
-    if (__float_as_uint(next) == assumed) return;
-    old = atomicCAS(bits, assumed, __float_as_uint(next));
-  } while (old != assumed);
-}
-
-__device__ float warp_sum(float v) {
-  for (int offset = 16; offset > 0; offset /= 2) v += __shfl_down_sync(0xFFFFFFFFu, v, offset);
-  return v;
+// V values to a high-precision buffer at element i: one 8- or 16-byte store
+// for V = 4 (the caller checked the alignment).
+template <int V>
+__device__ __forceinline__ void store_high_vec(void* p, te_dtype t, int64_t i, const float* v) {
+  if constexpr (V == 1) {
+    store_high(p, t, i, v[0]);
+  } else if (t == TE_DTYPE_FLOAT32) {
+    Vec<float, V> x;
+#pragma unroll
+    for (int j = 0; j < V; ++j) x.v[j] = v[j];
+    store_vec(static_cast<float*>(p) + i, x);
+  } else {
+    Vec<uint16_t, V> x;
+#pragma unroll
+    for (int j = 0; j < V; ++j)
+      x.v[j] = t == TE_DTYPE_BFLOAT16 ? __bfloat16_as_ushort(__float2bfloat16_rn(v[j]))
+                                      : __half_as_ushort(__float2half_rn(v[j]));
+    store_vec(static_cast<uint16_t*>(p) + i, x);
+  }
 }
 
 __device__ float warp_max(float v) {
@@ -113,77 +74,60 @@ __global__ void transpose_bytes_kernel(const uint8_t* in, uint8_t* out, int64_t 
   }
 }
 
-// Block (32, 8): a warp covers 32 consecutive columns of one row.
-__global__ void epilogue_kernel(EpilogueArgs p) {
+// V consecutive outputs of one row per thread (V = 4 when the row length and
+// the buffers allow whole 16-byte FP32 loads), grid-stride over the [m, n]
+// output in row-major order. acc may be D itself (FP32 D in place): each
+// element is read before the same thread writes it, so plain loads.
+template <int V>
+__global__ void __launch_bounds__(kEpilogueThreads) epilogue_kernel(EpilogueArgs p) {
   const float d_scale = p.d_scale ? *p.d_scale : 1.0f;
   const bool fp8_out = is_fp8_dtype(p.d_dtype);
+  const int64_t vectors = p.m * p.n / V;
   float amax = 0.0f;
-  for (int64_t row = static_cast<int64_t>(blockIdx.y) * blockDim.y + threadIdx.y; row < p.m;
-       row += static_cast<int64_t>(gridDim.y) * blockDim.y) {
-    for (int64_t col = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; col < p.n;
-         col += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-      const int64_t i = row * p.n + col;
-      float v = p.acc ? p.acc[i] : 0.0f;
-      if (p.c) v += p.beta * load_high(p.c, p.c_dtype, i);
-      if (p.bias) v += load_high(p.bias, p.bias_dtype, col);
-      if (p.pre_gelu_out) {
-        store_high(p.pre_gelu_out, p.pre_gelu_dtype, i, v);
-        v = gelu_tanh(v);
+  for (int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; t < vectors;
+       t += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t i = t * V, col = i % p.n;  // n % V == 0: the V outputs share a row
+    float v[V];
+    if (p.acc) {
+      const Vec<float, V> x = *reinterpret_cast<const Vec<float, V>*>(p.acc + i);
+#pragma unroll
+      for (int j = 0; j < V; ++j) v[j] = x.v[j];
+    } else {
+#pragma unroll
+      for (int j = 0; j < V; ++j) v[j] = 0.0f;
+    }
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      if (p.c) v[j] += p.beta * load_high(p.c, p.c_dtype, i + j);
+      if (p.bias) v[j] += load_high(p.bias, p.bias_dtype, col + j);
+    }
+    if (p.pre_gelu_out) {
+      store_high_vec<V>(p.pre_gelu_out, p.pre_gelu_dtype, i, v);
+#pragma unroll
+      for (int j = 0; j < V; ++j) v[j] = gelu_tanh(v[j]);
+    }
+    if (fp8_out) {
+      Vec<uint8_t, V> q;
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        amax = fmaxf(amax, fabsf(v[j]));
+        q.v[j] = to_fp8(v[j] * d_scale, p.d_dtype);
       }
-      if (fp8_out) {
-        amax = fmaxf(amax, fabsf(v));
-        static_cast<uint8_t*>(p.d)[i] = to_fp8(v * d_scale, p.d_dtype);
-      } else {
-        store_high(p.d, p.d_dtype, i, v);
-      }
+      *reinterpret_cast<Vec<uint8_t, V>*>(static_cast<uint8_t*>(p.d) + i) = q;
+    } else {
+      store_high_vec<V>(p.d, p.d_dtype, i, v);
     }
   }
   if (p.d_amax == nullptr) return;
-  __shared__ float warp_amax[32];
-  const int lane = (threadIdx.y * blockDim.x + threadIdx.x) % 32;
-  const int warp = (threadIdx.y * blockDim.x + threadIdx.x) / 32;
-  const int warps = blockDim.x * blockDim.y / 32;
+  __shared__ float warp_amax[kEpilogueThreads / 32];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   amax = warp_max(amax);
   if (lane == 0) warp_amax[warp] = amax;
   __syncthreads();
   if (warp == 0) {
-    amax = lane < warps ? warp_amax[lane] : 0.0f;
+    amax = lane < kEpilogueThreads / 32 ? warp_amax[lane] : 0.0f;
     amax = warp_max(amax);
-    if (lane == 0) atomic_fmax(p.d_amax, amax);
-  }
-}
-
-// A stored [m, k]: one warp per row of contiguous elements.
-__global__ void bias_grad_rows_kernel(BiasGradArgs p) {
-  const float scale = p.scale_inv ? *p.scale_inv : 1.0f;
-  const int lane = threadIdx.x % 32;
-  const int64_t warps_per_block = blockDim.x / 32;
-  for (int64_t row = blockIdx.x * warps_per_block + threadIdx.x / 32; row < p.m;
-       row += static_cast<int64_t>(gridDim.x) * warps_per_block) {
-    float s = 0.0f;
-    for (int64_t k = lane; k < p.k; k += 32) s += load_operand(p.a, p.a_dtype, row * p.k + k, scale);
-    s = warp_sum(s);
-    if (lane == 0) store_high(p.out, p.out_dtype, row, s);
-  }
-}
-
-// A stored [k, m]: block (32, ty) owns 32 consecutive outputs; its ty thread
-// rows split K, then add up through shared memory.
-constexpr int kColsThreadsY = 16;
-__global__ void bias_grad_cols_kernel(BiasGradArgs p) {
-  __shared__ float partial[kColsThreadsY][33];
-  const float scale = p.scale_inv ? *p.scale_inv : 1.0f;
-  const int64_t col = static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x;
-  float s = 0.0f;
-  if (col < p.m)
-    for (int64_t k = threadIdx.y; k < p.k; k += kColsThreadsY)
-      s += load_operand(p.a, p.a_dtype, k * p.m + col, scale);
-  partial[threadIdx.y][threadIdx.x] = s;
-  __syncthreads();
-  if (threadIdx.y == 0 && col < p.m) {
-    float total = 0.0f;
-    for (int y = 0; y < kColsThreadsY; ++y) total += partial[y][threadIdx.x];
-    store_high(p.out, p.out_dtype, col, total);
+    if (lane == 0) te::atomic_fmax(p.d_amax, amax);  // fmaxf semantics: NaN never wins
   }
 }
 
@@ -209,20 +153,22 @@ void transpose_bytes(const uint8_t* in, uint8_t* out, int64_t rows, int64_t cols
 
 void epilogue(const EpilogueArgs& args, cudaStream_t stream) {
   if (args.m == 0 || args.n == 0) return;
-  const dim3 block(32, 8);
-  const dim3 grid(grid_dim((args.n + 31) / 32, 4096), grid_dim((args.m + 7) / 8, kMaxGridY));
-  epilogue_kernel<<<grid, block, 0, stream>>>(args);
-  TE_GEMM_CHECK_LAUNCH();
-}
-
-void bias_grad(const BiasGradArgs& args, cudaStream_t stream) {
-  if (args.m == 0) return;
-  if (!args.trans) {
-    constexpr int kThreads = 256;  // 8 rows per block
-    bias_grad_rows_kernel<<<grid_dim((args.m + 7) / 8, INT32_MAX), kThreads, 0, stream>>>(args);
+  constexpr int V = 4;
+  auto fits = [](const void* p, te_dtype t) {  // V elements of type t at p: one access
+    return p == nullptr || is_aligned(p, V * dtype_bits(t) / 8);
+  };
+  const bool vector = args.n % V == 0 && fits(args.acc, TE_DTYPE_FLOAT32) &&
+                      fits(args.pre_gelu_out, args.pre_gelu_dtype) && fits(args.d, args.d_dtype);
+  const int64_t elements = args.m * args.n;
+  if (vector) {
+    const auto blocks = persistent_blocks(reinterpret_cast<const void*>(&epilogue_kernel<V>),
+                                          kEpilogueThreads,
+                                          ceil_div(elements / V, kEpilogueThreads));
+    epilogue_kernel<V><<<static_cast<unsigned int>(blocks), kEpilogueThreads, 0, stream>>>(args);
   } else {
-    const dim3 block(32, kColsThreadsY);
-    bias_grad_cols_kernel<<<grid_dim((args.m + 31) / 32, INT32_MAX), block, 0, stream>>>(args);
+    const auto blocks = persistent_blocks(reinterpret_cast<const void*>(&epilogue_kernel<1>),
+                                          kEpilogueThreads, ceil_div(elements, kEpilogueThreads));
+    epilogue_kernel<1><<<static_cast<unsigned int>(blocks), kEpilogueThreads, 0, stream>>>(args);
   }
   TE_GEMM_CHECK_LAUNCH();
 }

@@ -1,7 +1,8 @@
 // The GEMM family's own CUDA kernels, used around cublasLtMatmul where
 // cuBLASLt cannot do the work (see cuda_plan.h): FP8 operand transposes for
-// the "TN" layout, the unfused epilogue, the bias-gradient row sums and the
-// amax max-accumulation. All launch on the given stream; none synchronizes.
+// the "TN" layout, the unfused epilogue, the bias-gradient row sums
+// (bias_grad.cu) and the amax max-accumulation. All launch on the given
+// stream; none synchronizes.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -40,13 +41,18 @@ struct EpilogueArgs {
 void epilogue(const EpilogueArgs& args, cudaStream_t stream);
 
 // out[i] = sum_k op(A)[i, k] over the dequantized elements (FP32 sums),
-// op(A) [m, k] stored as [m, k], or [k, m] when trans.
+// op(A) [m, k] stored as [m, k], or [k, m] when trans. K is cut into `splits`
+// parts (cuda_plan.h: bias_grad_splits); with more than one, each part's sums
+// go to partials[part * m + i] (FP32, workspace) and a second kernel adds the
+// parts in order: deterministic, and every sum is FP32.
 struct BiasGradArgs {
   int64_t m = 0, k = 0;
   const void* a = nullptr;
   te_dtype a_dtype = TE_DTYPE_FLOAT32;
   const float* scale_inv = nullptr;  // FP8 A only
   bool trans = false;
+  int64_t splits = 1;
+  float* partials = nullptr;  // [splits, m] when splits > 1
   void* out = nullptr;
   te_dtype out_dtype = TE_DTYPE_FLOAT32;
 };

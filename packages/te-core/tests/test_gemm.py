@@ -2,9 +2,10 @@
 
 The per-format error bounds and how they are derived are in gemm_reference.py
 (FP32 computation within (K + 4) u_32 of the magnitudes summed, then one
-rounding to the output type; FP8 D within one code of the rounded reference,
->= 99% identical). Inputs are fresh random values on every run; the seed is
-printed so a failure can be replayed.
+rounding to the output type; FP8 D between the FP8 roundings of the reference
+minus and plus that bound, i.e. the rounded reference wherever the bound does
+not reach a rounding boundary). Inputs are fresh random values on every run;
+the seed is printed so a failure can be replayed.
 """
 
 from __future__ import annotations

@@ -49,6 +49,10 @@ void bind_cast(nb::module_& m);
 void bind_transpose(nb::module_& m);
 void bind_recipe(nb::module_& m);
 void bind_gemm(nb::module_& m);
+void bind_norm(nb::module_& m);
+void bind_fp8_block(nb::module_& m);
+void bind_nvfp4(nb::module_& m);
+void bind_mxfp8(nb::module_& m);
 void bind_activation(nb::module_& m);
 
 }  // namespace te_py

@@ -59,5 +59,9 @@ NB_MODULE(_te_core, m) {
   bind_transpose(m);
   bind_recipe(m);
   bind_gemm(m);
+  bind_norm(m);
+  bind_fp8_block(m);
+  bind_nvfp4(m);
+  bind_mxfp8(m);
   bind_activation(m);
 }

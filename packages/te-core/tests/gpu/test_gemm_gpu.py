@@ -1,9 +1,11 @@
 """te_gemm on the CUDA backend (cuBLASLt + the gemm kernels) against the same
 float64 references and per-format bounds as the CPU tests (see
-tests/gemm_reference.py), plus torch._scaled_mm for FP8 "TN" GEMMs, CUDA graph
-capture and a 1024^3 check. Every array lives in a CUDA byte buffer made by
-torch; descriptors carry the element type, so no torch dtype is needed except
-for torch._scaled_mm.
+tests/gemm_reference.py), plus the two documented CUDA terms: Hopper's FP8
+tensor-core accumulation (every GEMM with FP8 operands) and the rounding of a
+fused BIAS epilogue with a 16-bit output (see `gpu_reference`). Also
+torch._scaled_mm for FP8 "TN" GEMMs, CUDA graph capture and a 1024^3 check.
+Every array lives in a CUDA byte buffer made by torch; descriptors carry the
+element type, so no torch dtype is needed except for torch._scaled_mm.
 
 Run on a GPU machine:  pytest -m gpu packages/te-core/tests/gpu
 """
@@ -57,6 +59,36 @@ ODD_SHAPES = [(1, 1, 1), (5, 7, 3), (33, 65, 17), (257, 515, 263)]  # (M, N, K)
 FP8_SHAPES = [(16, 32, 48), (64, 48, 80), (272, 528, 272)]
 # cuBLASLt applies non-power-of-two FP8 scales to the sum (see gemm_reference).
 FP8_EXTRA_ROUNDINGS = 4
+HALF_TYPES = (BF16, F16)
+
+
+def fused_bias_rounding(out_dtype, bias, *, fp8_inputs=False, gelu=False, c=None):
+    """The 16-bit type a fused cuBLASLt BIAS epilogue may round the product to
+    before adding the bias, or None when the CUDA plan adds the bias in FP32.
+
+    Mirrors core/src/gemm/cuda_plan.cpp: BIAS is fused with a 16-bit D when the
+    bias has D's type; with an FP8 D (FP8 inputs, no C) when the bias is 16-bit
+    (cuBLASLt's C type, which we treat as a possible intermediate). GELU is
+    fused only with FP32 D, so a GELU GEMM never takes this term.
+    """
+    if bias is None or gelu:
+        return None
+    out_dtype, bias_dtype = np.dtype(out_dtype), np.asarray(bias).dtype
+    if out_dtype in HALF_TYPES and bias_dtype == out_dtype:
+        return out_dtype
+    if is_fp8(out_dtype) and fp8_inputs and c is None and bias_dtype in HALF_TYPES:
+        return bias_dtype
+    return None
+
+
+def gpu_reference(a, b, *, out_dtype=F32, **kwargs):
+    """gemm_reference.reference with the CUDA backend's terms: the FP8
+    tensor-core accumulation model (applies when both operands are FP8) and
+    the fused-BIAS rounding of `fused_bias_rounding`."""
+    c = kwargs.get("c") if kwargs.get("beta", 0.0) != 0.0 else None  # te_gemm drops C at beta 0
+    rounding = fused_bias_rounding(out_dtype, kwargs.get("bias"), gelu=kwargs.get("gelu", False),
+                                   fp8_inputs=is_fp8(np.asarray(a).dtype), c=c)
+    return reference(a, b, tensor_core_fp8=True, rounded_before_bias=rounding, **kwargs)
 
 
 @pytest.fixture
@@ -188,8 +220,8 @@ def test_fp8_product(rng, a_dtype, b_dtype, transa, transb, shape, out_dtype):
         sa = np.float32(sa / 64)
     r = gpu_gemm(a, b, transa=transa, transb=transb, a_scale_inv=sa, b_scale_inv=sb,
                  out_dtype=out_dtype)
-    ref = reference(a, b, transa=transa, transb=transb, a_scale_inv=sa, b_scale_inv=sb,
-                    extra_roundings=FP8_EXTRA_ROUNDINGS)
+    ref = gpu_reference(a, b, transa=transa, transb=transb, a_scale_inv=sa, b_scale_inv=sb,
+                        extra_roundings=FP8_EXTRA_ROUNDINGS)
     assert_close(r.out, ref.out, ref.err32, "D")
 
 
@@ -207,9 +239,10 @@ def test_fp8_matches_torch_scaled_mm(rng, out_dtype):
         out_dtype=torch_out,
     )
     theirs = theirs.float().cpu().numpy()
-    ref = reference(a, b, transb=True, a_scale_inv=sa, b_scale_inv=sb)
+    ref = gpu_reference(a, b, transb=True, a_scale_inv=sa, b_scale_inv=sb)
     assert_close(ours, ref.out, ref.err32, "D")
-    # Both are within the bound of the reference, so within twice of it of each other.
+    # Both are within the bound of the reference (torch._scaled_mm runs the same
+    # cuBLASLt FP8 kernels, split accumulator), so within twice of it of each other.
     u = UNIT_ROUNDOFF[out_dtype]
     assert_close(ours, theirs.astype(np.float64), 2 * ref.err32 + 2 * u * np.abs(ref.out),
                  "D vs torch._scaled_mm")
@@ -234,6 +267,21 @@ def test_unaligned_pointers(rng, dtype):
     assert_close(r.out, ref.out, ref.err32, "D")
 
 
+@pytest.mark.parametrize("dtype", [BF16, F16], ids=str)
+def test_unaligned_output_through_our_epilogue(rng, dtype):
+    """16-bit GELU runs our epilogue kernel; N % 4 == 0 but D 2 bytes off its
+    alignment takes its one-element path (the aligned case is test_gelu_*)."""
+    m, n, k = 33, 64, 17
+    a, b = random_operands(rng, m, n, k, False, True, dtype, dtype)
+    bias = random_operand(rng, (n,), dtype)
+    r = gpu_gemm(a, b, transb=True, bias=bias, gelu=True, out_dtype=dtype,
+                 offset_bytes=dtype.itemsize)
+    pre = reference(a, b, transb=True, bias=bias)
+    ref = reference(a, b, transb=True, bias=bias, gelu=True)
+    assert_close(r.pre_gelu_out, pre.out, pre.err32, "pre_gelu_out")
+    assert_close(r.out, ref.out, ref.err32, "D = gelu")
+
+
 @pytest.mark.parametrize("dtype", [F32, BF16, E4M3], ids=str)
 def test_1024_cubed(rng, dtype):
     m = n = k = 1024
@@ -241,7 +289,7 @@ def test_1024_cubed(rng, dtype):
     scales = {"a_scale_inv": 0.5, "b_scale_inv": 0.25} if is_fp8(dtype) else {}
     out_dtype = BF16 if is_fp8(dtype) else dtype
     r = gpu_gemm(a, b, transb=True, out_dtype=out_dtype, **scales)
-    ref = reference(a, b, transb=True, **scales)
+    ref = gpu_reference(a, b, transb=True, **scales)
     assert_close(r.out, ref.out, ref.err32, "D")
 
 
@@ -271,8 +319,8 @@ def test_fp8_inputs_accumulate_into_c(rng, out_dtype, transa, transb):
     c = random_operand(rng, (m, n), out_dtype)
     r = gpu_gemm(a, b, transa=transa, transb=transb, a_scale_inv=0.5, b_scale_inv=2.0, c=c,
                  beta=1.0, out_dtype=out_dtype)
-    ref = reference(a, b, transa=transa, transb=transb, a_scale_inv=0.5, b_scale_inv=2.0, c=c,
-                    beta=1.0)
+    ref = gpu_reference(a, b, transa=transa, transb=transb, a_scale_inv=0.5, b_scale_inv=2.0, c=c,
+                        beta=1.0, out_dtype=out_dtype)
     assert_close(r.out, ref.out, ref.err32, "D")
 
 
@@ -291,12 +339,12 @@ def test_bias(rng, in_dtype, out_dtype, bias_dtype):
     scales = {"a_scale_inv": 0.5, "b_scale_inv": 0.5} if is_fp8(in_dtype) else {}
     bias = random_operand(rng, (n,), bias_dtype)
     r = gpu_gemm(a, b, transb=True, bias=bias, out_dtype=out_dtype, **scales)
-    ref = reference(a, b, transb=True, bias=bias, **scales)
+    ref = gpu_reference(a, b, transb=True, bias=bias, out_dtype=out_dtype, **scales)
     assert_close(r.out, ref.out, ref.err32, "D")
 
 
 @pytest.mark.parametrize("dtype", HIGH_PRECISION + [E4M3], ids=str)
-@pytest.mark.parametrize("n", [64, 65])  # 64: fused GELU_AUX (N % 8 == 0); 65: our kernel
+@pytest.mark.parametrize("n", [64, 65])  # 64: fused GELU_AUX for FP32 (N % 8 == 0); else our kernel
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_gelu_stores_pre_activation(rng, dtype, n, with_bias):
     if is_fp8(dtype) and n % 16:
@@ -307,14 +355,16 @@ def test_gelu_stores_pre_activation(rng, dtype, n, with_bias):
     out_dtype = BF16 if is_fp8(dtype) else dtype
     bias = random_operand(rng, (n,), out_dtype) if with_bias else None
     r = gpu_gemm(a, b, transb=True, bias=bias, gelu=True, out_dtype=out_dtype, **scales)
-    ref = reference(a, b, transb=True, bias=bias, gelu=True, **scales)
-    pre = reference(a, b, transb=True, bias=bias, **scales)
+    ref = gpu_reference(a, b, transb=True, bias=bias, gelu=True, out_dtype=out_dtype, **scales)
+    # pre_gelu_out comes from the GELU plan (fused for FP32, else our kernel), never from a
+    # BIAS-only epilogue: no fused-bias rounding term.
+    pre = reference(a, b, transb=True, bias=bias, tensor_core_fp8=True, **scales)
     assert_close(r.pre_gelu_out, pre.out, pre.err32, "pre_gelu_out")
     assert_close(r.out, ref.out, ref.err32, "D = gelu")
 
 
 @pytest.mark.parametrize("dtype", HIGH_PRECISION, ids=str)
-@pytest.mark.parametrize("transa", [False, True])  # True (same types): fused BGRADB
+@pytest.mark.parametrize("transa", [False, True])  # A [K, M] (the wgrad layout) or [M, K]
 @pytest.mark.parametrize("grad_dtype", [None, F32], ids=str)
 def test_bias_grad(rng, dtype, transa, grad_dtype):
     m, n, k = 40, 64, 96
@@ -336,6 +386,38 @@ def test_fp8_bias_grad(rng, transa):
     assert_close(r.bias_grad, expected, err, "bias_grad")
 
 
+@pytest.mark.parametrize("dtype", HIGH_PRECISION + [E4M3], ids=str)
+@pytest.mark.parametrize("transa", [False, True])
+@pytest.mark.parametrize("shape", [(37, 16, 5000), (48, 32, 8208), (64, 16, 100)], ids=str)
+@pytest.mark.parametrize("offset", [0, 1])  # 1: A one element off 16 bytes (scalar loads)
+def test_bias_grad_parts_and_layouts(rng, dtype, transa, shape, offset):
+    """The bias_grad kernels' paths: K cut into several parts or one, 16-byte
+    vectors or single elements (row or column length not a multiple of the
+    vector, or A misaligned), A stored [K, M] or [M, K], any output type."""
+    m, n, k = shape
+    if is_fp8(dtype) and (m % 16 or k % 16 or offset):
+        pytest.skip("FP8 GEMMs need multiples of 16 and 16-byte aligned operands")
+    a, b = random_operands(rng, m, n, k, transa, False, dtype, dtype)
+    scales = {"a_scale_inv": 0.75, "b_scale_inv": 0.5} if is_fp8(dtype) else {}
+    out_dtype = F32 if is_fp8(dtype) else dtype  # offset_bytes moves D too: D of A's type
+    for grad_dtype in (F32, BF16):
+        r = gpu_gemm(a, b, transa=transa, bias_grad=True, bias_grad_dtype=grad_dtype,
+                     out_dtype=out_dtype, offset_bytes=offset * dtype.itemsize, **scales)
+        expected, err = bias_grad_reference(a, scales.get("a_scale_inv"), transa=transa)
+        assert_close(r.bias_grad, expected, err, f"bias_grad ({grad_dtype})")
+
+
+@pytest.mark.parametrize("transa", [False, True])
+def test_bias_grad_with_empty_output(rng, transa):
+    m, k = 40, 3000
+    a = random_operand(rng, (k, m) if transa else (m, k), BF16)
+    b = np.empty((k, 0), BF16)
+    r = gpu_gemm(a, b, transa=transa, bias_grad=True, out_dtype=BF16)
+    assert r.out.shape == (m, 0)
+    expected, err = bias_grad_reference(a, transa=transa)
+    assert_close(r.bias_grad, expected, err, "bias_grad")
+
+
 # ---------------------------------------------------------------------------
 # FP8 output.
 
@@ -349,8 +431,8 @@ def test_fp8_output(rng, a_dtype, b_dtype, d_dtype, transa, transb):
     d_scale = float(rng.uniform(0.5, 4.0))
     r = gpu_gemm(a, b, transa=transa, transb=transb, a_scale_inv=0.125, b_scale_inv=0.5,
                  out_dtype=d_dtype, d_scale=d_scale)
-    ref = reference(a, b, transa=transa, transb=transb, a_scale_inv=0.125, b_scale_inv=0.5,
-                    extra_roundings=FP8_EXTRA_ROUNDINGS)
+    ref = gpu_reference(a, b, transa=transa, transb=transb, a_scale_inv=0.125, b_scale_inv=0.5,
+                        extra_roundings=FP8_EXTRA_ROUNDINGS, out_dtype=d_dtype)
     assert_fp8_close(r.out, ref, d_scale)
     assert_amax_close(r.amax, ref)
 
@@ -366,7 +448,7 @@ def test_fp8_output_epilogues(rng, c_dtype, bias_dtype, gelu):
     beta = 0.5 if c is not None else 0.0
     kwargs = {"transb": True, "a_scale_inv": 0.25, "b_scale_inv": 0.25, "c": c, "beta": beta, "bias": bias}
     r = gpu_gemm(a, b, gelu=gelu, out_dtype=E4M3, d_scale=2.0, **kwargs)
-    ref = reference(a, b, gelu=gelu, **kwargs)
+    ref = gpu_reference(a, b, gelu=gelu, out_dtype=E4M3, **kwargs)
     assert_fp8_close(r.out, ref, 2.0)
     assert_amax_close(r.amax, ref)
 
@@ -374,7 +456,8 @@ def test_fp8_output_epilogues(rng, c_dtype, bias_dtype, gelu):
 def test_d_amax_is_max_accumulated(rng):
     a, b = random_operands(rng, 64, 48, 80, False, True, E4M3, E4M3)
     for gelu in (False, True):  # fused (cuBLASLt amax + our combine) and our epilogue kernel
-        ref = reference(a, b, transb=True, a_scale_inv=1.0, b_scale_inv=1.0, gelu=gelu)
+        ref = gpu_reference(a, b, transb=True, a_scale_inv=1.0, b_scale_inv=1.0, gelu=gelu,
+                            out_dtype=E4M3)
         for start in (0.0, 1e9):
             r = gpu_gemm(a, b, transb=True, a_scale_inv=1.0, b_scale_inv=1.0, out_dtype=E4M3,
                          d_scale=1.0, amax_start=start, gelu=gelu)
@@ -412,7 +495,7 @@ def test_workspace_size_and_check(rng):
 def test_side_stream_and_graph_capture(rng):
     m, n, k = 64, 48, 80
     a, b = random_operands(rng, m, n, k, False, True, E4M3, E4M3)
-    ref = reference(a, b, transb=True, a_scale_inv=0.5, b_scale_inv=0.5)
+    ref = gpu_reference(a, b, transb=True, a_scale_inv=0.5, b_scale_inv=0.5)
     side = torch.cuda.Stream()
     r = gpu_gemm(a, b, transb=True, a_scale_inv=0.5, b_scale_inv=0.5, stream=side)
     assert_close(r.out, ref.out, ref.err32, "D (side stream)")

@@ -21,8 +21,28 @@ from .cast import (
     quantize_fp8_current_scaling,
 )
 from .dtypes import DType, numpy_dtype, te_dtype
+from .fp8_block import (
+    Fp8BlockTensor,
+    dequantize_fp8_block,
+    fp8_block_scale_shape,
+    quantize_fp8_block,
+    transpose_fp8_block_2d,
+)
 from .gemm import GemmOutput, gemm
+from .mxfp8 import Mxfp8Tensor, dequantize_mxfp8, mxfp8_scale_shape, quantize_mxfp8
+from .norm import NormForward, layernorm_bwd, layernorm_fwd, rmsnorm_bwd, rmsnorm_fwd
+from .nvfp4 import (
+    Nvfp4Tensor,
+    compute_amax_nvfp4,
+    dequantize_nvfp4,
+    pack_fp4,
+    quantize_nvfp4,
+    rht_sign_mask_from_seed,
+    transpose_nvfp4_2d,
+    unpack_fp4,
+)
 from .scaling import delayed_scaling_update
+from .swizzle import swizzle_block_scales, unswizzle_block_scales
 from .transpose import transpose
 
 __version__ = lib.version()
@@ -39,18 +59,42 @@ __all__ = [
     "activation_backward",
     "activation_forward",
     "DType",
+    "Fp8BlockTensor",
     "Fp8Tensor",
     "GemmOutput",
+    "Mxfp8Tensor",
+    "NormForward",
+    "Nvfp4Tensor",
     "built_with_cuda",
     "compute_amax",
+    "compute_amax_nvfp4",
     "compute_scale_from_amax",
     "delayed_scaling_update",
     "dequantize_fp8",
+    "dequantize_fp8_block",
+    "dequantize_mxfp8",
+    "dequantize_nvfp4",
+    "fp8_block_scale_shape",
     "gemm",
+    "layernorm_bwd",
+    "layernorm_fwd",
     "lib",
+    "mxfp8_scale_shape",
     "numpy_dtype",
+    "pack_fp4",
     "quantize_fp8",
+    "quantize_fp8_block",
     "quantize_fp8_current_scaling",
+    "quantize_mxfp8",
+    "quantize_nvfp4",
+    "rht_sign_mask_from_seed",
+    "rmsnorm_bwd",
+    "rmsnorm_fwd",
+    "swizzle_block_scales",
     "te_dtype",
     "transpose",
+    "transpose_fp8_block_2d",
+    "transpose_nvfp4_2d",
+    "unpack_fp4",
+    "unswizzle_block_scales",
 ]

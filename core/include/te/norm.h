@@ -1,0 +1,104 @@
+/* LayerNorm and RMSNorm, forward and backward (the reference library's
+ * normalization.h).
+ *
+ * x of any rank >= 1 is viewed as a matrix [N, H]: H is its last dimension
+ * (the normalized one) and N the product of the others. gamma and beta hold H
+ * elements. All arithmetic is FP32; inputs widen to FP32 exactly.
+ *
+ * Forward, per row (sums over the H elements of the row, FP32 accumulation):
+ *   LayerNorm:  mu = sum(x) / H
+ *               rsigma = 1 / sqrt(sum((x - mu)^2) / H + eps)   (biased variance,
+ *                                                   two passes over the row)
+ *               y = ((x - mu) * rsigma) * g + beta
+ *   RMSNorm:    rsigma = 1 / sqrt(sum(x^2) / H + eps)
+ *               y = (x * rsigma) * g
+ *   g = gamma, or 1 + gamma (rounded to FP32) with zero_centered_gamma.
+ *   y is that FP32 value rounded (nearest even) to y's type. With an FP8 y the
+ *   quantization is fused: y_fp8 = saturate(RNE(y_fp32 * y_scale)) applied to
+ *   the unrounded FP32 y, amax = max(amax, max|y_fp32|) (NaN ignored) and
+ *   scale_inv = 1 / y_scale: byte for byte what te_quantize_fp8 writes for the
+ *   FP32 y that the same backend returns when y is FP32.
+ *   Current scaling cannot be fused in one pass (its scale needs the amax of
+ *   the whole output first): normalize to FP32, then call
+ *   te_quantize_fp8_current_scaling.
+ *
+ * Backward, per row, with xhat = (x - mu) * rsigma (LayerNorm) or x * rsigma
+ * (RMSNorm) and dy = dz * g:
+ *   LayerNorm:  dx = rsigma * (dy - sum(dy) / H - xhat * sum(dy * xhat) / H)
+ *   RMSNorm:    dx = rsigma * (dy - xhat * sum(dy * xhat) / H)
+ * and over all rows:  dgamma = sum(dz * xhat),  dbeta = sum(dz).
+ * (With zero_centered_gamma, d(1 + gamma)/dgamma = 1, so dgamma is the same.)
+ * The row reductions of dgamma/dbeta run in a fixed order on both backends:
+ * results are deterministic run to run. Summation orders differ between the
+ * backends, so CPU and CUDA agree within rounding, not bit for bit
+ * (docs/numerics.md gives the bounds).
+ */
+#ifndef TE_NORM_H_
+#define TE_NORM_H_
+
+#include "te/types.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* LayerNorm forward.
+ * \param[in]     x           FP32, BF16 or FP16, shape [..., H], H >= 1.
+ * \param[in]     gamma       FP32, BF16 or FP16, H elements.
+ * \param[in]     beta        H elements, gamma's type.
+ * \param[in]     eps         added to the variance; finite and >= 0.
+ * \param[in]     zero_centered_gamma  nonzero: the weight is 1 + gamma.
+ * \param[out]    y           x's shape: FP32, BF16, FP16, or FP8 (E4M3/E5M2,
+ *                            then y_scale is required).
+ * \param[in]     y_scale     FP32 scalar; only (and required) with an FP8 y.
+ * \param[out]    y_scale_inv FP32 scalar, written with 1 / y_scale; FP8 y only; may be NULL.
+ * \param[in,out] y_amax      FP32 scalar, amax = max(amax, max|y_fp32|); FP8 y only; may be NULL.
+ * \param[out]    mu          FP32, N elements (saved for backward); may be NULL.
+ * \param[out]    rsigma      FP32, N elements (saved for backward); may be NULL.
+ */
+TE_API te_status te_layernorm_fwd(const te_tensor* x, const te_tensor* gamma,
+                                  const te_tensor* beta, float eps, int zero_centered_gamma,
+                                  te_tensor* y, const te_tensor* y_scale, te_tensor* y_scale_inv,
+                                  te_tensor* y_amax, te_tensor* mu, te_tensor* rsigma,
+                                  te_stream stream);
+
+/* RMSNorm forward: te_layernorm_fwd without beta and mu. */
+TE_API te_status te_rmsnorm_fwd(const te_tensor* x, const te_tensor* gamma, float eps,
+                                int zero_centered_gamma, te_tensor* y, const te_tensor* y_scale,
+                                te_tensor* y_scale_inv, te_tensor* y_amax, te_tensor* rsigma,
+                                te_stream stream);
+
+/* Bytes of workspace te_layernorm_bwd needs for an input shaped like x (its
+ * data pointer is not read). 0 on the CPU backend: pass NULL then. */
+TE_API te_status te_layernorm_bwd_workspace_size(const te_tensor* x, size_t* workspace_bytes);
+
+/* LayerNorm backward.
+ * \param[in]  dz         the output gradient: x's shape and type.
+ * \param[in]  x          the forward input.
+ * \param[in]  mu, rsigma FP32, N elements each, as written by te_layernorm_fwd.
+ * \param[in]  gamma      H elements (FP32, BF16 or FP16).
+ * \param[out] dx         x's shape and type.
+ * \param[out] dgamma     H elements, gamma's type.
+ * \param[out] dbeta      H elements, gamma's type.
+ * \param[in]  workspace  TE_DTYPE_BYTE, at least te_layernorm_bwd_workspace_size
+ *                        bytes on x's device; may be NULL when that is 0.
+ *                        16-byte aligned; its contents on entry do not matter.
+ */
+TE_API te_status te_layernorm_bwd(const te_tensor* dz, const te_tensor* x, const te_tensor* mu,
+                                  const te_tensor* rsigma, const te_tensor* gamma,
+                                  int zero_centered_gamma, te_tensor* dx, te_tensor* dgamma,
+                                  te_tensor* dbeta, te_tensor* workspace, te_stream stream);
+
+/* Bytes of workspace te_rmsnorm_bwd needs (see te_layernorm_bwd_workspace_size). */
+TE_API te_status te_rmsnorm_bwd_workspace_size(const te_tensor* x, size_t* workspace_bytes);
+
+/* RMSNorm backward: te_layernorm_bwd without mu and dbeta. */
+TE_API te_status te_rmsnorm_bwd(const te_tensor* dz, const te_tensor* x, const te_tensor* rsigma,
+                                const te_tensor* gamma, int zero_centered_gamma, te_tensor* dx,
+                                te_tensor* dgamma, te_tensor* workspace, te_stream stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* TE_NORM_H_ */

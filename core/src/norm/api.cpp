@@ -1,0 +1,244 @@
+// C entry points of the norm family: validate once, then run the backend of
+// x's device.
+#include <cmath>
+
+#include "norm/backend.h"
+#include "runtime/device.h"
+#include "runtime/tensor.h"
+#include "te/norm.h"
+
+namespace te::norm {
+namespace {
+
+constexpr std::initializer_list<te_dtype> kHighPrecision = {TE_DTYPE_FLOAT32, TE_DTYPE_BFLOAT16,
+                                                            TE_DTYPE_FLOAT16};
+constexpr const char* kHighPrecisionText = "float32, bfloat16 or float16";
+
+// x as [rows, cols]: rank >= 1 and a non-empty last dimension.
+void check_x(const te_tensor* x, int64_t* rows, int64_t* cols) {
+  Arg(x, "x").dtype_in(kHighPrecision, kHighPrecisionText);
+  if (x->ndim < 1)
+    fail(TE_ERROR_INVALID_ARGUMENT, "argument 'x' must have at least 1 dimension (the normalized "
+         "last one), got a scalar");
+  *rows = leading_rows(*x);
+  *cols = last_dim(*x);
+  if (*cols < 1)
+    fail(TE_ERROR_INVALID_ARGUMENT, "argument 'x' must have a non-empty last dimension, got shape ",
+         shape_string(*x));
+}
+
+// A per-column vector (gamma, beta, dgamma, dbeta): H elements on x's device.
+void check_per_column(const te_tensor* t, const char* name, int64_t cols, const te_tensor& x) {
+  Arg(t, name).same_device(x, "x");
+  if (numel(*t) != cols)
+    fail(TE_ERROR_INVALID_ARGUMENT, "argument '", name, "' must have ", cols,
+         " elements (the last dimension of 'x'), got shape ", shape_string(*t));
+}
+
+void check_same_type(const te_tensor* t, const char* name, const te_tensor& like,
+                     const char* like_name) {
+  if (t->dtype != like.dtype)
+    fail(TE_ERROR_INVALID_DTYPE, "argument '", name, "' must have the type of '", like_name, "' (",
+         dtype_name(like.dtype), "), got ", dtype_name(t->dtype));
+}
+
+// A per-row FP32 vector (mu, rsigma): N elements on x's device.
+float* per_row(const te_tensor* t, const char* name, int64_t rows, const te_tensor& x) {
+  Arg(t, name).dtype(TE_DTYPE_FLOAT32).same_device(x, "x");
+  if (numel(*t) != rows)
+    fail(TE_ERROR_INVALID_ARGUMENT, "argument '", name, "' must have ", rows,
+         " elements (one per row of 'x' viewed as [N, H]), got shape ", shape_string(*t));
+  return static_cast<float*>(t->data);
+}
+
+float* optional_per_row(te_tensor* t, const char* name, int64_t rows, const te_tensor& x) {
+  return t == nullptr ? nullptr : per_row(t, name, rows, x);
+}
+
+void check_eps(float eps) {
+  if (!(eps >= 0.0f) || std::isinf(eps))
+    fail(TE_ERROR_INVALID_ARGUMENT, "argument 'eps' must be finite and >= 0, got ", eps);
+}
+
+// Everything the two forward entry points share: x, gamma, eps, y and its
+// FP8 scaling tensors, rsigma.
+FwdArgs check_forward(const te_tensor* x, const te_tensor* gamma, float eps,
+                      int zero_centered_gamma, te_tensor* y, const te_tensor* y_scale,
+                      te_tensor* y_scale_inv, te_tensor* y_amax, te_tensor* rsigma) {
+  FwdArgs a{};
+  check_x(x, &a.rows, &a.cols);
+  a.x = x->data;
+  a.x_dtype = x->dtype;
+  check_per_column(gamma, "gamma", a.cols, *x);
+  Arg(gamma, "gamma").dtype_in(kHighPrecision, kHighPrecisionText);
+  a.gamma = gamma->data;
+  a.w_dtype = gamma->dtype;
+  check_eps(eps);
+  a.eps = eps;
+  a.zero_centered_gamma = zero_centered_gamma != 0;
+
+  Arg(y, "y").dtype_in({TE_DTYPE_FLOAT32, TE_DTYPE_BFLOAT16, TE_DTYPE_FLOAT16,
+                        TE_DTYPE_FLOAT8E4M3, TE_DTYPE_FLOAT8E5M2},
+                       "float32, bfloat16, float16, float8_e4m3 or float8_e5m2")
+      .same_shape(*x, "x").same_device(*x, "x");
+  a.y = y->data;
+  a.y_dtype = y->dtype;
+  if (is_fp8(y->dtype)) {
+    if (y_scale == nullptr)
+      fail(TE_ERROR_INVALID_ARGUMENT, "argument 'y_scale' is required when 'y' is FP8 (",
+           dtype_name(y->dtype), ")");
+    Arg(y_scale, "y_scale").scalar_fp32().same_device(*x, "x");
+    a.y_scale = static_cast<const float*>(y_scale->data);
+    if (y_scale_inv) {
+      Arg(y_scale_inv, "y_scale_inv").scalar_fp32().same_device(*x, "x");
+      a.y_scale_inv = static_cast<float*>(y_scale_inv->data);
+    }
+    if (y_amax) {
+      Arg(y_amax, "y_amax").scalar_fp32().same_device(*x, "x");
+      a.y_amax = static_cast<float*>(y_amax->data);
+    }
+  } else if (y_scale || y_scale_inv || y_amax) {
+    fail(TE_ERROR_INVALID_ARGUMENT, "arguments 'y_scale', 'y_scale_inv' and 'y_amax' are only for "
+         "an FP8 'y'; 'y' is ", dtype_name(y->dtype), " (pass NULL)");
+  }
+  a.rsigma = optional_per_row(rsigma, "rsigma", a.rows, *x);
+  if (on_cuda(*x)) use_cuda_device(x->device_index);
+  return a;
+}
+
+// Everything the two backward entry points share.
+BwdArgs check_backward(bool layernorm, const te_tensor* dz, const te_tensor* x,
+                       const te_tensor* rsigma, const te_tensor* gamma, int zero_centered_gamma,
+                       te_tensor* dx, te_tensor* dgamma, te_tensor* workspace) {
+  BwdArgs a{};
+  a.layernorm = layernorm;
+  check_x(x, &a.rows, &a.cols);
+  a.x = x->data;
+  a.x_dtype = x->dtype;
+  Arg(dz, "dz").same_shape(*x, "x").same_device(*x, "x");
+  check_same_type(dz, "dz", *x, "x");
+  a.dz = dz->data;
+  a.rsigma = per_row(rsigma, "rsigma", a.rows, *x);
+  check_per_column(gamma, "gamma", a.cols, *x);
+  Arg(gamma, "gamma").dtype_in(kHighPrecision, kHighPrecisionText);
+  a.gamma = gamma->data;
+  a.w_dtype = gamma->dtype;
+  a.zero_centered_gamma = zero_centered_gamma != 0;
+  Arg(dx, "dx").same_shape(*x, "x").same_device(*x, "x");
+  check_same_type(dx, "dx", *x, "x");
+  a.dx = dx->data;
+  check_per_column(dgamma, "dgamma", a.cols, *x);
+  check_same_type(dgamma, "dgamma", *gamma, "gamma");
+  a.dgamma = dgamma->data;
+
+  if (on_cuda(*x)) use_cuda_device(x->device_index);
+#ifdef TE_WITH_CUDA
+  const size_t needed =
+      on_cuda(*x) ? cuda::backward_workspace_bytes(x->dtype, a.rows, a.cols, layernorm) : 0;
+#else
+  const size_t needed = 0;
+#endif
+  if (needed > 0 || workspace != nullptr) {
+    Arg ws(workspace, "workspace");
+    ws.dtype(TE_DTYPE_BYTE).same_device(*x, "x");
+    if (static_cast<size_t>(numel(*workspace)) < needed)
+      fail(TE_ERROR_INVALID_ARGUMENT, "argument 'workspace' must hold at least ", needed,
+           " bytes (the workspace-size query for 'x' ", shape_string(*x), "), got ",
+           numel(*workspace));
+    if (reinterpret_cast<uintptr_t>(workspace->data) % 16 != 0)
+      fail(TE_ERROR_INVALID_ARGUMENT, "argument 'workspace' must be 16-byte aligned");
+    a.workspace = workspace->data;
+  }
+  return a;
+}
+
+size_t workspace_bytes(const te_tensor* x, bool layernorm) {
+  int64_t rows = 0, cols = 0;
+  check_descriptor(x, "x");
+  check_x(x, &rows, &cols);
+  if (!on_cuda(*x)) return 0;
+#ifdef TE_WITH_CUDA
+  use_cuda_device(x->device_index);
+  return cuda::backward_workspace_bytes(x->dtype, rows, cols, layernorm);
+#else
+  fail_no_cuda();
+#endif
+}
+
+void write_size(size_t* out, size_t bytes) {
+  if (out == nullptr) fail(TE_ERROR_INVALID_ARGUMENT, "argument 'workspace_bytes' is required");
+  *out = bytes;
+}
+
+}  // namespace
+}  // namespace te::norm
+
+using namespace te;
+using namespace te::norm;
+
+extern "C" {
+
+te_status te_layernorm_fwd(const te_tensor* x, const te_tensor* gamma, const te_tensor* beta,
+                           float eps, int zero_centered_gamma, te_tensor* y,
+                           const te_tensor* y_scale, te_tensor* y_scale_inv, te_tensor* y_amax,
+                           te_tensor* mu, te_tensor* rsigma, te_stream stream) {
+  return guarded("te_layernorm_fwd", [&] {
+    FwdArgs a = check_forward(x, gamma, eps, zero_centered_gamma, y, y_scale, y_scale_inv,
+                              y_amax, rsigma);
+    a.layernorm = true;
+    check_per_column(beta, "beta", a.cols, *x);
+    check_same_type(beta, "beta", *gamma, "gamma");
+    a.beta = beta->data;
+    a.mu = optional_per_row(mu, "mu", a.rows, *x);
+    TE_DISPATCH(on_cuda(*x), cpu::forward(a), cuda::forward(a, stream));
+  });
+}
+
+te_status te_rmsnorm_fwd(const te_tensor* x, const te_tensor* gamma, float eps,
+                         int zero_centered_gamma, te_tensor* y, const te_tensor* y_scale,
+                         te_tensor* y_scale_inv, te_tensor* y_amax, te_tensor* rsigma,
+                         te_stream stream) {
+  return guarded("te_rmsnorm_fwd", [&] {
+    FwdArgs a = check_forward(x, gamma, eps, zero_centered_gamma, y, y_scale, y_scale_inv,
+                              y_amax, rsigma);
+    a.layernorm = false;
+    TE_DISPATCH(on_cuda(*x), cpu::forward(a), cuda::forward(a, stream));
+  });
+}
+
+te_status te_layernorm_bwd_workspace_size(const te_tensor* x, size_t* workspace_bytes) {
+  return guarded("te_layernorm_bwd_workspace_size",
+                 [&] { write_size(workspace_bytes, te::norm::workspace_bytes(x, true)); });
+}
+
+te_status te_rmsnorm_bwd_workspace_size(const te_tensor* x, size_t* workspace_bytes) {
+  return guarded("te_rmsnorm_bwd_workspace_size",
+                 [&] { write_size(workspace_bytes, te::norm::workspace_bytes(x, false)); });
+}
+
+te_status te_layernorm_bwd(const te_tensor* dz, const te_tensor* x, const te_tensor* mu,
+                           const te_tensor* rsigma, const te_tensor* gamma,
+                           int zero_centered_gamma, te_tensor* dx, te_tensor* dgamma,
+                           te_tensor* dbeta, te_tensor* workspace, te_stream stream) {
+  return guarded("te_layernorm_bwd", [&] {
+    BwdArgs a = check_backward(true, dz, x, rsigma, gamma, zero_centered_gamma, dx, dgamma,
+                               workspace);
+    a.mu = per_row(mu, "mu", a.rows, *x);
+    check_per_column(dbeta, "dbeta", a.cols, *x);
+    check_same_type(dbeta, "dbeta", *gamma, "gamma");
+    a.dbeta = dbeta->data;
+    TE_DISPATCH(on_cuda(*x), cpu::backward(a), cuda::backward(a, stream));
+  });
+}
+
+te_status te_rmsnorm_bwd(const te_tensor* dz, const te_tensor* x, const te_tensor* rsigma,
+                         const te_tensor* gamma, int zero_centered_gamma, te_tensor* dx,
+                         te_tensor* dgamma, te_tensor* workspace, te_stream stream) {
+  return guarded("te_rmsnorm_bwd", [&] {
+    BwdArgs a = check_backward(false, dz, x, rsigma, gamma, zero_centered_gamma, dx, dgamma,
+                               workspace);
+    TE_DISPATCH(on_cuda(*x), cpu::backward(a), cuda::backward(a, stream));
+  });
+}
+
+}  // extern "C"

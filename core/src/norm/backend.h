@@ -1,0 +1,65 @@
+// The norm family's backends (formulas in te/norm.h). api.cpp validates every
+// argument first, so the backends receive consistent pointers of the stated
+// types; optional outputs are null when not requested.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "te/types.h"
+
+namespace te::norm {
+
+// x viewed as [rows, cols]; cols = H is the normalized dimension.
+struct FwdArgs {
+  bool layernorm;  // false: RMSNorm (no mean, no beta, no mu)
+  const void* x;
+  te_dtype x_dtype;
+  int64_t rows, cols;
+  const void* gamma;
+  const void* beta;  // LayerNorm only
+  te_dtype w_dtype;  // gamma's and beta's type
+  float eps;
+  bool zero_centered_gamma;
+  void* y;
+  te_dtype y_dtype;       // FP32, BF16, FP16, E4M3 or E5M2
+  const float* y_scale;   // FP8 y only
+  float* y_scale_inv;     // FP8 y only, may be null
+  float* y_amax;          // FP8 y only, may be null (max-accumulated)
+  float* mu;              // LayerNorm only, may be null
+  float* rsigma;          // may be null
+};
+
+struct BwdArgs {
+  bool layernorm;
+  const void* dz;  // x's type
+  const void* x;
+  te_dtype x_dtype;
+  int64_t rows, cols;
+  const float* mu;  // LayerNorm only
+  const float* rsigma;
+  const void* gamma;
+  te_dtype w_dtype;
+  bool zero_centered_gamma;
+  void* dx;      // x's type
+  void* dgamma;  // w_dtype
+  void* dbeta;   // w_dtype, LayerNorm only
+  void* workspace;  // at least backward_workspace_bytes (CUDA); unused on CPU
+};
+
+namespace cpu {
+void forward(const FwdArgs& args);
+void backward(const BwdArgs& args);
+}  // namespace cpu
+
+#ifdef TE_WITH_CUDA
+namespace cuda {
+void forward(const FwdArgs& args, te_stream stream);
+void backward(const BwdArgs& args, te_stream stream);
+// FP32 partial sums of dgamma (and dbeta) per block of the backward kernel.
+// Depends on the grid of the backward kernel, so on x's type and the device.
+size_t backward_workspace_bytes(te_dtype x_dtype, int64_t rows, int64_t cols, bool layernorm);
+}  // namespace cuda
+#endif
+
+}  // namespace te::norm

@@ -1,0 +1,99 @@
+// Device-side element conversions shared by the CUDA backends, byte-identical
+// to the CPU backend's numerics.h: high-precision loads, the FP8 cast (with the
+// spec's 0x7F NaN), FP8 -> float, float(q) * scale_inv with the CPU's NaN bits,
+// float -> FP32/BF16/FP16, and host dispatch on the CUDA element types.
+// (Moved here from cast/cuda.cu so that every FP8 family uses one copy.)
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "runtime/numerics.h"
+#include "runtime/status.h"
+#include "runtime/tensor.h"
+#include "te/types.h"
+
+namespace te::cuda_elem {
+
+__device__ __forceinline__ float to_float(float x) { return x; }
+__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
+
+// Two floats -> two FP8 bytes (lo in the low byte). The caller's values are
+// already multiplied by the scale.
+template <bool kE5M2>
+__device__ __forceinline__ uint32_t fp8x2(float lo, float hi) {
+  uint32_t bytes = __nv_cvt_float2_to_fp8x2(make_float2(lo, hi), __NV_SATFINITE,
+                                            kE5M2 ? __NV_E5M2 : __NV_E4M3);
+  // The spec's NaN is 0x7F whatever the sign and payload (numerics.h).
+  if (lo != lo) bytes = (bytes & 0xFF00u) | kFp8CanonicalNaN;
+  if (hi != hi) bytes = (bytes & 0x00FFu) | (uint32_t{kFp8CanonicalNaN} << 8);
+  return bytes;
+}
+
+// float(q) * scale_inv as the CPU computes it, NaN bits included: x86 returns
+// the NaN operand (quieted) and, for 0 * inf, the default NaN 0xFFC00000; the
+// GPU would give 0x7FFFFFFF. The CPU's float(q) of a NaN code is +-0x7FC00000.
+__device__ __forceinline__ float dequant(float qf, bool q_negative, float s) {
+  const float v = __fmul_rn(qf, s);
+  if (v == v) return v;
+  if (qf != qf) return __uint_as_float(q_negative ? 0xFFC00000u : 0x7FC00000u);
+  if (s != s) return __uint_as_float(__float_as_uint(s) | 0x00400000u);
+  return __uint_as_float(0xFFC00000u);
+}
+
+// float -> output element bits, as numerics.h rounds (RNE; NaN keeps its sign
+// and becomes 0x7FFF in BF16/FP16).
+template <class Out>
+__device__ __forceinline__ Out from_float(float v);
+template <>
+__device__ __forceinline__ float from_float<float>(float v) { return v; }
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
+  __nv_bfloat16_raw r;
+  r.x = te::float_to_bf16(v);
+  return r;
+}
+template <>
+__device__ __forceinline__ __half from_float<__half>(float v) {
+  if (v != v) {
+    __half_raw r;
+    r.x = static_cast<unsigned short>(((__float_as_uint(v) >> 16) & 0x8000u) | 0x7FFFu);
+    return r;
+  }
+  return __float2half_rn(v);
+}
+
+template <bool kE5M2>
+__device__ __forceinline__ float2 fp8x2_to_float2(uint32_t two_codes) {
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two_codes),
+                                                    kE5M2 ? __NV_E5M2 : __NV_E4M3);
+  return __half22float2(__half2(h));
+}
+
+// Host dispatch: f(In{}) for the CUDA type of a FP32/BF16/FP16 dtype, and
+// f(std::bool_constant<kE5M2>{}) for an FP8 dtype.
+template <class F>
+void dispatch_input(te_dtype dtype, F&& f) {
+  switch (dtype) {
+    case TE_DTYPE_FLOAT32: f(float{}); return;
+    case TE_DTYPE_BFLOAT16: f(__nv_bfloat16{}); return;
+    case TE_DTYPE_FLOAT16: f(__half{}); return;
+    default: fail(TE_ERROR_INTERNAL, "unexpected dtype ", dtype_name(dtype));
+  }
+}
+
+template <class F>
+void dispatch_fp8(te_dtype fp8_dtype, F&& f) {
+  if (fp8_dtype == TE_DTYPE_FLOAT8E5M2) {
+    f(std::true_type{});
+  } else {
+    f(std::false_type{});
+  }
+}
+
+}  // namespace te::cuda_elem
