@@ -26,9 +26,10 @@
  *   (at a == limit and |b| == limit the derivative of the unclamped side is used).
  *
  * Arithmetic (docs/numerics.md has the details): inputs widen exactly to FP32,
- * every value is computed in FP32 with each +, -, *, / rounded once (no FMA
- * contraction) and exp evaluated by the core's own routine, so the CPU and CUDA
- * backends produce identical bits. Every NaN result is the canonical NaN
+ * every value is computed in FP32 in a fixed order, each +, -, *, / rounded
+ * once and each explicit fused multiply-add rounded once (no other FMA
+ * contraction), with exp evaluated by the core's own routine, so the CPU and
+ * CUDA backends produce identical bits. Every NaN result is the canonical NaN
  * (0x7FC00000); NaN inputs propagate through every term that reads them.
  * sigmoid(+-inf) = 1 / 0, f(-inf) = -0 for the sigmoid-based kinds, f(+inf) = +inf.
  *

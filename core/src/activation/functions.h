@@ -4,7 +4,8 @@
 //   - every +, -, *, / is rounded once: on the device through the _rn
 //     intrinsics (never contracted into an FMA, immune to fast-math flags), on
 //     the host through the plain operators (the core builds with
-//     -ffp-contract=off);
+//     -ffp-contract=off); a * b + c is fused only where written as fmadd
+//     (std::fma / __fmaf_rn: one rounding on both sides);
 //   - exp is the core's own routine below, not libm's or CUDA's expf, whose
 //     last bits differ between the two;
 //   - every NaN result is replaced by one canonical NaN, because x86 and the
@@ -33,14 +34,6 @@ TE_HD float add(float a, float b) {
 #endif
 }
 
-TE_HD float sub(float a, float b) {
-#ifdef __CUDA_ARCH__
-  return __fsub_rn(a, b);
-#else
-  return a - b;
-#endif
-}
-
 TE_HD float mul(float a, float b) {
 #ifdef __CUDA_ARCH__
   return __fmul_rn(a, b);
@@ -49,10 +42,26 @@ TE_HD float mul(float a, float b) {
 #endif
 }
 
-// 1 / a, correctly rounded on both sides.
-TE_HD float recip(float a) {
+// a * b + c with one rounding (fused), the same on both sides: std::fma is
+// exact by the C standard (glibc uses the FMA instruction where the CPU has it).
+TE_HD float fmadd(float a, float b, float c) {
 #ifdef __CUDA_ARCH__
-  return __frcp_rn(a);
+  return __fmaf_rn(a, b, c);
+#else
+  return std::fma(a, b, c);
+#endif
+}
+
+// 1 / a for a in [1, 2] (or NaN), correctly rounded on both sides. The
+// device code is __frcp_rn's own fast path, the hardware estimate refined by
+// one fused Newton step (correctly rounded for every normal a, which is why
+// __frcp_rn may use it), without __frcp_rn's range check and slow-path
+// branch: the callers' argument 1 + e never leaves [1, 2].
+TE_HD float recip_1_to_2(float a) {
+#ifdef __CUDA_ARCH__
+  float r;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(a));
+  return __fmaf_rn(r, __fmaf_rn(-a, r, 1.0f), r);
 #else
   return 1.0f / a;
 #endif
@@ -67,37 +76,40 @@ TE_HD float canonical(float v) {
 
 // ---- exp -------------------------------------------------------------------
 
-// 2^k for k in [-126, 127], exact.
-TE_HD float pow2(int k) { return bit_cast_value<float>(static_cast<uint32_t>(k + 127) << 23); }
-
 // e^t for t <= 0 (NaN passes through). t = n ln2 + r with n = rint(t log2 e)
 // and |r| <= ~0.35 (Cody-Waite: ln2 = kLn2Hi + kLn2Lo, n * kLn2Hi is exact);
-// e^r is the degree-7 Taylor polynomial in Horner form (truncation < 2^-27);
-// the scaling by 2^n is done in two exact steps so that a subnormal result is
-// rounded once. Error: about 1 ulp against the exact value.
+// e^r is the degree-7 Taylor polynomial in Horner form with fused
+// multiply-adds (truncation < 2^-27); e^t = (p * 2^(n+64)) * 2^-64, two exact
+// steps, so that a subnormal result is rounded once. Error: below 1 ulp.
+// n comes from adding 1.5 * 2^23 (the sum's last bit is then the units bit,
+// so the addition rounds t log2 e to an integer, ties to even, and the sum's
+// bits hold n), which avoids the slow float <-> int conversions on the GPU.
+// Branch-free: the out-of-range cases are selected at the end.
 TE_HD float exp_nonpositive(float t) {
   constexpr float kLog2e = 1.44269504f;
   constexpr float kLn2Hi = 0.693145751953125f;     // 0x3F317200: 15 significant bits
   constexpr float kLn2Lo = 1.42860677e-06f;        // ln 2 - kLn2Hi
-  if (t != t) return t;
-  if (t < -104.0f) return 0.0f;  // e^-104 < 2^-150: rounds to +0
-#ifdef __CUDA_ARCH__
-  const float n = rintf(mul(t, kLog2e));
-#else
-  const float n = std::rint(mul(t, kLog2e));
-#endif
-  const float r = sub(sub(t, mul(n, kLn2Hi)), mul(n, kLn2Lo));
-  float p = 1.98412701e-4f;              // 1/7!
-  p = add(mul(p, r), 1.38888892e-3f);    // 1/6!
-  p = add(mul(p, r), 8.33333377e-3f);    // 1/5!
-  p = add(mul(p, r), 4.16666679e-2f);    // 1/4!
-  p = add(mul(p, r), 1.66666672e-1f);    // 1/3!
-  p = add(mul(p, r), 0.5f);
-  p = add(mul(p, r), 1.0f);
-  p = add(mul(p, r), 1.0f);
-  const int exponent = static_cast<int>(n);  // in [-150, 0]
-  const int half = exponent / 2;
-  return mul(mul(p, pow2(exponent - half)), pow2(half));
+  constexpr float kShifter = 12582912.0f;          // 1.5 * 2^23
+  constexpr uint32_t kShifterBits = 0x4B400000u;   // its bits
+  constexpr float kTwoToMinus64 = 5.42101086e-20f; // 2^-64
+  constexpr float kLowest = -104.0f;               // e^-104 < 2^-150: rounds to +0
+  const float tc = t >= kLowest ? t : kLowest;     // NaN -> kLowest (selected away below)
+  const float shifted = fmadd(tc, kLog2e, kShifter);  // 1.5 * 2^23 + n, n in [-150, 0]
+  const float n = add(shifted, -kShifter);
+  const float r = fmadd(-n, kLn2Lo, fmadd(-n, kLn2Hi, tc));
+  float p = 1.98412701e-4f;            // 1/7!
+  p = fmadd(p, r, 1.38888892e-3f);     // 1/6!
+  p = fmadd(p, r, 8.33333377e-3f);     // 1/5!
+  p = fmadd(p, r, 4.16666679e-2f);     // 1/4!
+  p = fmadd(p, r, 1.66666672e-1f);     // 1/3!
+  p = fmadd(p, r, 0.5f);
+  p = fmadd(p, r, 1.0f);
+  p = fmadd(p, r, 1.0f);
+  // 2^(n + 64): n + 64 + 127 in the exponent field (n + 64 is in [-86, 64]).
+  const uint32_t n_bits = bit_cast_value<uint32_t>(shifted) - kShifterBits;  // n mod 2^32
+  const float scale = bit_cast_value<float>((n_bits + 64u + 127u) << 23);
+  const float e = mul(mul(p, scale), kTwoToMinus64);
+  return t >= kLowest ? e : (t != t ? t : 0.0f);
 }
 
 // ---- sigmoid and the functions built on it ----------------------------------
@@ -111,25 +123,25 @@ struct SigmoidPair {
 
 TE_HD SigmoidPair sigmoid_pair(float z) {
   const float e = exp_nonpositive(-std::fabs(z));
-  const float big = recip(add(1.0f, e));
+  const float big = recip_1_to_2(add(1.0f, e));
   const float small = mul(e, big);
   return z >= 0.0f ? SigmoidPair{big, small} : SigmoidPair{small, big};
 }
 
-// x * sigmoid(alpha x): silu (alpha 1) and qgelu (alpha 1.702). Where the
-// sigmoid underflows to 0 the result is a signed zero, also for x = -inf.
-TE_HD float swish(float x, float alpha) {
-  const SigmoidPair sg = sigmoid_pair(mul(alpha, x));
+// x * sigmoid(z) with z = alpha x: silu (z = x), qgelu (alpha 1.702) and the
+// clamped kind. Where the sigmoid underflows to 0 the result is a signed zero,
+// also for x = -inf.
+TE_HD float swish(float x, float z) {
+  const SigmoidPair sg = sigmoid_pair(z);
   return sg.s == 0.0f ? std::copysign(0.0f, x) : mul(x, sg.s);
 }
 
-// d/dx = s + (alpha x) s (1 - s); where s or 1 - s is 0 the second term is 0
-// (evaluating it could give inf * 0).
-TE_HD float dswish(float x, float alpha) {
-  const float z = mul(alpha, x);
+// d/dx [x sigmoid(alpha x)] = s + z s (1 - s), z = alpha x; where s or 1 - s
+// is 0 the second term is 0 (evaluating it could give inf * 0).
+TE_HD float dswish(float z) {
   const SigmoidPair sg = sigmoid_pair(z);
   if (sg.s == 0.0f || sg.sbar == 0.0f) return sg.s;
-  return add(sg.s, mul(mul(z, sg.s), sg.sbar));
+  return fmadd(mul(z, sg.s), sg.sbar, sg.s);
 }
 
 // gelu, tanh approximation: 0.5 x (1 + tanh(u)) = x sigmoid(2u) with
@@ -140,7 +152,7 @@ constexpr float kGeluCubic3 = 0.134145f;  // 3 * 0.044715
 
 TE_HD float gelu_argument(float x) {
   const float x3 = mul(mul(x, x), x);
-  return mul(kGeluScale, add(x, mul(kGeluCubic, x3)));
+  return mul(kGeluScale, fmadd(kGeluCubic, x3, x));
 }
 
 TE_HD float gelu(float x) {
@@ -152,8 +164,8 @@ TE_HD float gelu(float x) {
 TE_HD float dgelu(float x) {
   const SigmoidPair sg = sigmoid_pair(gelu_argument(x));
   if (sg.s == 0.0f || sg.sbar == 0.0f) return sg.s;
-  const float dz = mul(kGeluScale, add(1.0f, mul(kGeluCubic3, mul(x, x))));
-  return add(sg.s, mul(mul(mul(x, sg.s), sg.sbar), dz));
+  const float dz = mul(kGeluScale, fmadd(kGeluCubic3, mul(x, x), 1.0f));
+  return fmadd(mul(mul(x, sg.s), sg.sbar), dz, sg.s);
 }
 
 // ---- the activated functions f and f' ---------------------------------------
@@ -168,13 +180,13 @@ struct Relu {
   TE_HD static float df(float x, const Params&) { return x != x ? x : (x > 0.0f ? 1.0f : 0.0f); }
 };
 struct Silu {
-  TE_HD static float f(float x, const Params&) { return swish(x, 1.0f); }
-  TE_HD static float df(float x, const Params&) { return dswish(x, 1.0f); }
+  TE_HD static float f(float x, const Params&) { return swish(x, x); }
+  TE_HD static float df(float x, const Params&) { return dswish(x); }
 };
 struct QGelu {
   static constexpr float kAlpha = 1.702f;
-  TE_HD static float f(float x, const Params&) { return swish(x, kAlpha); }
-  TE_HD static float df(float x, const Params&) { return dswish(x, kAlpha); }
+  TE_HD static float f(float x, const Params&) { return swish(x, mul(kAlpha, x)); }
+  TE_HD static float df(float x, const Params&) { return dswish(mul(kAlpha, x)); }
 };
 struct SRelu {
   TE_HD static float f(float x, const Params&) { return x > 0.0f ? mul(x, x) : (x != x ? x : 0.0f); }
@@ -190,8 +202,13 @@ struct Sigmoid {
 // c sigmoid(alpha c), c = min(x, limit); zero slope above the limit. The
 // comparisons are written so that NaN is never replaced by the limit.
 struct ClampedSwish {
-  TE_HD static float f(float x, const Params& p) { return swish(x > p.limit ? p.limit : x, p.alpha); }
-  TE_HD static float df(float x, const Params& p) { return x > p.limit ? 0.0f : dswish(x, p.alpha); }
+  TE_HD static float f(float x, const Params& p) {
+    const float c = x > p.limit ? p.limit : x;
+    return swish(c, mul(p.alpha, c));
+  }
+  TE_HD static float df(float x, const Params& p) {
+    return x > p.limit ? 0.0f : dswish(mul(p.alpha, x));
+  }
 };
 
 // ---- kinds -----------------------------------------------------------------

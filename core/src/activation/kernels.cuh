@@ -94,11 +94,30 @@ __device__ __forceinline__ void store_values(void* base, int64_t offset, const f
     }
   } else if constexpr (W == 1) {
     *dst = cuda_elem::from_float<Out>(v[0]);
-  } else {
-    Vec<Out, W> o;
+  } else if constexpr (std::is_same_v<Out, float>) {
+    Vec<float, W> o;
 #pragma unroll
-    for (int i = 0; i < W; ++i) o.v[i] = cuda_elem::from_float<Out>(v[i]);
+    for (int i = 0; i < W; ++i) o.v[i] = v[i];
     store_vec(dst, o);
+  } else {
+    // BF16/FP16, two at a time with the hardware's RNE conversion. Our NaN is
+    // the canonical positive one, which numerics.h writes as 0x7FFF in both
+    // types: patched explicitly, so the bytes do not depend on the hardware's NaN.
+    Vec<uint16_t, W> o;
+#pragma unroll
+    for (int i = 0; i < W; i += 2) {
+      uint32_t pair;
+      if constexpr (std::is_same_v<Out, __nv_bfloat16>) {
+        const __nv_bfloat162 h = __floats2bfloat162_rn(v[i], v[i + 1]);
+        pair = *reinterpret_cast<const uint32_t*>(&h);
+      } else {
+        const __half2 h = __floats2half2_rn(v[i], v[i + 1]);
+        pair = *reinterpret_cast<const uint32_t*>(&h);
+      }
+      o.v[i] = v[i] != v[i] ? uint16_t{0x7FFF} : static_cast<uint16_t>(pair);
+      o.v[i + 1] = v[i + 1] != v[i + 1] ? uint16_t{0x7FFF} : static_cast<uint16_t>(pair >> 16);
+    }
+    store_vec(reinterpret_cast<uint16_t*>(dst), o);
   }
 }
 
@@ -111,11 +130,60 @@ __device__ __forceinline__ uint2 pack8(const float (&v)[8], float scale, bool e5
   return make_uint2(w[0] | (w[1] << 16), w[2] | (w[3] << 16));
 }
 
+// W input elements kept as they were loaded, in 32-bit words: copies are then
+// whole-register moves (16-bit elements in registers of their own would need a
+// byte permute for every copy of the prefetched row).
+template <class In, int W>
+struct Raw {
+  static constexpr int kWords = (W * static_cast<int>(sizeof(In)) + 3) / 4;
+  uint32_t w[kWords];
+
+  // Element i widened to FP32 (exactly, as cuda_elem::to_float).
+  __device__ __forceinline__ float get(int i) const {
+    if constexpr (sizeof(In) == 4) {
+      return __uint_as_float(w[i]);
+    } else {
+      const uint32_t word = w[i / 2];
+      const uint16_t bits = static_cast<uint16_t>(i % 2 ? word >> 16 : word);
+      if constexpr (std::is_same_v<In, __nv_bfloat16>) {
+        return __uint_as_float(static_cast<uint32_t>(bits) << 16);
+      } else {
+        return __half2float(__ushort_as_half(bits));
+      }
+    }
+  }
+
+  // Element i set from memory (the guarded, element-wise loads).
+  __device__ __forceinline__ void set(int i, const In* p) {
+    if constexpr (sizeof(In) == 4) {
+      w[i] = *reinterpret_cast<const uint32_t*>(p);
+    } else {
+      const uint32_t bits = *reinterpret_cast<const uint16_t*>(p);
+      w[i / 2] = i % 2 ? (w[i / 2] & 0xFFFFu) | (bits << 16) : (w[i / 2] & 0xFFFF0000u) | bits;
+    }
+  }
+};
+
+template <class In, int W>
+__device__ __forceinline__ Raw<In, W> load_raw(const In* p) {
+  Raw<In, W> r;
+  if constexpr (Raw<In, W>::kWords * 4 == W * static_cast<int>(sizeof(In))) {
+    const Vec<uint32_t, Raw<In, W>::kWords> v =
+        load_vec<uint32_t, Raw<In, W>::kWords>(reinterpret_cast<const uint32_t*>(p));
+#pragma unroll
+    for (int i = 0; i < Raw<In, W>::kWords; ++i) r.w[i] = v.v[i];
+  } else {  // one 16-bit element
+    r.w[0] = 0;
+    r.set(0, p);
+  }
+  return r;
+}
+
 // The raw input elements of one row of a thread's run or tile: a, and b and grad
 // where the kind and direction use them.
 template <class In, int W>
 struct RawRow {
-  Vec<In, W> a, b, g;
+  Raw<In, W> a, b, g;
 };
 
 // The values of one element: forward (parts = 1) or backward (parts 1 or 2:
@@ -144,9 +212,9 @@ struct Element {
                                                      float (&group)[kParts][W]) {
 #pragma unroll
     for (int i = 0; i < W; ++i) {
-      const float a = cuda_elem::to_float(v.a.v[i]);
-      const float b = kGated ? cuda_elem::to_float(v.b.v[i]) : 0.0f;
-      const float g = kBwd ? cuda_elem::to_float(v.g.v[i]) : 0.0f;
+      const float a = v.a.get(i);
+      const float b = kGated ? v.b.get(i) : 0.0f;
+      const float g = kBwd ? v.g.get(i) : 0.0f;
       float e[kParts];
       compute(g, a, b, p, e);
 #pragma unroll
@@ -177,15 +245,6 @@ struct RowwiseShape {
   int64_t threads;          // ceil(rows / R) * vectors_per_row
   bool vectorized;          // W = 16 / sizeof(In), else W = 1
 };
-
-template <class In, int W>
-__device__ __forceinline__ Vec<In, W> load_raw(const In* p) {
-  if constexpr (W == 1) {
-    return Vec<In, 1>{{p[0]}};
-  } else {
-    return load_vec<In, W>(p);
-  }
-}
 
 template <bool kGated, bool kBwd, class In, int W>
 __device__ __forceinline__ RawRow<In, W> load_row(const Inputs<In>& in, int64_t r, int64_t j) {
@@ -276,9 +335,9 @@ __device__ __forceinline__ RawRow<In, 8> load_row_guarded(const Inputs<In>& in, 
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
     if (r >= in.rows || col + j >= in.cols) continue;
-    v.a.v[j] = in.input[r * in.in_cols + col + j];
-    if constexpr (kGated) v.b.v[j] = in.input[r * in.in_cols + in.cols + col + j];
-    if constexpr (kBwd) v.g.v[j] = in.grad[r * in.cols + col + j];
+    v.a.set(j, in.input + r * in.in_cols + col + j);
+    if constexpr (kGated) v.b.set(j, in.input + r * in.in_cols + in.cols + col + j);
+    if constexpr (kBwd) v.g.set(j, in.grad + r * in.cols + col + j);
   }
   return v;
 }
@@ -399,7 +458,8 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t j = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
   if (j >= cols) return;
   float sum = 0.0f;
-  for (int64_t t = 0; t < chunks; ++t) sum = add(sum, partial[t * cols + j]);
+#pragma unroll 8
+  for (int64_t t = 0; t < chunks; ++t) sum = add(sum, partial[t * cols + j]);  // loads run ahead
   dbias[j] = cuda_elem::from_float<Out>(canonical(sum));
 }
 
