@@ -103,6 +103,7 @@ def main(argv=None) -> int:
     from bench_activation import bench_activation
     from bench_fp8_block import bench_fp8_block
     from bench_gemm import bench_gemm
+    from bench_gemm_block import bench_gemm_block
     from bench_mxfp8 import bench_mxfp8
     from bench_nvfp4 import bench_nvfp4
 
@@ -110,6 +111,7 @@ def main(argv=None) -> int:
     bench_fp8_block(table, time_ms, copy_gbs)
     bench_nvfp4(table, copy_gbs)
     bench_mxfp8(table, time_ms, copy_gbs)
+    bench_gemm_block(table, time_ms)
     bench_activation(table, time_ms, copy_gbs)
     header = (
         f"{datetime.date.today()} · {torch.cuda.get_device_name()} · torch {torch.__version__} · "

@@ -19,14 +19,18 @@ TE_WITH_CUDA=ON TE_CUDA_ARCHS=90 "$PY" -m pip install --no-build-isolation --no-
 echo "built in $(( $(date +%s) - start )) s"
 
 echo "== tests (CPU and GPU)"
+# te-pytorch is pure Python: used from the source tree (the machine has no
+# network to fetch its build backend); transformer_engine is a namespace package.
+export PYTHONPATH="$PWD/packages/te-pytorch/python${PYTHONPATH:+:$PYTHONPATH}"
 set +e
-"$PY" -m pytest -q -p no:cacheprovider packages/te-core/tests ${TE_GPU_PYTEST_ARGS:-} > "$OUT/tests.log" 2>&1
+"$PY" -m pytest -q -p no:cacheprovider packages/te-core/tests packages/te-pytorch/tests \
+  ${TE_GPU_PYTEST_ARGS:-} > "$OUT/tests.log" 2>&1
 tests_rc=$?
 set -e
 tail -25 "$OUT/tests.log"
 
 echo "== benchmarks"
-for extra in bench/bench_norm.py bench/bench_activation.py; do
+for extra in bench/bench_norm.py bench/bench_activation.py bench/bench_te_pytorch_linear.py; do
   if [ -f "$extra" ]; then "$PY" "$extra" 2>&1 | tee "$OUT/$(basename "$extra" .py).log"; fi
 done
 "$PY" bench/bench_core.py --markdown "$OUT/bench.md" ${TE_BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log"

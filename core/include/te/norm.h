@@ -28,6 +28,10 @@
  *   RMSNorm:    dx = rsigma * (dy - xhat * sum(dy * xhat) / H)
  * and over all rows:  dgamma = sum(dz * xhat),  dbeta = sum(dz).
  * (With zero_centered_gamma, d(1 + gamma)/dgamma = 1, so dgamma is the same.)
+ * Every buffer must start at a multiple of its element size (4 bytes for
+ * FP32, 2 for BF16/FP16); any other address is rejected with
+ * TE_ERROR_INVALID_ARGUMENT. 16-byte aligned buffers with H a multiple of 8
+ * take the vectorized CUDA path; others give the same bytes, more slowly.
  * The row reductions of dgamma/dbeta run in a fixed order on both backends:
  * results are deterministic run to run. Summation orders differ between the
  * backends, so CPU and CUDA agree within rounding, not bit for bit

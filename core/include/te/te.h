@@ -11,5 +11,6 @@
 #include "te/nvfp4.h"
 #include "te/mxfp8.h"
 #include "te/swizzle.h"
+#include "te/gemm_block.h"
 #include "te/activation.h"
 #endif

@@ -74,6 +74,12 @@ __device__ __forceinline__ uint32_t fp8_pair(float lo, float hi, bool e5m2) {
   return e5m2 ? cuda_elem::fp8x2<true>(lo, hi) : cuda_elem::fp8x2<false>(lo, hi);
 }
 
+// Four values (already scaled) -> four FP8 bytes, v[0] in byte 0.
+__device__ __forceinline__ uint32_t fp8_quad(const float* v, bool e5m2) {
+  return e5m2 ? cuda_elem::fp8x4<true>(v[0], v[1], v[2], v[3])
+              : cuda_elem::fp8x4<false>(v[0], v[1], v[2], v[3]);
+}
+
 // W values to row elements [offset, offset + W) of an output of type Out.
 template <class Out, int W>
 __device__ __forceinline__ void store_values(void* base, int64_t offset, const float (&v)[W],
@@ -83,14 +89,15 @@ __device__ __forceinline__ void store_values(void* base, int64_t offset, const f
     if constexpr (W == 1) {
       *dst = static_cast<uint8_t>(fp8_pair(__fmul_rn(v[0], scale), 0.0f, e5m2));
     } else {
-      Vec<uint8_t, W> q;
+      static_assert(W % 4 == 0, "vectors of 4 or 8 values");
+      Vec<uint32_t, W / 4> q;
 #pragma unroll
-      for (int i = 0; i < W; i += 2) {
-        const uint32_t pair = fp8_pair(__fmul_rn(v[i], scale), __fmul_rn(v[i + 1], scale), e5m2);
-        q.v[i] = static_cast<uint8_t>(pair);
-        q.v[i + 1] = static_cast<uint8_t>(pair >> 8);
+      for (int i = 0; i < W; i += 4) {
+        const float scaled[4] = {__fmul_rn(v[i], scale), __fmul_rn(v[i + 1], scale),
+                                 __fmul_rn(v[i + 2], scale), __fmul_rn(v[i + 3], scale)};
+        q.v[i / 4] = fp8_quad(scaled, e5m2);
       }
-      store_vec(dst, q);
+      store_vec(reinterpret_cast<uint32_t*>(dst), q);
     }
   } else if constexpr (W == 1) {
     *dst = cuda_elem::from_float<Out>(v[0]);
@@ -123,11 +130,10 @@ __device__ __forceinline__ void store_values(void* base, int64_t offset, const f
 
 // 8 values -> 8 FP8 bytes.
 __device__ __forceinline__ uint2 pack8(const float (&v)[8], float scale, bool e5m2) {
-  uint32_t w[4];
+  float scaled[8];
 #pragma unroll
-  for (int i = 0; i < 4; ++i)
-    w[i] = fp8_pair(__fmul_rn(v[2 * i], scale), __fmul_rn(v[2 * i + 1], scale), e5m2);
-  return make_uint2(w[0] | (w[1] << 16), w[2] | (w[3] << 16));
+  for (int i = 0; i < 8; ++i) scaled[i] = __fmul_rn(v[i], scale);
+  return make_uint2(fp8_quad(scaled, e5m2), fp8_quad(scaled + 4, e5m2));
 }
 
 // W input elements kept as they were loaded, in 32-bit words: copies are then

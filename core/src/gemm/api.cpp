@@ -175,7 +175,9 @@ void check_epilogues(const te_gemm_params& p, GemmArgs& g) {
   }
 }
 
-// Everything but the workspace.
+}  // namespace
+
+// Everything but the workspace (declared in backend.h: te/gemm_block.h uses it too).
 GemmArgs check_params(const te_gemm_params* params, bool size_only) {
   if (params == nullptr) fail(TE_ERROR_INVALID_ARGUMENT, "argument 'params' is required (got NULL)");
   Descriptors views(size_only);
@@ -212,6 +214,8 @@ GemmArgs check_params(const te_gemm_params* params, bool size_only) {
   g.device_index = p.a->device_index;
   return g;
 }
+
+namespace {
 
 size_t required_workspace(const GemmArgs& g, const te_tensor& a) {
   return on_cuda(a) ? cuda_workspace_size(g) : 0;  // the CPU backend uses host scratch

@@ -36,7 +36,19 @@ cudaDataType_t cuda_type(te_dtype dtype) {
     case TE_DTYPE_FLOAT16: return CUDA_R_16F;
     case TE_DTYPE_FLOAT8E4M3: return CUDA_R_8F_E4M3;
     case TE_DTYPE_FLOAT8E5M2: return CUDA_R_8F_E5M2;
+    case TE_DTYPE_FLOAT4E2M1: return CUDA_R_4F_E2M1;
     default: fail(TE_ERROR_INTERNAL, "no cuBLASLt type for dtype ", static_cast<int>(dtype));
+  }
+}
+
+// Block scale modes of te/gemm_block.h (cuBLASLt 12.8: VEC32/VEC16; 12.9: VEC128/BLK128).
+int32_t lt_scale_mode(ScaleMode mode) {
+  switch (mode) {
+    case ScaleMode::kVec128Fp32: return CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+    case ScaleMode::kBlock128Fp32: return CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
+    case ScaleMode::kVec32Ue8m0: return CUBLASLT_MATMUL_MATRIX_SCALE_VEC32_UE8M0;
+    case ScaleMode::kVec16Ue4m3: return CUBLASLT_MATMUL_MATRIX_SCALE_VEC16_UE4M3;
+    default: return CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F;
   }
 }
 
@@ -111,10 +123,18 @@ struct Descriptors {
       set_attr(&op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, aux_ld);
     }
     if (call.fp8) {
-      set_attr(&op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, static_cast<const void*>(call.a_scale));
-      set_attr(&op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, static_cast<const void*>(call.b_scale));
+      set_attr(&op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, call.a_scale);
+      set_attr(&op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, call.b_scale);
       const int8_t fast_accum = call.fast_accum ? 1 : 0;
       set_attr(&op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, fast_accum);
+      if (call.a_scale_mode != ScaleMode::kScalar || call.b_scale_mode != ScaleMode::kScalar) {
+        set_attr(&op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, lt_scale_mode(call.a_scale_mode));
+        set_attr(&op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, lt_scale_mode(call.b_scale_mode));
+      }
+    }
+    if (call.device_alpha) {
+      const int32_t mode = CUBLASLT_POINTER_MODE_DEVICE;
+      set_attr(&op, CUBLASLT_MATMUL_DESC_POINTER_MODE, mode);
     }
     if (call.d_scale)
       set_attr(&op, CUBLASLT_MATMUL_DESC_D_SCALE_POINTER, static_cast<const void*>(call.d_scale));
@@ -129,7 +149,7 @@ struct Descriptors {
 
 // The heuristic's inputs, flattened.
 struct AlgoKey {
-  std::array<int64_t, 28> v{};
+  std::array<int64_t, 32> v{};
   bool operator==(const AlgoKey& o) const { return v == o.v; }
 };
 
@@ -151,8 +171,10 @@ AlgoKey make_key(const LtCall& c) {
       static_cast<int64_t>(c.epilogue), c.bias_dtype, c.set_bias_dtype, c.fp8, c.fast_accum,
       c.d_scale != nullptr, c.d_amax != nullptr, alignment_of(c.a.data), alignment_of(c.b.data),
       alignment_of(c.c), alignment_of(c.d), alignment_of(c.bias), alignment_of(c.aux),
-      static_cast<int64_t>(c.workspace_bytes), c.beta != 0.0f};
-  static_assert(sizeof(fields) / sizeof(fields[0]) <= 28, "AlgoKey too small");
+      static_cast<int64_t>(c.workspace_bytes), c.beta != 0.0f,
+      static_cast<int64_t>(c.a_scale_mode), static_cast<int64_t>(c.b_scale_mode),
+      c.device_alpha != nullptr};
+  static_assert(sizeof(fields) / sizeof(fields[0]) <= 32, "AlgoKey too small");
   AlgoKey key;
   for (size_t i = 0; i < sizeof(fields) / sizeof(fields[0]); ++i) key.v[i] = fields[i];
   return key;
@@ -217,8 +239,10 @@ cublasStatus_t find_lt_algo(const LtCall& call, cublasLtMatmulAlgo_t* algo) {
 
 void run_lt_matmul(const LtCall& call, const cublasLtMatmulAlgo_t& algo, cudaStream_t stream) {
   Descriptors desc(call);
-  TE_GEMM_CHECK_CUBLAS(cublasLtMatmul(handle_for(call.device), &desc.op, &call.alpha, call.a.data,
-                                      &desc.a, call.b.data, &desc.b, &call.beta, call.c, &desc.c,
+  const void* alpha = call.device_alpha ? static_cast<const void*>(call.device_alpha) : &call.alpha;
+  const void* beta = call.device_alpha ? static_cast<const void*>(call.device_beta) : &call.beta;
+  TE_GEMM_CHECK_CUBLAS(cublasLtMatmul(handle_for(call.device), &desc.op, alpha, call.a.data,
+                                      &desc.a, call.b.data, &desc.b, beta, call.c, &desc.c,
                                       call.d, &desc.d, &algo, call.workspace, call.workspace_bytes,
                                       stream));
 }

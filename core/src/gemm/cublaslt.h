@@ -37,12 +37,17 @@ struct LtCall {
   te_dtype bias_dtype = TE_DTYPE_FLOAT32;
   bool set_bias_dtype = false;  // set BIAS_DATA_TYPE (FP8); else the default, D's type
   void* aux = nullptr;          // GELU input (pre_gelu_out), same layout as D
-  const float* a_scale = nullptr;  // FP8 only
-  const float* b_scale = nullptr;
+  const void* a_scale = nullptr;  // FP8/FP4 only: the FP32 scalar, or the block scales
+  const void* b_scale = nullptr;
+  ScaleMode a_scale_mode = ScaleMode::kScalar;  // A_/B_SCALE_MODE (block-scaled GEMMs)
+  ScaleMode b_scale_mode = ScaleMode::kScalar;
   const float* d_scale = nullptr;  // FP8 D only
   float* d_amax = nullptr;         // FP8 D only: overwritten by cuBLASLt
   bool fp8 = false;
   bool fast_accum = false;
+  // Device pointer mode (NVFP4): alpha and beta are read from these device floats.
+  const float* device_alpha = nullptr;
+  const float* device_beta = nullptr;
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
 };

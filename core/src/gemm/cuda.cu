@@ -79,9 +79,16 @@ LtCall make_call(const GemmArgs& g, const CudaPlan& plan, char* ws) {
     call.aux = const_cast<void*>(g.pre_gelu_out.data);
   if (g.fp8_inputs()) {
     call.fp8 = true;
-    call.a_scale = g.b.scale_inv;  // cuBLASLt's A is our B
-    call.b_scale = g.a.scale_inv;
-    call.fast_accum = !g.use_split_accumulator;
+    // cuBLASLt's A is our B.
+    call.a_scale = g.block_scaled() ? g.b.block_scales : static_cast<const void*>(g.b.scale_inv);
+    call.b_scale = g.block_scaled() ? g.a.block_scales : static_cast<const void*>(g.a.scale_inv);
+    call.a_scale_mode = g.b.scale_mode;
+    call.b_scale_mode = g.a.scale_mode;
+    call.fast_accum = !g.use_split_accumulator && !g.block_scaled();
+  }
+  if (g.device_alpha_beta) {  // {alpha, beta, 0}: beta, or 0 when C is not applied here
+    call.device_alpha = g.device_alpha_beta;
+    call.device_beta = g.device_alpha_beta + (call.beta != 0.0f ? 1 : 2);
   }
   if (plan.lt_fp8_output) {
     call.d_scale = g.d_scale;
@@ -109,45 +116,79 @@ const char* epilogue_name(LtEpilogue e) {
        ", epilogue ", epilogue_name(call.epilogue));
 }
 
-}  // namespace
+// cuBLASLt needs 16-byte aligned scale pointers; a misaligned one is copied
+// (4 bytes, on the stream) into its workspace slot first.
+const void* aligned_scale(const void* scale, char* slot, cudaStream_t stream) {
+  if (scale == nullptr || reinterpret_cast<uintptr_t>(scale) % kScaleSlotBytes == 0) return scale;
+  const cudaError_t err =
+      cudaMemcpyAsync(slot, scale, sizeof(float), cudaMemcpyDeviceToDevice, stream);
+  if (err != cudaSuccess)
+    fail(TE_ERROR_CUDA, "copying an FP8 scale to an aligned slot: ", cudaGetErrorString(err));
+  return slot;
+}
 
-void gemm(const GemmArgs& g, te_stream stream_handle) {
-  const cudaStream_t stream = static_cast<cudaStream_t>(stream_handle);
-  char* ws = aligned_base(g.workspace);
-  CudaPlan plan = make_cuda_plan(g, /*allow_fusion=*/true);
-
-  // Choose the algorithm before enqueuing anything, so that a fused
-  // configuration cuBLASLt rejects can still switch to the unfused plan.
+// The plan and cuBLASLt algorithm of a GEMM: the fused plan, else (when the
+// heuristic rejects a fused configuration) the unfused one if it fits in
+// `available` workspace bytes. status is the heuristic's; no_room: only the
+// unfused plan could run and it needs more than `available`.
+struct Choice {
+  CudaPlan plan;
   LtCall call;
   cublasLtMatmulAlgo_t algo{};
-  if (plan.run_matmul) {
-    call = make_call(g, plan, ws);
-    cublasStatus_t status = find_lt_algo(call, &algo);
-    if (status != CUBLAS_STATUS_SUCCESS) {
-      const CudaPlan unfused = make_cuda_plan(g, /*allow_fusion=*/false);
-      const bool differs = unfused.lt_epilogue != plan.lt_epilogue ||
-                           unfused.matmul_out_dtype != plan.matmul_out_dtype ||
-                           unfused.lt_fp8_output != plan.lt_fp8_output;
-      if (!differs) fail_no_algo(g, call, status);
-      if (unfused.total_bytes > g.workspace_bytes)
-        fail(TE_ERROR_CUBLAS, "cuBLASLt rejects the fused epilogue of this GEMM (",
-             cublasLtGetStatusName(status), ", epilogue ", epilogue_name(plan.lt_epilogue),
-             ") and the unfused fallback needs ", unfused.total_bytes,
-             " bytes of workspace, got ", g.workspace_bytes);
-      plan = unfused;
-      call = make_call(g, plan, ws);
-      status = find_lt_algo(call, &algo);
-      if (status != CUBLAS_STATUS_SUCCESS) fail_no_algo(g, call, status);
-    }
-  }
+  cublasStatus_t status = CUBLAS_STATUS_SUCCESS;
+  cublasStatus_t fused_status = CUBLAS_STATUS_SUCCESS;
+  bool no_room = false;
+  bool ok() const { return status == CUBLAS_STATUS_SUCCESS && !no_room; }
+};
 
+// Chooses before enqueuing anything, so that a fused configuration cuBLASLt
+// rejects can still switch to the unfused plan.
+Choice choose(const GemmArgs& g, char* ws, size_t available) {
+  Choice c;
+  c.plan = make_cuda_plan(g, /*allow_fusion=*/true);
+  if (!c.plan.run_matmul) return c;
+  c.call = make_call(g, c.plan, ws);
+  c.status = find_lt_algo(c.call, &c.algo);
+  if (c.status == CUBLAS_STATUS_SUCCESS) return c;
+  const CudaPlan unfused = make_cuda_plan(g, /*allow_fusion=*/false);
+  const bool differs = unfused.lt_epilogue != c.plan.lt_epilogue ||
+                       unfused.matmul_out_dtype != c.plan.matmul_out_dtype ||
+                       unfused.lt_fp8_output != c.plan.lt_fp8_output;
+  if (!differs) return c;
+  c.fused_status = c.status;
+  if (unfused.total_bytes > available) {
+    c.no_room = true;
+    c.plan = unfused;
+    return c;
+  }
+  c.plan = unfused;
+  c.call = make_call(g, c.plan, ws);
+  c.status = find_lt_algo(c.call, &c.algo);
+  return c;
+}
+
+void enqueue(const GemmArgs& g, const Choice& choice, char* ws, cudaStream_t stream) {
+  const CudaPlan& plan = choice.plan;
+  const LtCall& call = choice.call;
   if (plan.transpose_a)  // A stored [K, M] -> [M, K]
     kernels::transpose_bytes(static_cast<const uint8_t*>(g.a.data),
                              reinterpret_cast<uint8_t*>(ws + plan.a_t_offset), g.k, g.m, stream);
   if (plan.transpose_b)  // B stored [K, N] -> [N, K]
     kernels::transpose_bytes(static_cast<const uint8_t*>(g.b.data),
                              reinterpret_cast<uint8_t*>(ws + plan.b_t_offset), g.k, g.n, stream);
-  if (plan.run_matmul) run_lt_matmul(call, algo, stream);
+  if (plan.run_matmul) {
+    LtCall staged = call;
+    if (staged.fp8 || plan.lt_fp8_output) {  // per-tensor scales only: block scales are arrays
+      char* slots = ws + plan.scale_slots_offset;
+      if (staged.a_scale_mode == ScaleMode::kScalar)
+        staged.a_scale = aligned_scale(staged.a_scale, slots, stream);
+      if (staged.b_scale_mode == ScaleMode::kScalar)
+        staged.b_scale = aligned_scale(staged.b_scale, slots + kScaleSlotBytes, stream);
+      staged.d_scale = static_cast<const float*>(
+          aligned_scale(staged.d_scale, slots + 2 * kScaleSlotBytes, stream));
+    }
+    run_lt_matmul(staged, choice.algo, stream);
+  }
   if (plan.amax_combine)
     kernels::amax_combine(g.d_amax, reinterpret_cast<const float*>(ws + plan.amax_offset),
                           stream);
@@ -186,6 +227,27 @@ void gemm(const GemmArgs& g, te_stream stream_handle) {
     b.out_dtype = g.bias_grad.dtype;
     kernels::bias_grad(b, stream);
   }
+}
+
+}  // namespace
+
+void gemm(const GemmArgs& g, te_stream stream_handle) {
+  char* ws = aligned_base(g.workspace);
+  const Choice choice = choose(g, ws, g.workspace_bytes);
+  if (choice.no_room)
+    fail(TE_ERROR_CUBLAS, "cuBLASLt rejects the fused epilogue of this GEMM (",
+         cublasLtGetStatusName(choice.fused_status), ", epilogue ",
+         epilogue_name(make_cuda_plan(g, true).lt_epilogue),
+         ") and the unfused fallback needs ", choice.plan.total_bytes,
+         " bytes of workspace, got ", g.workspace_bytes);
+  if (choice.status != CUBLAS_STATUS_SUCCESS) fail_no_algo(g, choice.call, choice.status);
+  enqueue(g, choice, ws, static_cast<cudaStream_t>(stream_handle));
+}
+
+bool lt_supported(const GemmArgs& g, size_t* workspace_bytes) {
+  const Choice choice = choose(g, aligned_base(g.workspace), SIZE_MAX);
+  *workspace_bytes = choice.plan.total_bytes;
+  return choice.ok();
 }
 
 }  // namespace te::gemm::cuda

@@ -58,9 +58,11 @@ bool fusable_gelu(const GemmArgs& a) {
 // The cuBLASLt call and the epilogue around it (M, N, K all > 0).
 void plan_matmul(const GemmArgs& args, bool allow_fusion, CudaPlan& p) {
   p.run_matmul = true;
-  if (args.fp8_inputs()) {
+  if (args.fp8_inputs() && !args.block_scaled()) {
     // Hopper FP8 kernels are "TN" only: cuBLASLt's first operand (our B) must be
     // transposed, i.e. B stored [N, K], and the second (our A) not: A stored [M, K].
+    // (Block-scaled operands arrive in a layout their kernels take, with scales
+    // that a byte transpose would not move: te/gemm_block.h.)
     p.transpose_a = args.a.trans;
     p.transpose_b = !args.b.trans;
   }
@@ -139,6 +141,8 @@ CudaPlan make_cuda_plan(const GemmArgs& args, bool allow_fusion) {
   if (p.transpose_b) p.b_t_offset = take(n * k);
   if (p.matmul_into_tmp) p.tmp_offset = take(m * n * sizeof(float));
   if (p.lt_amax) p.amax_offset = take(sizeof(float));
+  if (p.run_matmul && (args.fp8_inputs() || p.lt_fp8_output))
+    p.scale_slots_offset = take(3 * kScaleSlotBytes);
   if (p.bias_grad_kernel && p.bias_grad_splits > 1)
     p.bias_grad_offset = take(static_cast<size_t>(p.bias_grad_splits) * m * sizeof(float));
   // + slack so that any caller pointer can be rounded up to the alignment.

@@ -65,6 +65,10 @@ struct CudaPlan {
   size_t lt_workspace_offset = 0, lt_workspace_bytes = 0;
   size_t a_t_offset = 0, b_t_offset = 0, tmp_offset = 0, amax_offset = 0;
   size_t bias_grad_offset = 0;  // [bias_grad_splits, M] FP32 partial sums
+  // Three 16-byte slots for the FP8 scale pointers (A, B, D): cuBLASLt rejects
+  // (CUBLAS_STATUS_NOT_SUPPORTED at launch) scale pointers that are not 16-byte
+  // aligned, e.g. a scale_inv that is element 1 of a small stats tensor.
+  size_t scale_slots_offset = 0;
   size_t total_bytes = 0;  // what te_gemm_workspace_size reports (0 = none needed)
 };
 
@@ -73,6 +77,7 @@ struct CudaPlan {
 // torch sets the same 32 MiB for cuBLAS on sm90).
 constexpr size_t kLtWorkspaceBytes = size_t(32) << 20;
 constexpr size_t kWorkspaceAlignment = 256;
+constexpr size_t kScaleSlotBytes = 16;
 
 // allow_fusion = false gives the plan with every epilogue unfused: the fallback
 // when cuBLASLt's heuristic rejects a fused configuration.

@@ -1,6 +1,7 @@
 // C entry points of the norm family: validate once, then run the backend of
 // x's device.
 #include <cmath>
+#include <cstdint>
 
 #include "norm/backend.h"
 #include "runtime/device.h"
@@ -14,9 +15,23 @@ constexpr std::initializer_list<te_dtype> kHighPrecision = {TE_DTYPE_FLOAT32, TE
                                                             TE_DTYPE_FLOAT16};
 constexpr const char* kHighPrecisionText = "float32, bfloat16 or float16";
 
+// Every buffer of the family must start at a multiple of its element size:
+// the kernels access elements (and, when the address allows, 16-byte
+// vectors) directly, and a CUDA element access at a misaligned address is a
+// sticky "misaligned address" fault. Allocators always align this much.
+void check_element_aligned(const te_tensor* t, const char* name) {
+  const uintptr_t bytes = static_cast<uintptr_t>(dtype_bits(t->dtype) / 8);
+  const uintptr_t off = bytes > 1 ? reinterpret_cast<uintptr_t>(t->data) % bytes : 0;
+  if (off != 0)
+    fail(TE_ERROR_INVALID_ARGUMENT, "argument '", name, "' must be aligned to its element size (",
+         bytes, " bytes for ", dtype_name(t->dtype), "), got an address ", off,
+         " bytes past a multiple of ", bytes);
+}
+
 // x as [rows, cols]: rank >= 1 and a non-empty last dimension.
 void check_x(const te_tensor* x, int64_t* rows, int64_t* cols) {
   Arg(x, "x").dtype_in(kHighPrecision, kHighPrecisionText);
+  check_element_aligned(x, "x");
   if (x->ndim < 1)
     fail(TE_ERROR_INVALID_ARGUMENT, "argument 'x' must have at least 1 dimension (the normalized "
          "last one), got a scalar");
@@ -30,6 +45,7 @@ void check_x(const te_tensor* x, int64_t* rows, int64_t* cols) {
 // A per-column vector (gamma, beta, dgamma, dbeta): H elements on x's device.
 void check_per_column(const te_tensor* t, const char* name, int64_t cols, const te_tensor& x) {
   Arg(t, name).same_device(x, "x");
+  check_element_aligned(t, name);
   if (numel(*t) != cols)
     fail(TE_ERROR_INVALID_ARGUMENT, "argument '", name, "' must have ", cols,
          " elements (the last dimension of 'x'), got shape ", shape_string(*t));
@@ -45,6 +61,7 @@ void check_same_type(const te_tensor* t, const char* name, const te_tensor& like
 // A per-row FP32 vector (mu, rsigma): N elements on x's device.
 float* per_row(const te_tensor* t, const char* name, int64_t rows, const te_tensor& x) {
   Arg(t, name).dtype(TE_DTYPE_FLOAT32).same_device(x, "x");
+  check_element_aligned(t, name);
   if (numel(*t) != rows)
     fail(TE_ERROR_INVALID_ARGUMENT, "argument '", name, "' must have ", rows,
          " elements (one per row of 'x' viewed as [N, H]), got shape ", shape_string(*t));
@@ -69,8 +86,8 @@ FwdArgs check_forward(const te_tensor* x, const te_tensor* gamma, float eps,
   check_x(x, &a.rows, &a.cols);
   a.x = x->data;
   a.x_dtype = x->dtype;
-  check_per_column(gamma, "gamma", a.cols, *x);
   Arg(gamma, "gamma").dtype_in(kHighPrecision, kHighPrecisionText);
+  check_per_column(gamma, "gamma", a.cols, *x);
   a.gamma = gamma->data;
   a.w_dtype = gamma->dtype;
   check_eps(eps);
@@ -81,6 +98,7 @@ FwdArgs check_forward(const te_tensor* x, const te_tensor* gamma, float eps,
                         TE_DTYPE_FLOAT8E4M3, TE_DTYPE_FLOAT8E5M2},
                        "float32, bfloat16, float16, float8_e4m3 or float8_e5m2")
       .same_shape(*x, "x").same_device(*x, "x");
+  check_element_aligned(y, "y");
   a.y = y->data;
   a.y_dtype = y->dtype;
   if (is_fp8(y->dtype)) {
@@ -88,13 +106,16 @@ FwdArgs check_forward(const te_tensor* x, const te_tensor* gamma, float eps,
       fail(TE_ERROR_INVALID_ARGUMENT, "argument 'y_scale' is required when 'y' is FP8 (",
            dtype_name(y->dtype), ")");
     Arg(y_scale, "y_scale").scalar_fp32().same_device(*x, "x");
+    check_element_aligned(y_scale, "y_scale");
     a.y_scale = static_cast<const float*>(y_scale->data);
     if (y_scale_inv) {
       Arg(y_scale_inv, "y_scale_inv").scalar_fp32().same_device(*x, "x");
+      check_element_aligned(y_scale_inv, "y_scale_inv");
       a.y_scale_inv = static_cast<float*>(y_scale_inv->data);
     }
     if (y_amax) {
       Arg(y_amax, "y_amax").scalar_fp32().same_device(*x, "x");
+      check_element_aligned(y_amax, "y_amax");
       a.y_amax = static_cast<float*>(y_amax->data);
     }
   } else if (y_scale || y_scale_inv || y_amax) {
@@ -117,15 +138,17 @@ BwdArgs check_backward(bool layernorm, const te_tensor* dz, const te_tensor* x,
   a.x_dtype = x->dtype;
   Arg(dz, "dz").same_shape(*x, "x").same_device(*x, "x");
   check_same_type(dz, "dz", *x, "x");
+  check_element_aligned(dz, "dz");
   a.dz = dz->data;
   a.rsigma = per_row(rsigma, "rsigma", a.rows, *x);
-  check_per_column(gamma, "gamma", a.cols, *x);
   Arg(gamma, "gamma").dtype_in(kHighPrecision, kHighPrecisionText);
+  check_per_column(gamma, "gamma", a.cols, *x);
   a.gamma = gamma->data;
   a.w_dtype = gamma->dtype;
   a.zero_centered_gamma = zero_centered_gamma != 0;
   Arg(dx, "dx").same_shape(*x, "x").same_device(*x, "x");
   check_same_type(dx, "dx", *x, "x");
+  check_element_aligned(dx, "dx");
   a.dx = dx->data;
   check_per_column(dgamma, "dgamma", a.cols, *x);
   check_same_type(dgamma, "dgamma", *gamma, "gamma");

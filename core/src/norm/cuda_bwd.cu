@@ -2,10 +2,16 @@
 //
 // Two kernels, no atomics, deterministic:
 //  1. norm_bwd_kernel (H <= 8192): the row layout of cuda_common.cuh with 2
-//     chunks (16 elements) per thread at most, since x, dz and the two column
-//     accumulators all stay in registers. One pass: reads dz, x, mu, rsigma,
-//     writes dx; gamma (as the FP32 weight g) is staged in shared memory once
-//     per block. Each thread accumulates dgamma = sum(dz * xhat) and
+//     chunks (16 elements) per thread at most, since x, dz (packed in x's
+//     type, widened again in each of the two passes) and the two FP32 column
+//     accumulators all stay in registers. One pass over memory: reads dz, x,
+//     mu, rsigma, writes dx; gamma (as the FP32 weight g) is staged in shared
+//     memory once per block, in the bank-conflict-free per-chunk layout.
+//     BF16 H = 4096 (8 warps per row): 80 registers for LayerNorm, 60 for
+//     RMSNorm (100 and 79 with the row widened to FP32), so 3 and 4 rows per
+//     SM are in flight instead of 2. The element-wise path (H % 8 != 0 or a
+//     buffer not 16-byte aligned) is a separate instantiation with the same
+//     order of operations. Each thread accumulates dgamma = sum(dz * xhat) and
 //     dbeta = sum(dz) for its columns over all rows the block visits; at the
 //     end the block adds its row groups in group order and writes one FP32
 //     partial row per block into the workspace: [blocks][H] for dgamma, then
@@ -30,24 +36,58 @@ __device__ __forceinline__ float dx_value(float dy, float xhat, float m1, float 
   return __fmul_rn(rsigma, __fsub_rn(__fsub_rn(dy, m1), __fmul_rn(xhat, m2)));
 }
 
-template <class Tx, class Shape, bool kLayerNorm>
+// The 8 elements of a chunk of x (or dz), packed: kV 16-byte vectors.
+template <class Tx>
+struct Packed {
+  static constexpr int kE = 16 / static_cast<int>(sizeof(Tx));  // elements per vector
+  static constexpr int kV = kChunk / kE;                          // 1, or 2 for FP32
+  uint32_t w[kV][4];
+
+  __device__ __forceinline__ void load(const Tx* p, int left, bool vec) {
+#pragma unroll
+    for (int v = 0; v < kV; ++v) load_packed(p + v * kE, left - v * kE, vec, w[v]);
+  }
+  __device__ __forceinline__ void widen(float (&f)[kChunk]) const {
+#pragma unroll
+    for (int v = 0; v < kV; ++v) {
+      float part[kE];
+      unpack(w[v], part, Tx{});
+#pragma unroll
+      for (int j = 0; j < kE; ++j) f[v * kE + j] = part[j];
+    }
+  }
+};
+
+// kVec: 16-byte accesses to x, dz and dx (see backward()); a separate
+// instantiation, so that the vector kernel's register count is not that of
+// the element-wise path. Both add in the same order: the same bytes.
+template <class Tx, class Shape, bool kLayerNorm, bool kVec>
 __global__ void __launch_bounds__(Shape::kBlockThreads)
-    norm_bwd_kernel(const BwdArgs a, const bool vec, float* __restrict__ partials) {
+    norm_bwd_kernel(const BwdArgs a, float* __restrict__ partials) {
+  constexpr bool vec = kVec;
   constexpr int kRows = Shape::kRowsPerBlock;
   constexpr int kChunks = Shape::kChunks;
-  // g [H]; then, with several row groups, [kRows][H] to add their column sums.
+  constexpr int kStride = Shape::kThreads * kChunk;  // elements between a thread's chunks
+  // g [chunks * 8] (per-chunk layout); then, with several row groups,
+  // [kRows][H] to add their column sums.
   extern __shared__ __align__(16) float smem[];
   __shared__ float exchange[2][kRows][Shape::kWarps][2];
-  const int64_t H = a.cols;
+  const int H = static_cast<int>(a.cols);  // <= 8192: int indices within a row
+  const int chunks = (H + kChunk - 1) / kChunk;
+  const int part = 4 * chunks;
   const float n = static_cast<float>(H);
   float* g_s = smem;
-  for (int64_t i = threadIdx.x; i < H; i += blockDim.x)
-    g_s[i] = weight_at(a.gamma, a.w_dtype, i, a.zero_centered_gamma);
+  float* sums_s = smem + chunks * kChunk;
+  stage_weights<kChunk>(g_s, H, [&](int i) {
+    return weight_at(a.gamma, a.w_dtype, i, a.zero_centered_gamma);
+  });
   __syncthreads();
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int group = warp / Shape::kWarps, warp_in_row = warp % Shape::kWarps;
   const int t = warp_in_row * 32 + lane;
+  const int rem = H - t * kChunk;  // row elements from the thread's first chunk on
+  const float* g_t = g_s + 4 * t;  // the weights of the thread's first chunk
   RowReducer<Shape, 2> reducer{exchange, 0};
   float dgamma[kChunks][kChunk] = {}, dbeta[kChunks][kChunk] = {};
   const Tx* x = static_cast<const Tx*>(a.x);
@@ -57,30 +97,33 @@ __global__ void __launch_bounds__(Shape::kBlockThreads)
        base += int64_t{gridDim.x} * kRows) {
     const int64_t row = base + group;
     const bool active = row < a.rows;
-    const int64_t row_start = active ? row * H : 0;
-    const int64_t h = active ? H : 0;  // inactive row groups load zeros
-    float xhat[kChunks][kChunk], dz[kChunks][kChunk];
+    const int64_t offset = (active ? row * a.cols : 0) + t * kChunk;
+    // x and dz stay packed; inactive row groups load nothing (zeros).
+    Packed<Tx> xp[kChunks], dzp[kChunks];
+    int r = opaque(active ? rem : 0);
 #pragma unroll
     for (int k = 0; k < kChunks; ++k) {
-      const int64_t first = (int64_t{k} * Shape::kThreads + t) * kChunk;
-      load_chunk(x + row_start, first, h, vec, xhat[k]);
-      load_chunk(dz_in + row_start, first, h, vec, dz[k]);
+      xp[k].load(x + offset + k * kStride, r - k * kStride, vec);
+      dzp[k].load(dz_in + offset + k * kStride, r - k * kStride, vec);
     }
     const float mu = active && kLayerNorm ? a.mu[row] : 0.0f;
     const float rsigma = active ? a.rsigma[row] : 0.0f;
-    float s[2] = {0.0f, 0.0f};  // sum(dy), sum(dy * xhat)
+    float s[2] = {0.0f, 0.0f};  // sum(dy), sum(dy * xhat), each thread's elements in order
+    r = opaque(rem);
 #pragma unroll
     for (int k = 0; k < kChunks; ++k) {
-      const int64_t first = (int64_t{k} * Shape::kThreads + t) * kChunk;
-      float g[kChunk];
-      load_smem_chunk(g_s, first, H, vec, g);
+      const int left = r - k * kStride;
+      float xv[kChunk], dzv[kChunk], g[kChunk];
+      xp[k].widen(xv);
+      dzp[k].widen(dzv);
+      load_weights(g_t + 4 * k * Shape::kThreads, part, g);
 #pragma unroll
       for (int j = 0; j < kChunk; ++j) {
-        xhat[k][j] = __fmul_rn(kLayerNorm ? __fsub_rn(xhat[k][j], mu) : xhat[k][j], rsigma);
-        const float dy = __fmul_rn(dz[k][j], g[j]);
-        if (first + j < H) {
+        const float xhat = __fmul_rn(kLayerNorm ? __fsub_rn(xv[j], mu) : xv[j], rsigma);
+        const float dy = __fmul_rn(dzv[j], g[j]);
+        if (j < left) {
           s[0] = __fadd_rn(s[0], dy);
-          s[1] = __fadd_rn(s[1], __fmul_rn(dy, xhat[k][j]));
+          s[1] = __fadd_rn(s[1], __fmul_rn(dy, xhat));
         }
       }
     }
@@ -88,40 +131,44 @@ __global__ void __launch_bounds__(Shape::kBlockThreads)
     if (!active) continue;  // no barrier below
     const float m1 = kLayerNorm ? __fdiv_rn(s[0], n) : 0.0f;
     const float m2 = __fdiv_rn(s[1], n);
-    Tx* dx_row = static_cast<Tx*>(a.dx) + row_start;
+    Tx* dx_t = static_cast<Tx*>(a.dx) + offset;
+    r = opaque(rem);
 #pragma unroll
     for (int k = 0; k < kChunks; ++k) {
-      const int64_t first = (int64_t{k} * Shape::kThreads + t) * kChunk;
-      if (first >= H) continue;
-      float g[kChunk], dx[kChunk];
-      load_smem_chunk(g_s, first, H, vec, g);
+      const int left = r - k * kStride;
+      if (left <= 0) break;  // the later chunks are past the row too
+      float xv[kChunk], dzv[kChunk], g[kChunk], dx[kChunk];
+      xp[k].widen(xv);
+      dzp[k].widen(dzv);
+      load_weights(g_t + 4 * k * Shape::kThreads, part, g);
 #pragma unroll
       for (int j = 0; j < kChunk; ++j) {
-        dx[j] = dx_value(__fmul_rn(dz[k][j], g[j]), xhat[k][j], m1, m2, rsigma);
-        if (first + j < H) {
-          dgamma[k][j] = __fadd_rn(dgamma[k][j], __fmul_rn(dz[k][j], xhat[k][j]));
-          dbeta[k][j] = __fadd_rn(dbeta[k][j], dz[k][j]);
+        const float xhat = __fmul_rn(kLayerNorm ? __fsub_rn(xv[j], mu) : xv[j], rsigma);
+        dx[j] = dx_value(__fmul_rn(dzv[j], g[j]), xhat, m1, m2, rsigma);
+        if (j < left) {
+          dgamma[k][j] = __fadd_rn(dgamma[k][j], __fmul_rn(dzv[j], xhat));
+          dbeta[k][j] = __fadd_rn(dbeta[k][j], dzv[j]);
         }
       }
-      store_chunk(dx_row, first, H, vec, dx);
+      store_chunk(dx_t + k * kStride, left, vec, dx);
     }
   }
 
   // The block's column sums: row groups added in group order, one row each.
   auto write_block_sums = [&](const float(&acc)[kChunks][kChunk], float* out) {
-    float* dst = kRows == 1 ? out : smem + H + int64_t{group} * H;
+    float* dst = kRows == 1 ? out : sums_s + group * H;
 #pragma unroll
     for (int k = 0; k < kChunks; ++k) {
-      const int64_t first = (int64_t{k} * Shape::kThreads + t) * kChunk;
+      const int first = k * kStride + t * kChunk;
 #pragma unroll
       for (int j = 0; j < kChunk; ++j)
         if (first + j < H) dst[first + j] = acc[k][j];
     }
     if constexpr (kRows > 1) {
       __syncthreads();
-      for (int64_t i = threadIdx.x; i < H; i += blockDim.x) {
-        float total = smem[H + i];
-        for (int r = 1; r < kRows; ++r) total = __fadd_rn(total, smem[H + r * H + i]);
+      for (int i = threadIdx.x; i < H; i += blockDim.x) {
+        float total = sums_s[i];
+        for (int r = 1; r < kRows; ++r) total = __fadd_rn(total, sums_s[r * H + i]);
         out[i] = total;
       }
       __syncthreads();
@@ -216,15 +263,24 @@ struct BwdLaunch {
   bool looped;
 };
 
+// The grid comes from the vector kernel's occupancy whatever the pointers'
+// alignment (the workspace query does not see them); the element-wise kernel,
+// if chosen, runs the same grid.
 template <class Tx, bool kLayerNorm>
-BwdLaunch plan(int64_t rows, int64_t H) {
+BwdLaunch plan(int64_t rows, int64_t H, bool vec) {
   BwdLaunch p{};
-  const bool fits = with_row_shape<2>(H, [&](auto shape) {
+  const bool fits = with_row_shape(H, [&](auto shape) {
     using Shape = decltype(shape);
-    p.kernel = reinterpret_cast<const void*>(norm_bwd_kernel<Tx, Shape, kLayerNorm>);
+    const void* vector_kernel =
+        reinterpret_cast<const void*>(norm_bwd_kernel<Tx, Shape, kLayerNorm, true>);
+    p.kernel = vec ? vector_kernel
+                   : reinterpret_cast<const void*>(norm_bwd_kernel<Tx, Shape, kLayerNorm, false>);
     p.threads = Shape::kBlockThreads;
-    p.smem = sizeof(float) * H * (Shape::kRowsPerBlock > 1 ? 1 + Shape::kRowsPerBlock : 1);
-    p.grid = resident_grid(p.kernel, p.threads, p.smem, ceil_div(rows, Shape::kRowsPerBlock));
+    const int64_t rows_s = Shape::kRowsPerBlock > 1 ? Shape::kRowsPerBlock * H : 0;
+    p.smem = sizeof(float) * (ceil_div(H, kChunk) * kChunk + rows_s);
+    // At most 32 KiB (H = 8192, one row per block): no opt-in beyond 48 KiB needed
+    // for either kernel.
+    p.grid = resident_grid(vector_kernel, p.threads, p.smem, ceil_div(rows, Shape::kRowsPerBlock));
   });
   if (!fits) {
     p.kernel = reinterpret_cast<const void*>(norm_bwd_looped_kernel<Tx, kLayerNorm>);
@@ -251,7 +307,7 @@ void dispatch(te_dtype x_dtype, bool layernorm, F&& f) {
 size_t backward_workspace_bytes(te_dtype x_dtype, int64_t rows, int64_t cols, bool layernorm) {
   size_t bytes = 0;
   dispatch(x_dtype, layernorm, [&](auto x_tag, auto ln) {
-    const BwdLaunch p = plan<decltype(x_tag), decltype(ln)::value>(rows, cols);
+    const BwdLaunch p = plan<decltype(x_tag), decltype(ln)::value>(rows, cols, true);
     bytes = sizeof(float) * static_cast<size_t>(p.grid * cols) * (layernorm ? 2 : 1);
   });
   return bytes;
@@ -264,14 +320,17 @@ void backward(const BwdArgs& a, te_stream stream_handle) {
   dispatch(a.x_dtype, a.layernorm, [&](auto x_tag, auto ln) {
     using Tx = decltype(x_tag);
     constexpr bool kLayerNorm = decltype(ln)::value;
-    const BwdLaunch p = plan<Tx, kLayerNorm>(a.rows, a.cols);
+    // 16-byte accesses need whole chunks in every row (then every row starts as
+    // aligned as its buffer) and x, dz and dx 16-byte aligned; gamma is staged
+    // and the column sums are written element-wise, so their alignment is free.
+    const bool vec = a.cols % kChunk == 0 && is_aligned(a.x, 16) && is_aligned(a.dz, 16) &&
+                     is_aligned(a.dx, 16);
+    const BwdLaunch p = plan<Tx, kLayerNorm>(a.rows, a.cols, vec);
     blocks = p.grid;
     if (p.looped) {
       norm_bwd_looped_kernel<Tx, kLayerNorm><<<p.grid, p.threads, 0, stream>>>(a, partials);
     } else {
-      const bool vec = a.cols % kChunk == 0 && is_aligned(a.x, 16) && is_aligned(a.dz, 16) &&
-                       is_aligned(a.dx, 16);
-      void* args[] = {const_cast<BwdArgs*>(&a), const_cast<bool*>(&vec), &partials};
+      void* args[] = {const_cast<BwdArgs*>(&a), &partials};
       TE_CHECK_CUDA(cudaLaunchKernel(p.kernel, dim3(static_cast<unsigned>(p.grid)),
                                      dim3(p.threads), args, p.smem, stream));
     }

@@ -1,19 +1,21 @@
 // Building blocks of the norm family's CUDA kernels (cuda_fwd.cu, cuda_bwd.cu).
 //
-// Row layout. A row of H elements is cut into chunks of 8 (one 16-byte access
-// of BF16/FP16, two of FP32, 8 bytes of FP8). The kThreads = 32 * kWarps
-// threads of a row take the chunks round-robin: thread t holds chunks t,
-// t + kThreads, ..., kChunks of them, so each warp-wide access is contiguous.
-// The whole row stays in registers between its reduction and its output. A
-// block holds kRowsPerBlock such row groups and walks the rows grid-stride.
+// Row layout. A row of H elements is cut into chunks (the forward: 16 bytes of
+// x; the backward: 8 elements, one 16-byte access of BF16/FP16, two of FP32).
+// The threads of a row take the chunks round-robin: thread t holds chunks t,
+// t + threads, ..., so each warp-wide access is contiguous. The row stays in
+// registers, packed in x's type, between its reductions and its output, and
+// is widened to FP32 again in each pass. A block holds one or more such row
+// groups and walks the rows grid-stride.
 //
 // Arithmetic. Every FP32 operation that feeds an output is an explicit
 // round-to-nearest intrinsic (__fadd_rn, __fmul_rn, ...), which the compiler
 // never contracts into an FMA: the FP32 y is then the same whatever the output
 // type, and a fused FP8 output quantizes exactly the values an FP32 output
-// holds. Row sums: each thread adds its elements in order, a butterfly over the
-// warp gives every lane the same total, and the warps of a row add their totals
-// in warp order: fixed order, deterministic.
+// holds. Row sums: each thread adds its own elements (the backward in order;
+// the forward a balanced tree per chunk, then the chunks in order), a
+// butterfly over the warp gives every lane the same total, and the warps of a
+// row add their totals in warp order: fixed order, deterministic.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -48,28 +50,19 @@ struct RowShape {
 // row, kLoopThreads threads striding over it, several passes over global memory.
 constexpr int kLoopThreads = 512;
 
-// Calls f(RowShape<w, c>{}) for the smallest shape whose capacity holds H
-// (w doubles; c at most kMaxChunks) and returns true, or returns false when H
-// is longer than all of them: 16384 with kMaxChunks = 4 (forward), 8192 with
-// kMaxChunks = 2 (backward, which keeps four values per element in registers).
-template <int kMaxChunks, class F>
+// The backward's shapes: calls f(RowShape<w, c>{}) for the smallest one whose
+// capacity holds H (w doubles, c at most 2 chunks: the backward keeps two
+// column sums per element in registers) and returns true, or returns false
+// when H is longer than 8192.
+template <class F>
 bool with_row_shape(int64_t H, F&& f) {
   if (H <= RowShape<1, 1>::kCapacity) return f(RowShape<1, 1>{}), true;
   if (H <= RowShape<1, 2>::kCapacity) return f(RowShape<1, 2>{}), true;
-  if constexpr (kMaxChunks == 4) {
-    if (H <= RowShape<1, 4>::kCapacity) return f(RowShape<1, 4>{}), true;
-    if (H <= RowShape<2, 4>::kCapacity) return f(RowShape<2, 4>{}), true;
-    if (H <= RowShape<4, 4>::kCapacity) return f(RowShape<4, 4>{}), true;
-    if (H <= RowShape<8, 4>::kCapacity) return f(RowShape<8, 4>{}), true;
-    if (H <= RowShape<16, 4>::kCapacity) return f(RowShape<16, 4>{}), true;
-  } else {
-    static_assert(kMaxChunks == 2, "kMaxChunks is 2 or 4");
-    if (H <= RowShape<2, 2>::kCapacity) return f(RowShape<2, 2>{}), true;
-    if (H <= RowShape<4, 2>::kCapacity) return f(RowShape<4, 2>{}), true;
-    if (H <= RowShape<8, 2>::kCapacity) return f(RowShape<8, 2>{}), true;
-    // A 32-warp row would have 64 registers per thread: too few (spills).
-    if (H <= RowShape<16, 2>::kCapacity) return f(RowShape<16, 2>{}), true;
-  }
+  if (H <= RowShape<2, 2>::kCapacity) return f(RowShape<2, 2>{}), true;
+  if (H <= RowShape<4, 2>::kCapacity) return f(RowShape<4, 2>{}), true;
+  if (H <= RowShape<8, 2>::kCapacity) return f(RowShape<8, 2>{}), true;
+  // A 32-warp row would have 64 registers per thread: too few (spills).
+  if (H <= RowShape<16, 2>::kCapacity) return f(RowShape<16, 2>{}), true;
   return false;
 }
 
@@ -107,37 +100,87 @@ __device__ __forceinline__ float load_any(const void* p, te_dtype t, int64_t i) 
   return static_cast<const float*>(p)[i];
 }
 
-// Elements [first, first + 8) of a row as floats, 0 past H. `vec`: H % 8 == 0
-// and the row is 16-byte aligned, so a chunk is wholly in or out of the row.
-template <class T>
-__device__ __forceinline__ void load_chunk(const T* row, int64_t first, int64_t H, bool vec,
-                                           float (&v)[kChunk]) {
-  if (vec) {
-    if (first < H) {
-      const Vec<T, kChunk> r = load_vec<T, kChunk>(row + first);
+// ---------------------------------------------------------------------------
+// Packed rows: 16 bytes of x as four 32-bit words, widened exactly to FP32.
+// The widening is volatile asm so that the compiler cannot merge the identical
+// unpacks of several passes into one set of live floats: the point is to keep
+// only the packed row live across the reductions.
+
+__device__ __forceinline__ void widen_pair(uint32_t w, float& lo, float& hi, __nv_bfloat16) {
+  // BF16 is the high half of an FP32.
+  asm volatile("{ shl.b32 %0, %2, 16; and.b32 %1, %2, 0xFFFF0000; }" : "=f"(lo), "=f"(hi) : "r"(w));
+}
+__device__ __forceinline__ void widen_pair(uint32_t w, float& lo, float& hi, __half) {
+  asm volatile("{ .reg .b16 l, h; mov.b32 {l, h}, %2; cvt.f32.f16 %0, l; cvt.f32.f16 %1, h; }"
+               : "=f"(lo), "=f"(hi) : "r"(w));
+}
+__device__ __forceinline__ void unpack(const uint32_t (&w)[4], float (&f)[4], float) {
 #pragma unroll
-      for (int j = 0; j < kChunk; ++j) v[j] = to_f32(r.v[j]);
-    } else {
+  for (int i = 0; i < 4; ++i) asm volatile("mov.b32 %0, %1;" : "=f"(f[i]) : "r"(w[i]));
+}
+template <class Tx>
+__device__ __forceinline__ void unpack(const uint32_t (&w)[4], float (&f)[8], Tx tag) {
 #pragma unroll
-      for (int j = 0; j < kChunk; ++j) v[j] = 0.0f;
-    }
-    return;
-  }
-#pragma unroll
-  for (int j = 0; j < kChunk; ++j) v[j] = first + j < H ? to_f32(row[first + j]) : 0.0f;
+  for (int i = 0; i < 4; ++i) widen_pair(w[i], f[2 * i], f[2 * i + 1], tag);
 }
 
-// Same from a shared-memory float row (the weights).
-__device__ __forceinline__ void load_smem_chunk(const float* row, int64_t first, int64_t H,
-                                                bool vec, float (&v)[kChunk]) {
-  if (vec && first < H) {
-    const float4 a = *reinterpret_cast<const float4*>(row + first);
-    const float4 b = *reinterpret_cast<const float4*>(row + first + 4);
-    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+// The 16 bytes at p, of which `left` elements (if positive) lie in the row:
+// one 16-byte load (vec: p 16-byte aligned and the 16 bytes wholly in or out
+// of the row), or element loads. Elements past the row are 0.
+template <class Tx>
+__device__ __forceinline__ void load_packed(const Tx* p, int left, bool vec, uint32_t (&w)[4]) {
+  if (vec) {
+    uint4 q = make_uint4(0, 0, 0, 0);
+    if (left > 0) q = __ldg(reinterpret_cast<const uint4*>(p));
+    w[0] = q.x, w[1] = q.y, w[2] = q.z, w[3] = q.w;
     return;
   }
+  if constexpr (sizeof(Tx) == 4) {
+    const unsigned int* e = reinterpret_cast<const unsigned int*>(p);
 #pragma unroll
-  for (int j = 0; j < kChunk; ++j) v[j] = first + j < H ? row[first + j] : 0.0f;
+    for (int j = 0; j < 4; ++j) w[j] = j < left ? __ldg(e + j) : 0u;
+  } else {
+    const unsigned short* e = reinterpret_cast<const unsigned short*>(p);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const uint32_t lo = 2 * i < left ? __ldg(e + 2 * i) : 0u;
+      const uint32_t hi = 2 * i + 1 < left ? __ldg(e + 2 * i + 1) : 0u;
+      w[i] = lo | (hi << 16);
+    }
+  }
+}
+
+// v, hidden from the optimizer: per-chunk row-end tests derived from it are
+// recomputed in each pass where they are used, instead of being hoisted out
+// of the row loop into one live register (or predicate copy) per chunk.
+__device__ __forceinline__ int opaque(int v) {
+  asm volatile("" : "+r"(v));
+  return v;
+}
+
+// ---------------------------------------------------------------------------
+// Weights in shared memory, per-chunk layout: element j of chunk c (chunks of
+// kE elements, kE = 4 or 8) is at (j / 4) * part + 4 * c + j % 4, with
+// part = 4 * chunks. The float4 of a chunk's elements [4p, 4p + 4) lies at
+// 4 * c + p * part: consecutive across the lanes of a warp, so reading a
+// chunk's weights has no bank conflicts. Slots past H hold 0.
+
+// Fills dst (chunks * kE floats) with value(i) for i < H, 0 past it.
+template <int kE, class F>
+__device__ __forceinline__ void stage_weights(float* dst, int H, F value) {
+  const int chunks = (H + kE - 1) / kE;
+  for (int i = threadIdx.x; i < chunks * kE; i += blockDim.x)
+    dst[(i % kE) / 4 * (4 * chunks) + 4 * (i / kE) + i % 4] = i < H ? value(i) : 0.0f;
+}
+
+// The kE weights of the chunk whose first float4 is at w_c (= dst + 4 * c).
+template <int kE>
+__device__ __forceinline__ void load_weights(const float* w_c, int part, float (&v)[kE]) {
+#pragma unroll
+  for (int p = 0; p < kE / 4; ++p) {
+    const float4 q = *reinterpret_cast<const float4*>(w_c + p * part);
+    v[4 * p] = q.x, v[4 * p + 1] = q.y, v[4 * p + 2] = q.z, v[4 * p + 3] = q.w;
+  }
 }
 
 template <class T>
@@ -151,21 +194,22 @@ __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float v) {
 template <>
 __device__ __forceinline__ __half from_f32<__half>(float v) { return __float2half_rn(v); }
 
-// Rounds elements [first, first + 8) (those below H) to T and stores them.
+// Rounds the 8 values of the chunk at p to T and stores those in the row
+// (`left` of them if fewer than 8): one vector store (vec: aligned, whole
+// chunks) or element stores.
 template <class T>
-__device__ __forceinline__ void store_chunk(T* row, int64_t first, int64_t H, bool vec,
-                                            const float (&v)[kChunk]) {
+__device__ __forceinline__ void store_chunk(T* p, int left, bool vec, const float (&v)[kChunk]) {
   if (vec) {
-    if (first >= H) return;
+    if (left <= 0) return;
     Vec<T, kChunk> r;
 #pragma unroll
     for (int j = 0; j < kChunk; ++j) r.v[j] = from_f32<T>(v[j]);
-    store_vec(row + first, r);
+    store_vec(p, r);
     return;
   }
 #pragma unroll
   for (int j = 0; j < kChunk; ++j)
-    if (first + j < H) row[first + j] = from_f32<T>(v[j]);
+    if (j < left) p[j] = from_f32<T>(v[j]);
 }
 
 // FP8 byte of an already-scaled value, as numerics.h defines it: RNE,

@@ -1,53 +1,184 @@
 // CUDA backend of the norm family: LayerNorm / RMSNorm forward (te/norm.h).
 //
-// norm_fwd_kernel (H <= 16384): the row layout of cuda_common.cuh, 4 chunks
-// (32 elements) per thread at most, so a row is read once and written once:
-// the memory floor, (sizeof(x) + sizeof(y)) bytes per element. gamma (as the
-// FP32 weight g) and beta are staged once per block in shared memory. Per row:
-// sum -> mu, sum of squares of (x - mu) -> rsigma (two passes over registers),
-// then y. With an FP8 y the quantization and the amax are fused; the block's
-// amax goes out with one atomic at the end.
+// Design (norm_fwd_kernel, rows of up to 16384 elements). The forward is a
+// pure stream (read x once, write y once), so its speed is the number of bytes
+// each SM keeps in flight. The kernel therefore
+//  - keeps the row in registers PACKED in x's type: 16 bytes (one chunk of
+//    E = 16 / sizeof(x) elements: 8 BF16/FP16, 4 FP32) per 4 registers, and
+//    widens to FP32 on the fly in each pass (mean, variance, output). A lane
+//    holds at most 16 chunks = 64 registers of row, e.g. 128 BF16 elements;
+//  - gives each row one warp when it fits (BF16/FP16 H <= 4096, FP32 H <=
+//    2048), otherwise 2, 4 or 8 warps. Lane t of a row's group holds chunks
+//    t, t + 32w, t + 64w, ...: every warp-wide access is 512 contiguous bytes;
+//  - issues all of a lane's 16-byte loads (LDG.E.128) before the first
+//    reduction, and writes y with one vector store per chunk (16 bytes for
+//    a BF16 y, 32 for FP32, 8 for FP8);
+//  - runs rows independently: one-warp rows use warp shuffles only, no block
+//    barrier after the weights are staged, so while one warp reduces, the
+//    other warps of the SM have their loads in flight. Multi-warp rows add
+//    the warp totals through shared memory behind a named barrier of their
+//    own row group (bar.sync 1 + group), never a block-wide one;
+//  - stages g (= gamma or 1 + gamma, FP32) and beta once per block in shared
+//    memory, laid out so that a lane reads its chunk's weights as float4s at
+//    consecutive addresses across the warp (no bank conflicts);
+//  - is persistent: one wave of blocks walks the rows grid-stride.
+// At H = 4096 BF16 a lane keeps 64 registers of row; ptxas reports 96 in all
+// (no spills, sm_90): 5 blocks of 4 warps per SM, 20 rows of 8 KiB in flight.
+// To keep it that low, the per-pass unpacking is volatile asm (the compiler
+// would otherwise keep the 128 widened floats live across the reductions),
+// the per-chunk row-end tests are recomputed in each pass (opaque()), and the
+// element-wise path is a separate instantiation (kVec = false). Helpers shared
+// with the backward are in cuda_common.cuh.
+//
+// Summation order (rows): each chunk's E values are added as a balanced tree
+// (((v0+v1)+(v2+v3))+((v4+v5)+(v6+v7))), a lane adds its chunk sums in chunk
+// order, a butterfly over the warp gives every lane the same total, and the
+// w warp totals are added in warp order. A term passes through at most
+// log2(E) + ceil(H / (32 w E)) + 5 + (w - 1) roundings, within the
+// ceil(H/32) + 16 of the documented bounds (docs/numerics.md). The scalar
+// path (H % E != 0, or a misaligned x or y) keeps exactly the same chunk
+// structure and order, only with element loads/stores: the same bytes.
 //
 // norm_fwd_looped_kernel (longer rows): one block per row, three passes over
 // the row in global memory (sum, squares, output), weights read from global.
+#include <type_traits>
+
 #include "norm/cuda_common.cuh"
 #include "runtime/cuda_check.h"
+#include "runtime/cuda_elem.cuh"
 
 namespace te::norm::cuda {
 namespace {
 
-// Rounds and stores one chunk of y; FP8 outputs also update the thread's amax.
-__device__ __forceinline__ void store_y(const FwdArgs& a, int64_t row_start, int64_t first,
-                                        bool vec, const float (&y)[kChunk], float scale,
-                                        float& amax) {
-  const int64_t H = a.cols;
-  switch (a.y_dtype) {
-    case TE_DTYPE_FLOAT32:
-      store_chunk(static_cast<float*>(a.y) + row_start, first, H, vec, y);
-      return;
-    case TE_DTYPE_BFLOAT16:
-      store_chunk(static_cast<__nv_bfloat16*>(a.y) + row_start, first, H, vec, y);
-      return;
-    case TE_DTYPE_FLOAT16:
-      store_chunk(static_cast<__half*>(a.y) + row_start, first, H, vec, y);
-      return;
-    default: break;
+// The register-resident forward handles rows up to this long (also bounds the
+// shared memory of the staged weights: 2 x 64 KiB for LayerNorm).
+constexpr int64_t kMaxResidentRow = 16384;
+
+// A row group of kWarps warps; each lane holds up to kVecs chunks of x.
+template <class Tx, int kWarps_, int kVecs_>
+struct FwdShape {
+  static constexpr int kWarps = kWarps_;
+  static constexpr int kVecs = kVecs_;
+  static constexpr int kE = 16 / static_cast<int>(sizeof(Tx));  // elements per chunk
+  static constexpr int kThreads = 32 * kWarps;                    // per row
+  static constexpr int kBlockWarps = kWarps == 1 ? 4 : (kWarps > 8 ? kWarps : 8);
+  static constexpr int kRows = kBlockWarps / kWarps;  // row groups per block
+  static constexpr int kBlockThreads = 32 * kBlockWarps;
+  static constexpr int64_t kCapacity = int64_t{kThreads} * kVecs * kE;
+};
+
+// f(FwdShape{}) for the smallest shape whose capacity holds H; false when H is
+// longer than kMaxResidentRow.
+template <class Tx, class F>
+bool with_fwd_shape(int64_t H, F&& f) {
+  if (H > kMaxResidentRow) return false;
+  if (H <= FwdShape<Tx, 1, 1>::kCapacity) return f(FwdShape<Tx, 1, 1>{}), true;
+  if (H <= FwdShape<Tx, 1, 2>::kCapacity) return f(FwdShape<Tx, 1, 2>{}), true;
+  if (H <= FwdShape<Tx, 1, 4>::kCapacity) return f(FwdShape<Tx, 1, 4>{}), true;
+  if (H <= FwdShape<Tx, 1, 8>::kCapacity) return f(FwdShape<Tx, 1, 8>{}), true;
+  if (H <= FwdShape<Tx, 1, 12>::kCapacity) return f(FwdShape<Tx, 1, 12>{}), true;
+  if (H <= FwdShape<Tx, 1, 16>::kCapacity) return f(FwdShape<Tx, 1, 16>{}), true;
+  if (H <= FwdShape<Tx, 2, 16>::kCapacity) return f(FwdShape<Tx, 2, 16>{}), true;
+  if (H <= FwdShape<Tx, 4, 16>::kCapacity) return f(FwdShape<Tx, 4, 16>{}), true;
+  static_assert(FwdShape<Tx, 8, 16>::kCapacity >= kMaxResidentRow, "8 warps hold the longest row");
+  return f(FwdShape<Tx, 8, 16>{}), true;
+}
+
+// Balanced-tree sum of a chunk's values (the order of the header comment).
+template <int kE>
+__device__ __forceinline__ float tree_sum(const float (&v)[kE]) {
+  const float a = __fadd_rn(__fadd_rn(v[0], v[1]), __fadd_rn(v[2], v[3]));
+  if constexpr (kE == 4) {
+    return a;
+  } else {
+    return __fadd_rn(a, __fadd_rn(__fadd_rn(v[4], v[5]), __fadd_rn(v[6], v[7])));
   }
-  const bool e5m2 = a.y_dtype == TE_DTYPE_FLOAT8E5M2;
-  uint8_t* out = static_cast<uint8_t*>(a.y) + row_start;
-  Vec<uint8_t, kChunk> q;
+}
+
+// ---------------------------------------------------------------------------
+// y chunks: E values rounded to y's type and packed into 32-bit words, then
+// one vector store (vec: y aligned to the chunk's bytes, up to 16) or
+// element stores of the chunk's elements in the row (`left` of them, if < E).
+
+enum class YKind { kF32, kBF16, kF16, kE4M3, kE5M2 };
+template <YKind kY>
+using YTag = std::integral_constant<YKind, kY>;
+
+template <YKind kY>
+constexpr int y_bytes() {
+  return kY == YKind::kF32 ? 4 : (kY == YKind::kBF16 || kY == YKind::kF16) ? 2 : 1;
+}
+
+template <YKind kY, int kE>
+struct YChunk {
+  static constexpr int kBytes = kE * y_bytes<kY>();
+  static constexpr int kWords = kBytes / 4;
+  uint32_t w[kWords];
+};
+
+template <YKind kY, int kE>
+__device__ __forceinline__ YChunk<kY, kE> pack_y(const float (&y)[kE], float scale) {
+  YChunk<kY, kE> c;
+  if constexpr (kY == YKind::kF32) {
 #pragma unroll
-  for (int j = 0; j < kChunk; ++j) {
-    if (first + j < H) amax = fmaxf(amax, fabsf(y[j]));
-    q.v[j] = fp8_byte(__fmul_rn(y[j], scale), e5m2);
+    for (int j = 0; j < kE; ++j) c.w[j] = __float_as_uint(y[j]);
+  } else if constexpr (kY == YKind::kBF16) {
+#pragma unroll
+    for (int i = 0; i < kE / 2; ++i) {
+      const __nv_bfloat162 p = __floats2bfloat162_rn(y[2 * i], y[2 * i + 1]);
+      c.w[i] = *reinterpret_cast<const uint32_t*>(&p);
+    }
+  } else if constexpr (kY == YKind::kF16) {
+#pragma unroll
+    for (int i = 0; i < kE / 2; ++i) {
+      const __half2 p = __floats2half2_rn(y[2 * i], y[2 * i + 1]);
+      c.w[i] = *reinterpret_cast<const uint32_t*>(&p);
+    }
+  } else {
+    constexpr bool kE5M2 = kY == YKind::kE5M2;
+#pragma unroll
+    for (int i = 0; i < kE / 4; ++i) {
+      const uint32_t lo = cuda_elem::fp8x2<kE5M2>(__fmul_rn(y[4 * i], scale),
+                                                  __fmul_rn(y[4 * i + 1], scale));
+      const uint32_t hi = cuda_elem::fp8x2<kE5M2>(__fmul_rn(y[4 * i + 2], scale),
+                                                  __fmul_rn(y[4 * i + 3], scale));
+      c.w[i] = lo | (hi << 16);
+    }
   }
+  return c;
+}
+
+template <YKind kY, int kE>
+__device__ __forceinline__ void store_y(uint8_t* p, int left, bool vec,
+                                        const YChunk<kY, kE>& c) {
+  constexpr int kB = y_bytes<kY>();
   if (vec) {
-    if (first < H) store_vec(out + first, q);
+    if constexpr (YChunk<kY, kE>::kWords >= 4) {
+#pragma unroll
+      for (int i = 0; i < YChunk<kY, kE>::kWords / 4; ++i)
+        reinterpret_cast<uint4*>(p)[i] =
+            make_uint4(c.w[4 * i], c.w[4 * i + 1], c.w[4 * i + 2], c.w[4 * i + 3]);
+    } else if constexpr (YChunk<kY, kE>::kWords == 2) {
+      *reinterpret_cast<uint2*>(p) = make_uint2(c.w[0], c.w[1]);
+    } else {
+      *reinterpret_cast<uint32_t*>(p) = c.w[0];
+    }
     return;
   }
+  // Element j is bytes [j * kB, (j + 1) * kB) of the words (little endian).
 #pragma unroll
-  for (int j = 0; j < kChunk; ++j)
-    if (first + j < H) out[first + j] = q.v[j];
+  for (int j = 0; j < kE; ++j) {
+    if (j >= left) break;
+    const uint32_t word = c.w[j * kB / 4];
+    const int shift = (j * kB % 4) * 8;
+    if constexpr (kB == 4) {
+      reinterpret_cast<uint32_t*>(p)[j] = word;
+    } else if constexpr (kB == 2) {
+      reinterpret_cast<unsigned short*>(p)[j] = static_cast<unsigned short>(word >> shift);
+    } else {
+      p[j] = static_cast<uint8_t>(word >> shift);
+    }
+  }
 }
 
 // The FP32 y of one element: ((x - mu) * rsigma) * g (+ beta), each step rounded.
@@ -68,84 +199,177 @@ __device__ __forceinline__ void finish_fp8(const FwdArgs& a, float amax) {
     *a.y_scale_inv = __fdiv_rn(1.0f, *a.y_scale);
 }
 
-template <class Tx, class Shape, bool kLayerNorm>
-__global__ void __launch_bounds__(Shape::kBlockThreads)
-    norm_fwd_kernel(const FwdArgs a, const bool vec) {
-  constexpr int kRows = Shape::kRowsPerBlock;
-  extern __shared__ __align__(16) float weights[];  // g [H], then beta [H] (LayerNorm)
-  __shared__ float exchange[2][kRows][Shape::kWarps][1];
-  const int64_t H = a.cols;
-  const float n = static_cast<float>(H);
-  float* g_s = weights;
-  float* b_s = weights + H;
-  for (int64_t i = threadIdx.x; i < H; i += blockDim.x) {
-    g_s[i] = weight_at(a.gamma, a.w_dtype, i, a.zero_centered_gamma);
-    if (kLayerNorm) b_s[i] = load_any(a.beta, a.w_dtype, i);
+// Barrier over the kThreads threads of one row group only (ids 1.., 0 is
+// __syncthreads'), so the other row groups of the block never wait.
+__device__ __forceinline__ void group_barrier(int id, int threads) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
+// The row total of v over the row group, in every lane: butterfly, then the
+// warp totals in warp order. The exchange alternates between two halves
+// (`parity`), so one barrier per call suffices: a warp rewrites a half only
+// after every warp of its group has passed the barrier of the call that
+// followed its last read of that half.
+template <class S>
+struct GroupSum {
+  float (*exchange)[S::kRows][S::kWarps];  // [2][kRows][kWarps]
+  int group, warp_in_row, lane;
+  int parity = 0;
+
+  __device__ __forceinline__ float operator()(float v) {
+    v = warp_sum(v);
+    if constexpr (S::kWarps > 1) {
+      if (lane == 0) exchange[parity][group][warp_in_row] = v;
+      group_barrier(1 + group, S::kThreads);
+      v = exchange[parity][group][0];
+#pragma unroll
+      for (int w = 1; w < S::kWarps; ++w) v = __fadd_rn(v, exchange[parity][group][w]);
+      parity ^= 1;
+    }
+    return v;
   }
+};
+
+// Pass 3 of a row for one output type: y = ((x - mu) * rsigma) * g (+ beta),
+// stored chunk by chunk; FP8 also folds |y| of the row's elements into amax.
+// The lane's chunk k starts k * kStride elements after its first one, which
+// starts `rem` elements before the end of the row (rem may be <= 0).
+template <YKind kY, class Tx, class S, bool kLayerNorm>
+__device__ __forceinline__ void write_row(const uint32_t (&w)[S::kVecs][4], const FwdArgs& a,
+                                          int64_t row, int t, int rem, bool vec, float mu,
+                                          float rsigma, const float* g_s, const float* b_s,
+                                          int part, float scale, float& amax) {
+  constexpr int kE = S::kE;
+  constexpr int kStride = S::kThreads * kE;
+  uint8_t* y_lane =
+      static_cast<uint8_t*>(a.y) + (row * a.cols + int64_t{t} * kE) * y_bytes<kY>();
+  const float* g_lane = g_s + 4 * t;
+  const float* b_lane = b_s + 4 * t;
+#pragma unroll
+  for (int k = 0; k < S::kVecs; ++k) {
+    const int left = rem - k * kStride;
+    if (left <= 0) break;  // the later chunks are past the row too
+    float x[kE], g[kE], b[kE], y[kE];
+    unpack(w[k], x, Tx{});
+    load_weights(g_lane + 4 * k * S::kThreads, part, g);
+    if constexpr (kLayerNorm) load_weights(b_lane + 4 * k * S::kThreads, part, b);
+#pragma unroll
+    for (int j = 0; j < kE; ++j)
+      y[j] = y_value<kLayerNorm>(x[j], mu, rsigma, g[j], kLayerNorm ? b[j] : 0.0f);
+    if constexpr (kY == YKind::kE4M3 || kY == YKind::kE5M2) {
+      // Past the row g = beta = 0, so y is +-0 or NaN there: no mask needed.
+#pragma unroll
+      for (int j = 0; j < kE; ++j) amax = fmaxf(amax, fabsf(y[j]));  // fmaxf drops NaN
+    }
+    store_y<kY, kE>(y_lane + k * kStride * y_bytes<kY>(), left, vec, pack_y<kY, kE>(y, scale));
+  }
+}
+
+// kVec: vector accesses (see launch); a separate instantiation, so that the
+// vector kernel's register count is not that of the element-wise path.
+template <class Tx, class S, bool kLayerNorm, bool kVec>
+__global__ void __launch_bounds__(S::kBlockThreads)
+    norm_fwd_kernel(const FwdArgs a) {
+  constexpr bool vec = kVec;
+  constexpr int kE = S::kE;
+  constexpr int kVecs = S::kVecs;
+  constexpr int kStride = S::kThreads * kE;  // elements between a lane's chunks
+  extern __shared__ __align__(16) float weights[];  // g, then beta (LayerNorm)
+  __shared__ float exchange[2][S::kRows][S::kWarps];
+  const int H = static_cast<int>(a.cols);  // <= kMaxResidentRow: int indices within a row
+  const int chunks = (H + kE - 1) / kE;
+  const int part = 4 * chunks;  // the per-chunk layout of cuda_common.cuh
+  float* g_s = weights;
+  float* b_s = weights + chunks * kE;
+  stage_weights<kE>(g_s, H, [&](int i) {
+    return weight_at(a.gamma, a.w_dtype, i, a.zero_centered_gamma);
+  });
+  if (kLayerNorm) stage_weights<kE>(b_s, H, [&](int i) { return load_any(a.beta, a.w_dtype, i); });
   __syncthreads();
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int group = warp / Shape::kWarps, warp_in_row = warp % Shape::kWarps;
-  const int t = warp_in_row * 32 + lane;  // thread index within the row
-  const bool fp8 = is_fp8_code(a.y_dtype);
-  const float scale = fp8 ? *a.y_scale : 1.0f;
-  RowReducer<Shape, 1> reducer{exchange, 0};
+  const int group = warp / S::kWarps, warp_in_row = warp % S::kWarps;
+  const int t = warp_in_row * 32 + lane;  // thread index within the row group
+  const int rem = H - t * kE;             // row elements from the lane's first chunk on
+  GroupSum<S> row_sum{exchange, group, warp_in_row, lane};
+  const float n = static_cast<float>(H);
+  const float scale = is_fp8_code(a.y_dtype) ? *a.y_scale : 1.0f;
   float amax = 0.0f;
   const Tx* x = static_cast<const Tx*>(a.x);
 
-  // Uniform trip count over the block: every thread reaches every barrier.
-  for (int64_t base = int64_t{blockIdx.x} * kRows; base < a.rows;
-       base += int64_t{gridDim.x} * kRows) {
-    const int64_t row = base + group;
-    const bool active = row < a.rows;
-    const int64_t row_start = active ? row * H : 0;
-    float v[Shape::kChunks][kChunk];
+  // The warps of a row group share its rows, hence its trip count and barriers.
+  for (int64_t row = int64_t{blockIdx.x} * S::kRows + group; row < a.rows;
+       row += int64_t{gridDim.x} * S::kRows) {
+    uint32_t w[kVecs][4];
+    const Tx* x_lane = x + row * a.cols + t * kE;
+    int r = opaque(rem);
 #pragma unroll
-    for (int k = 0; k < Shape::kChunks; ++k)
-      load_chunk(x + row_start, (int64_t{k} * Shape::kThreads + t) * kChunk, active ? H : 0, vec,
-                 v[k]);
+    for (int k = 0; k < kVecs; ++k) load_packed(x_lane + k * kStride, r - k * kStride, vec, w[k]);
 
     float mu = 0.0f;
     if constexpr (kLayerNorm) {
-      float s[1] = {0.0f};
+      float s = 0.0f;
 #pragma unroll
-      for (int k = 0; k < Shape::kChunks; ++k)
-#pragma unroll
-        for (int j = 0; j < kChunk; ++j) s[0] = __fadd_rn(s[0], v[k][j]);  // 0 past the row
-      reducer.sum(s, group, warp_in_row, lane);
-      mu = __fdiv_rn(s[0], n);
-    }
-    float ss[1] = {0.0f};
-#pragma unroll
-    for (int k = 0; k < Shape::kChunks; ++k) {
-      const int64_t first = (int64_t{k} * Shape::kThreads + t) * kChunk;
-#pragma unroll
-      for (int j = 0; j < kChunk; ++j) {
-        const float d = kLayerNorm ? __fsub_rn(v[k][j], mu) : v[k][j];
-        if (first + j < H) ss[0] = __fadd_rn(ss[0], __fmul_rn(d, d));
+      for (int k = 0; k < kVecs; ++k) {
+        float v[kE];
+        unpack(w[k], v, Tx{});
+        s = __fadd_rn(s, tree_sum(v));  // 0 past the row
       }
+      mu = __fdiv_rn(row_sum(s), n);
     }
-    reducer.sum(ss, group, warp_in_row, lane);
-    const float rsigma = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(ss[0], n), a.eps)));
-    if (!active) continue;  // no barrier below
+    // Sum of squares of (x - mu); elements past the row count 0. With vec a
+    // chunk is wholly in or out of the row; otherwise the last one may be split.
+    float ss = 0.0f;
+    r = opaque(rem);
+#pragma unroll
+    for (int k = 0; k < kVecs; ++k) {
+      const int left = r - k * kStride;
+      float v[kE];
+      unpack(w[k], v, Tx{});
+#pragma unroll
+      for (int j = 0; j < kE; ++j) {
+        const float d = kLayerNorm ? __fsub_rn(v[j], mu) : v[j];
+        v[j] = __fmul_rn(d, d);
+      }
+      if (kLayerNorm && !vec && left < kE) {
+#pragma unroll
+        for (int j = 0; j < kE; ++j)
+          if (j >= left) v[j] = 0.0f;
+      }
+      const float sq = tree_sum(v);
+      ss = __fadd_rn(ss, left > 0 ? sq : 0.0f);
+    }
+    const float rsigma = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(row_sum(ss), n), a.eps)));
     if (t == 0) {
       if (a.mu != nullptr) a.mu[row] = mu;
       if (a.rsigma != nullptr) a.rsigma[row] = rsigma;
     }
-#pragma unroll
-    for (int k = 0; k < Shape::kChunks; ++k) {
-      const int64_t first = (int64_t{k} * Shape::kThreads + t) * kChunk;
-      if (first >= H) continue;
-      float g[kChunk], b[kChunk], y[kChunk];
-      load_smem_chunk(g_s, first, H, vec, g);
-      if (kLayerNorm) load_smem_chunk(b_s, first, H, vec, b);
-#pragma unroll
-      for (int j = 0; j < kChunk; ++j)
-        y[j] = y_value<kLayerNorm>(v[k][j], mu, rsigma, g[j], kLayerNorm ? b[j] : 0.0f);
-      store_y(a, row_start, first, vec, y, scale, amax);
+    auto write = [&](auto kind) {
+      write_row<decltype(kind)::value, Tx, S, kLayerNorm>(w, a, row, t, opaque(rem), vec, mu,
+                                                          rsigma, g_s, b_s, part, scale, amax);
+    };
+    switch (a.y_dtype) {  // uniform
+      case TE_DTYPE_FLOAT32: write(YTag<YKind::kF32>{}); break;
+      case TE_DTYPE_BFLOAT16: write(YTag<YKind::kBF16>{}); break;
+      case TE_DTYPE_FLOAT16: write(YTag<YKind::kF16>{}); break;
+      case TE_DTYPE_FLOAT8E4M3: write(YTag<YKind::kE4M3>{}); break;
+      default: write(YTag<YKind::kE5M2>{}); break;
     }
   }
   finish_fp8(a, amax);
+}
+
+// Rounds and stores one element of y; FP8 outputs also update the thread's amax.
+__device__ __forceinline__ void store_y_element(const FwdArgs& a, int64_t i, float y, float scale,
+                                                float& amax) {
+  switch (a.y_dtype) {
+    case TE_DTYPE_FLOAT32: static_cast<float*>(a.y)[i] = y; return;
+    case TE_DTYPE_BFLOAT16: static_cast<__nv_bfloat16*>(a.y)[i] = __float2bfloat16_rn(y); return;
+    case TE_DTYPE_FLOAT16: static_cast<__half*>(a.y)[i] = __float2half_rn(y); return;
+    default: break;
+  }
+  amax = fmaxf(amax, fabsf(y));
+  static_cast<uint8_t*>(a.y)[i] = fp8_byte(__fmul_rn(y, scale), a.y_dtype == TE_DTYPE_FLOAT8E5M2);
 }
 
 template <class Tx, bool kLayerNorm>
@@ -176,16 +400,11 @@ __global__ void __launch_bounds__(kLoopThreads)
       if (a.mu != nullptr) a.mu[row] = mu;
       if (a.rsigma != nullptr) a.rsigma[row] = rsigma;
     }
-    for (int64_t i0 = int64_t{threadIdx.x} * kChunk; i0 < H; i0 += int64_t{kLoopThreads} * kChunk) {
-      float y[kChunk];
-#pragma unroll
-      for (int j = 0; j < kChunk; ++j) {
-        const int64_t i = i0 + j < H ? i0 + j : H - 1;  // past the row: computed, not stored
-        const float g = weight_at(a.gamma, a.w_dtype, i, a.zero_centered_gamma);
-        const float b = kLayerNorm ? load_any(a.beta, a.w_dtype, i) : 0.0f;
-        y[j] = y_value<kLayerNorm>(to_f32(xr[i]), mu, rsigma, g, b);
-      }
-      store_y(a, row * H, i0, false, y, scale, amax);
+    for (int64_t i = threadIdx.x; i < H; i += kLoopThreads) {
+      const float g = weight_at(a.gamma, a.w_dtype, i, a.zero_centered_gamma);
+      const float b = kLayerNorm ? load_any(a.beta, a.w_dtype, i) : 0.0f;
+      store_y_element(a, row * H + i, y_value<kLayerNorm>(to_f32(xr[i]), mu, rsigma, g, b), scale,
+                      amax);
     }
   }
   finish_fp8(a, amax);
@@ -194,17 +413,21 @@ __global__ void __launch_bounds__(kLoopThreads)
 template <class Tx, bool kLayerNorm>
 void launch(const FwdArgs& a, cudaStream_t stream) {
   const int64_t H = a.cols;
-  const int y_bytes = is_fp8_code(a.y_dtype) ? 1 : (a.y_dtype == TE_DTYPE_FLOAT32 ? 4 : 2);
-  // 16-byte accesses: whole chunks in every row, aligned rows (FP8 y: 8 bytes).
-  const bool vec = H % kChunk == 0 && is_aligned(a.x, 16) &&
-                   is_aligned(a.y, y_bytes * kChunk > 16 ? 16 : y_bytes * kChunk);
-  const bool fits = with_row_shape<4>(H, [&](auto shape) {
-    using Shape = decltype(shape);
-    auto kernel = norm_fwd_kernel<Tx, Shape, kLayerNorm>;
-    const size_t smem = sizeof(float) * H * (kLayerNorm ? 2 : 1);
-    const int64_t grid = resident_grid(reinterpret_cast<const void*>(kernel), Shape::kBlockThreads,
-                                       smem, ceil_div(a.rows, Shape::kRowsPerBlock));
-    kernel<<<grid, Shape::kBlockThreads, smem, stream>>>(a, vec);
+  const bool fits = with_fwd_shape<Tx>(H, [&](auto shape) {
+    using S = decltype(shape);
+    // Vector accesses need whole chunks in every row (then every row starts
+    // as aligned as the buffer), x 16-byte aligned and y aligned to its
+    // chunk's bytes (16 at most). Otherwise every access is per element.
+    const int y_size = is_fp8_code(a.y_dtype) ? 1 : a.y_dtype == TE_DTYPE_FLOAT32 ? 4 : 2;
+    const int y_chunk = S::kE * y_size;
+    const bool vec = H % S::kE == 0 && is_aligned(a.x, 16) &&
+                     is_aligned(a.y, y_chunk < 16 ? y_chunk : 16);
+    auto kernel = vec ? norm_fwd_kernel<Tx, S, kLayerNorm, true>
+                      : norm_fwd_kernel<Tx, S, kLayerNorm, false>;
+    const size_t smem = sizeof(float) * ceil_div(H, S::kE) * S::kE * (kLayerNorm ? 2 : 1);
+    const int64_t grid = resident_grid(reinterpret_cast<const void*>(kernel), S::kBlockThreads,
+                                       smem, ceil_div(a.rows, S::kRows));
+    kernel<<<grid, S::kBlockThreads, smem, stream>>>(a);
   });
   if (!fits) {
     auto kernel = norm_fwd_looped_kernel<Tx, kLayerNorm>;

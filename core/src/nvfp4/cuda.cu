@@ -8,8 +8,11 @@
 //  - amax with RHT: a thread owns 16 rows x one 8-byte column group (4
 //    BF16/FP16 or 2 FP32 columns): it reads them once, takes the rowwise amax
 //    and the amax of the RHT of each column (warps read 256-byte row runs).
-//  - dequantize: a thread per 16-element block: an 8-byte load, one scale
-//    byte, 16 outputs stored as 16-byte vectors.
+//  - dequantize: a thread takes two blocks at a time (a 16-byte load of
+//    codes, two scale bytes), four such loads in flight; values come from a
+//    16-entry table in shared memory (conflict-free: at most 16 distinct
+//    words), times the block factor, packed by the hardware RNE conversions
+//    (a NaN factor takes the software path); 16-byte stores.
 //  - transpose_2d: a thread per 16x16 tile: nibbles transposed in registers.
 #include "nvfp4/backend.h"
 #include "nvfp4/cuda_common.cuh"
@@ -97,21 +100,86 @@ __device__ __forceinline__ __half from_float<__half>(float v) {
   return r;
 }
 
+// Two non-NaN floats -> two output elements, rounded to nearest even: the
+// hardware conversions give numerics.h's bits for every value but NaN.
+__device__ __forceinline__ void from_float2(float lo, float hi, float* out) {
+  out[0] = lo;
+  out[1] = hi;
+}
+__device__ __forceinline__ void from_float2(float lo, float hi, __nv_bfloat16* out) {
+  *reinterpret_cast<__nv_bfloat162*>(out) = __floats2bfloat162_rn(lo, hi);
+}
+__device__ __forceinline__ void from_float2(float lo, float hi, __half* out) {
+  *reinterpret_cast<__half2*>(out) = __floats2half2_rn(lo, hi);
+}
+
+// One block: 16 codes (element i in bits 4i..4i+3) and its scale byte.
+// values[c] = e2m1_to_float(c); a NaN factor (a NaN scale byte) makes every
+// element that NaN, as dequantize_element does.
 template <class Out>
+__device__ __forceinline__ void dequantize_block(uint2 codes, uint8_t scale, float s_dec,
+                                                 const float* values, Out* out) {
+  const float factor = block_decode_factor(scale, s_dec);
+  Vec<Out, kBlock> y;
+  if (factor != factor) {
+#pragma unroll
+    for (int i = 0; i < kBlock; ++i) y.v[i] = from_float<Out>(factor);
+  } else {
+#pragma unroll
+    for (int i = 0; i < kBlock; i += 2) {
+      const uint32_t word = i < 8 ? codes.x : codes.y;
+      const float lo = values[(word >> (4 * (i % 8))) & 0xF] * factor;
+      const float hi = values[(word >> (4 * (i % 8) + 4)) & 0xF] * factor;
+      from_float2(lo, hi, y.v + i);
+    }
+  }
+  store_vec(out, y);
+}
+
+// A thread takes units of two consecutive blocks (16 code bytes, one 16-byte
+// load; a unit may span two rows), kUnroll units in flight. Index is uint32_t
+// unless the tensor has 2^32 blocks or more.
+template <class Out, class Index>
 __global__ void __launch_bounds__(kThreads)
     dequantize_kernel(DequantizeArgs a, Out* __restrict__ out) {
-  const int64_t blocks_per_row = a.cols / kBlock;
+  constexpr int kUnroll = 4;
+  __shared__ float values[16];
+  if (threadIdx.x < 16) values[threadIdx.x] = e2m1_to_float(static_cast<uint8_t>(threadIdx.x));
+  __syncthreads();
+  const Index per_row = static_cast<Index>(a.cols / kBlock);
+  const Index blocks = static_cast<Index>(a.rows) * per_row, units = (blocks + 1) / 2;
   const float s_dec = global_decode_scale(global_encode_scale(*a.amax));
-  TE_GRID_STRIDE(b, a.rows * blocks_per_row) {
-    const int64_t r = b / blocks_per_row, c = b % blocks_per_row;
-    const uint2 q = __ldg(reinterpret_cast<const uint2*>(a.data) + b);  // 16 codes
-    const uint64_t codes = (static_cast<uint64_t>(q.y) << 32) | q.x;
-    const float factor = block_decode_factor(a.scale[r * a.scale_cols + c], s_dec);
-    Vec<Out, kBlock> y;
+  const Index stride = static_cast<Index>(gridDim.x) * kThreads;
+  for (Index base = static_cast<Index>(blockIdx.x) * kThreads + threadIdx.x; base < units;
+       base += kUnroll * stride) {
+    uint4 codes[kUnroll];
+    uint8_t scale[kUnroll][2];
 #pragma unroll
-    for (int i = 0; i < kBlock; ++i)
-      y.v[i] = from_float<Out>(dequantize_element(static_cast<uint8_t>((codes >> (4 * i)) & 0xF), factor));
-    store_vec(out + b * kBlock, y);
+    for (int u = 0; u < kUnroll; ++u) {
+      const Index unit = base + u * stride;
+      if (unit >= units) break;
+      const Index b = 2 * unit, r = b / per_row, c = b - r * per_row;
+      const uint8_t* s = a.scale + static_cast<int64_t>(r) * a.scale_cols + c;
+      scale[u][0] = __ldg(s);
+      if (b + 1 < blocks) {
+        codes[u] = __ldg(reinterpret_cast<const uint4*>(a.data) + unit);
+        scale[u][1] = __ldg(c + 1 < per_row ? s + 1 : s + a.scale_cols - c);  // next row's first
+      } else {  // the last block of an odd count: only 8 bytes exist
+        const uint2 half = __ldg(reinterpret_cast<const uint2*>(a.data) + b);
+        codes[u] = make_uint4(half.x, half.y, 0, 0);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const Index unit = base + u * stride;
+      if (unit >= units) break;
+      const Index b = 2 * unit;
+      dequantize_block(make_uint2(codes[u].x, codes[u].y), scale[u][0], s_dec, values,
+                       out + static_cast<int64_t>(b) * kBlock);
+      if (b + 1 < blocks)
+        dequantize_block(make_uint2(codes[u].z, codes[u].w), scale[u][1], s_dec, values,
+                         out + static_cast<int64_t>(b + 1) * kBlock);
+    }
   }
 }
 
@@ -186,8 +254,16 @@ void dequantize(const DequantizeArgs& a, te_stream stream) {
   if (blocks == 0) return;
   dispatch_float(a.output_dtype, [&](auto tag) {
     using Out = decltype(tag);
-    dequantize_kernel<Out><<<grid_for(dequantize_kernel<Out>, ceil_div(blocks, kThreads)), kThreads,
-                             0, cuda_stream(stream)>>>(a, static_cast<Out*>(a.output));
+    auto run = [&](auto kernel) {
+      kernel<<<grid_for(kernel, ceil_div(ceil_div(blocks, 2), kThreads)), kThreads, 0,
+               cuda_stream(stream)>>>(a, static_cast<Out*>(a.output));
+    };
+    // 32-bit indices while every index (and base + 4 * stride) fits.
+    if (blocks < (int64_t{1} << 31)) {
+      run(dequantize_kernel<Out, uint32_t>);
+    } else {
+      run(dequantize_kernel<Out, uint64_t>);
+    }
     TE_CHECK_LAUNCH();
   });
 }

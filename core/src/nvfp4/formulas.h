@@ -77,54 +77,140 @@ TE_HD float block_encode_factor(uint8_t s_b, float s_dec) {
 
 constexpr uint8_t kE2M1NaNCode = 0x7;  // NaN -> +6, as cvt.rn.satfinite.e2m1x2.f32
 
+// ---- E2M1 encoding -------------------------------------------------------
+// The kernels' inner loop, so computed with few instructions. For y = x * enc_b:
+//   a     = min(|y|, 6)                 NaN -> 6 (saturation)
+//   e     = max(exponent field of a, 127)
+//           |y| < 2 rounds in steps of 0.5, like [1, 2); the step of binade e
+//           is 2^(e - 128): 0.5 below 2, 1 in [2, 4), 2 in [4, 6]
+//   magic = 1.5 * 2^(e - 105)           bits (e << 23) + 0x0B400000; its ulp is the step
+//   sum   = a + magic                   the FP32 addition rounds a to a multiple of
+//                                       the step, nearest even (q steps: sum = magic + q ulps)
+//   code  = q + 2 * (e - 127) = bits(sum) - e * (2^23 - 2) - kE2M1CodeBias
+//           binade 127 gives codes 0..4, 128 gives 4..6, 129 gives 6..7
+//   sign  = sign bit of min(y, 6)       the sign of y, NaN -> +
+// Stochastic rounding: the same sum rounded toward zero is magic + lo (lo the
+// lower neighbour, its code as above); the word r rounds up when
+// r < ceil((a - lo) / step * 2^32), that is r < frac * 2^32 exactly.
+// Both routines equal te/nvfp4.h's definitions on all 2^32 inputs (and, for
+// stochastic rounding, every r): core/tests/nvfp4_e2m1_exhaustive.cpp.
+constexpr uint32_t kE2M1MagicBase = 0x0B400000u;              // magic bits = (e << 23) + this
+constexpr uint32_t kE2M1CodeBias = kE2M1MagicBase + 2u * 127u;  // code = biased code - this
+constexpr uint32_t kE2M1CodeBias8 = kE2M1CodeBias * 0x11111111u;  // the bias of 8 packed codes
+
+TE_HD float e2m1_clamp_abs(float y) {
+  const float a = std::fabs(y);
+  return a < 6.0f ? a : 6.0f;  // NaN -> 6 (any NaN: no fminf quirks with signalling NaNs)
+}
+
+TE_HD uint32_t e2m1_binade(float a) {  // a >= 0
+#ifdef __CUDA_ARCH__
+  // bits >> 23 as a multiply-high: the integer multiply pipe is less busy than the shift one.
+  const uint32_t e = __umulhi(bit_cast_value<uint32_t>(a), 512u);
+#else
+  const uint32_t e = bit_cast_value<uint32_t>(a) >> 23;
+#endif
+  return e < 127u ? 127u : e;
+}
+
+TE_HD float e2m1_magic(uint32_t e) { return bit_cast_value<float>((e << 23) + kE2M1MagicBase); }
+
+// The code of a sum a + magic (a rounded to a multiple of the step), plus
+// kE2M1CodeBias modulo 2^32.
+TE_HD uint32_t e2m1_biased_code(float sum, uint32_t e) {
+  return bit_cast_value<uint32_t>(sum) - e * 0x7FFFFEu;
+}
+
+// Bit 31: the sign of the code of y (NaN -> +).
+TE_HD uint32_t e2m1_sign_word(float y) { return bit_cast_value<uint32_t>(y < 6.0f ? y : 6.0f); }
+
+// The same for a product y = x * enc_b. On the GPU a NaN product is always
+// the positive 0x7FFFFFFF (CUDA Programming Guide, "Floating-Point Standard":
+// single-precision results involving NaN inputs are the quiet NaN 0x7fffffff),
+// so y's own sign bit is the code's; the CPU keeps the NaN operand's sign.
+TE_HD uint32_t e2m1_product_sign_word(float y) {
+#ifdef __CUDA_ARCH__
+  return __float_as_uint(y);
+#else
+  return e2m1_sign_word(y);
+#endif
+}
+
+// Magnitude code of y, round to nearest even, plus kE2M1CodeBias.
+TE_HD uint32_t e2m1_nearest_biased(float y) {
+  const float a = e2m1_clamp_abs(y);
+  const uint32_t e = e2m1_binade(a);
+  return e2m1_biased_code(a + e2m1_magic(e), e);
+}
+
+// a + magic rounded toward zero: magic + lo, lo = floor(a / step) * step.
+TE_HD float e2m1_add_round_down(float a, float magic) {
+#ifdef __CUDA_ARCH__
+  return __fadd_rz(a, magic);
+#else
+  const float sum = a + magic;  // nearest: one ulp too high when it rounded up
+  return sum - magic > a ? bit_cast_value<float>(bit_cast_value<uint32_t>(sum) - 1u) : sum;
+#endif
+}
+
+// Magnitude code of y rounded stochastically with the word r, plus kE2M1CodeBias.
+TE_HD uint32_t e2m1_stochastic_biased(float y, uint32_t r) {
+  const float a = e2m1_clamp_abs(y);
+  const uint32_t e = e2m1_binade(a);
+  const float magic = e2m1_magic(e);
+  const float down = e2m1_add_round_down(a, magic);
+  const float lo = down - magic;  // exact: both are multiples of the step in one binade
+  // (a - lo) * 2^32 / step, exact (a - lo is exact, 2^(160 - e) a power of two);
+  // below 2^32. Its ceiling is the number of words that round up.
+  const float scaled = (a - lo) * bit_cast_value<float>((287u - e) << 23);
+#ifdef __CUDA_ARCH__
+  const uint32_t up_words = __float2uint_ru(scaled);
+#else
+  const uint32_t up_words = static_cast<uint32_t>(std::ceil(scaled));
+#endif
+  return e2m1_biased_code(down, e) + (r < up_words ? 1u : 0u);
+}
+
+// (hi << 4) | (lo >> 28): one funnel shift on the GPU.
+TE_HD uint32_t shift_in_top_nibble(uint32_t hi, uint32_t lo) {
+#ifdef __CUDA_ARCH__
+  return __funnelshift_l(lo, hi, 4);
+#else
+  return (hi << 4) | (lo >> 28);
+#endif
+}
+
 // E2M1 code of v, round to nearest even, saturating; NaN -> +6. As
 // thresholds: |v| <= 0.25 -> 0, < 0.75 -> 0.5, <= 1.25 -> 1, < 1.75 -> 1.5,
 // <= 2.5 -> 2, < 3.5 -> 3, <= 5 -> 4, else 6 (ties go to the even code).
-// Computed with few instructions (this is the kernels' inner loop): clamp to
-// [-6, 6] (NaN -> 6), then round |y| to the E2M1 step of its binade (0.5
-// below 2, 1 in [2, 4), 2 in [4, 6]) by adding 1.5 * 2^23 * step, whose ulp
-// is the step: the FP32 addition rounds to nearest even. The number of steps
-// q and the binade give the code. Checked against the thresholds for all
-// 2^32 inputs.
 TE_HD uint8_t float_to_e2m1(float v) {
-  float y = v < 6.0f ? v : 6.0f;  // NaN -> 6 (any NaN: no fminf quirks with signalling NaNs)
-  y = y > -6.0f ? y : -6.0f;
-  const uint32_t bits = bit_cast_value<uint32_t>(y);
-  uint32_t exponent = (bits >> 23) & 0xFFu;  // biased exponent of |y|
-  exponent = exponent < 127u ? 127u : exponent;  // |y| < 2 rounds in steps of 0.5 like [1, 2)
-  const uint32_t magic = (exponent << 23) + 0x0B400000u;  // 1.5 * 2^22 * 2^(exponent - 127)
-  const uint32_t sum = bit_cast_value<uint32_t>(std::fabs(y) + bit_cast_value<float>(magic));
-  // steps = sum - magic (|y| / step, rounded); code = steps + 2 * (exponent - 127),
-  // folded into one multiply-add: binade 127 gives codes 0..4, 128 4..6, 129 6..7.
-  const uint32_t code = sum - exponent * 0x7FFFFEu - (0x0B400000u + 254u);
-  return static_cast<uint8_t>(((bits >> 28) & 0x8u) | code);
+  return static_cast<uint8_t>(((e2m1_sign_word(v) >> 28) & 0x8u) |
+                              (e2m1_nearest_biased(v) - kE2M1CodeBias));
 }
 
 // Stochastic rounding of v with the 32-bit random word r (see te/nvfp4.h).
 TE_HD uint8_t float_to_e2m1_stochastic(float v, uint32_t r) {
-  if (v != v) return kE2M1NaNCode;
-  const uint8_t sign = std::signbit(v) ? 0x8 : 0x0;
-  const float a = std::fabs(v);
-  if (a >= 6.0f) return static_cast<uint8_t>(sign | 0x7);
-  // The lower neighbour lo (code lo_code) and 1 / (hi - lo); all exact.
-  int lo_code;
-  float lo, inv_step;
-  if (a < 2.0f) {  // 0, 0.5, 1, 1.5: spacing 0.5
-    lo_code = static_cast<int>(a * 2.0f);
-    lo = static_cast<float>(lo_code) * 0.5f;
-    inv_step = 2.0f;
-  } else if (a < 4.0f) {  // 2, 3: spacing 1
-    lo = a < 3.0f ? 2.0f : 3.0f;
-    lo_code = a < 3.0f ? 4 : 5;
-    inv_step = 1.0f;
-  } else {  // 4: spacing 2 up to 6
-    lo = 4.0f;
-    lo_code = 6;
-    inv_step = 0.5f;
+  return static_cast<uint8_t>(((e2m1_sign_word(v) >> 28) & 0x8u) |
+                              (e2m1_stochastic_biased(v, r) - kE2M1CodeBias));
+}
+
+// The codes of y_i = v_i * enc_b for 8 values, packed: element i in bits
+// 4i..4i+3 (byte i/2 holds element i in its low nibble when i is even).
+// Stochastic when kStochastic, with the words random[0..7].
+template <bool kStochastic>
+TE_HD uint32_t encode8(const float v[8], float enc_b, const uint32_t* random) {
+  uint32_t word = 0;   // sum of biased codes << 4i: the codes are 0..7, so no carries
+  uint32_t signs = 0;  // the top 4 bits of element i's sign word in nibble i
+#ifdef __CUDA_ARCH__
+#pragma unroll
+#endif
+  for (int i = 7; i >= 0; --i) {
+    const float y = v[i] * enc_b;
+    const uint32_t biased = kStochastic ? e2m1_stochastic_biased(y, random[i]) : e2m1_nearest_biased(y);
+    word += biased << (4 * i);
+    signs = shift_in_top_nibble(signs, e2m1_product_sign_word(y));
   }
-  const float frac = (a - lo) * inv_step;  // exact: a - lo by Sterbenz, inv_step a power of 2
-  const bool up = static_cast<double>(r) < static_cast<double>(frac) * 4294967296.0;
-  return static_cast<uint8_t>(sign | (lo_code + (up ? 1 : 0)));
+  return (word - kE2M1CodeBias8) | (signs & 0x88888888u);
 }
 
 // Value of an E2M1 code (the low 4 bits of c).
@@ -166,16 +252,10 @@ TE_HD float block_abs_max(const float v[kBlock]) {
 // 16 words, is given), packed: element i in bits 4i..4i+3, so byte i/2 holds
 // element i in its low nibble when i is even.
 TE_HD uint64_t encode_block(const float v[kBlock], float enc_b, const uint32_t* random) {
-  uint32_t word[2] = {0, 0};  // elements 0-7 and 8-15
-#ifdef __CUDA_ARCH__
-#pragma unroll
-#endif
-  for (int i = 0; i < kBlock; ++i) {
-    const float x = v[i] * enc_b;
-    const uint32_t code = random ? float_to_e2m1_stochastic(x, random[i]) : float_to_e2m1(x);
-    word[i / 8] += code << (4 * (i % 8));  // disjoint nibbles: + is |, and one shift-add
-  }
-  return (static_cast<uint64_t>(word[1]) << 32) | word[0];
+  const uint32_t lo = random ? encode8<true>(v, enc_b, random) : encode8<false>(v, enc_b, nullptr);
+  const uint32_t hi =
+      random ? encode8<true>(v + 8, enc_b, random + 8) : encode8<false>(v + 8, enc_b, nullptr);
+  return (static_cast<uint64_t>(hi) << 32) | lo;
 }
 
 constexpr int64_t round_up(int64_t v, int64_t multiple) { return (v + multiple - 1) / multiple * multiple; }

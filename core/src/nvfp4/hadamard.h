@@ -17,8 +17,8 @@ TE_HD void random_hadamard_16(float v[kHadamardSize], uint32_t sign_mask) {
 #ifdef __CUDA_ARCH__
 #pragma unroll
 #endif
-  for (int i = 0; i < kHadamardSize; ++i)
-    if ((sign_mask >> i) & 1u) v[i] = -v[i];
+  for (int i = 0; i < kHadamardSize; ++i)  // v[i] = -v[i] where bit i is set, without a branch
+    v[i] = bit_cast_value<float>(bit_cast_value<uint32_t>(v[i]) ^ (((sign_mask >> i) & 1u) << 31));
 #ifdef __CUDA_ARCH__
 #pragma unroll
 #endif

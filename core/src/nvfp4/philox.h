@@ -31,10 +31,17 @@ TE_HD PhiloxWords philox4x32_10(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t 
       k0 += kPhiloxW0;
       k1 += kPhiloxW1;
     }
+#ifdef __CUDA_ARCH__
+    // High and low halves of the 32x32-bit products; the GPU fuses each pair
+    // into one IMAD.WIDE.U32 (the 64-bit product form costs an extra add).
+    const uint32_t hi0 = __umulhi(kPhiloxM0, c0), lo0 = kPhiloxM0 * c0;
+    const uint32_t hi1 = __umulhi(kPhiloxM1, c2), lo1 = kPhiloxM1 * c2;
+#else
     const uint64_t p0 = static_cast<uint64_t>(kPhiloxM0) * c0;
     const uint64_t p1 = static_cast<uint64_t>(kPhiloxM1) * c2;
     const uint32_t hi0 = static_cast<uint32_t>(p0 >> 32), lo0 = static_cast<uint32_t>(p0);
     const uint32_t hi1 = static_cast<uint32_t>(p1 >> 32), lo1 = static_cast<uint32_t>(p1);
+#endif
     c0 = hi1 ^ c1 ^ k0;
     c1 = lo1;
     c2 = hi0 ^ c3 ^ k1;
@@ -63,20 +70,25 @@ struct RandomStream {
     return lane == 0 ? b.w[0] : lane == 1 ? b.w[1] : lane == 2 ? b.w[2] : b.w[3];
   }
 
+  // Words first .. first + 15 for first % 4 == 0: four Philox calls.
+  TE_HD void aligned_block_words(uint64_t first, uint32_t r[16]) const {
+#ifdef __CUDA_ARCH__
+#pragma unroll
+#endif
+    for (int q = 0; q < 4; ++q) {
+      const PhiloxWords b = block((first >> 2) + q);
+      r[4 * q] = b.w[0];
+      r[4 * q + 1] = b.w[1];
+      r[4 * q + 2] = b.w[2];
+      r[4 * q + 3] = b.w[3];
+    }
+  }
+
   // The words of a 16-element block whose element i has word index
   // first + i * stride. Contiguous aligned blocks take 4 Philox calls, not 16.
   TE_HD void block_words(uint64_t first, uint64_t stride, uint32_t r[16]) const {
     if (stride == 1 && (first & 3) == 0) {
-#ifdef __CUDA_ARCH__
-#pragma unroll
-#endif
-      for (int q = 0; q < 4; ++q) {
-        const PhiloxWords b = block((first >> 2) + q);
-        r[4 * q] = b.w[0];
-        r[4 * q + 1] = b.w[1];
-        r[4 * q + 2] = b.w[2];
-        r[4 * q + 3] = b.w[3];
-      }
+      aligned_block_words(first, r);
     } else {
 #ifdef __CUDA_ARCH__
 #pragma unroll

@@ -35,6 +35,51 @@ __device__ __forceinline__ uint32_t fp8x2(float lo, float hi) {
   return bytes;
 }
 
+// Four floats -> four FP8 bytes (a in byte 0), the same bytes as two fp8x2
+// calls, with the NaN patch done on the packed word (3 to 6 integer operations
+// instead of a compare and a select per element): with __NV_SATFINITE only a
+// NaN input gives a code whose low 7 bits are 0x7F (E4M3) or 0x7D..0x7F (E5M2),
+// so exactly those bytes become kFp8CanonicalNaN (0x7F).
+template <bool kE5M2>
+__device__ __forceinline__ uint32_t fp8x4(float a, float b, float c, float d) {
+  uint32_t w;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  // Two cvt.satfinite.f8x2 (the second packs into the upper half): 2 instructions.
+  if constexpr (kE5M2) {
+    asm("{\n.reg .b16 lo, hi;\ncvt.rn.satfinite.e5m2x2.f32 lo, %2, %1;\n"
+        "cvt.rn.satfinite.e5m2x2.f32 hi, %4, %3;\nmov.b32 %0, {lo, hi};\n}"
+        : "=r"(w) : "f"(a), "f"(b), "f"(c), "f"(d));
+  } else {
+    asm("{\n.reg .b16 lo, hi;\ncvt.rn.satfinite.e4m3x2.f32 lo, %2, %1;\n"
+        "cvt.rn.satfinite.e4m3x2.f32 hi, %4, %3;\nmov.b32 %0, {lo, hi};\n}"
+        : "=r"(w) : "f"(a), "f"(b), "f"(c), "f"(d));
+  }
+#else
+  constexpr __nv_fp8_interpretation_t kFormat = kE5M2 ? __NV_E5M2 : __NV_E4M3;
+  const uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, kFormat);
+  const uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(c, d), __NV_SATFINITE, kFormat);
+  w = __byte_perm(lo, hi, 0x5410);
+#endif
+  const uint32_t low7 = w & 0x7F7F7F7Fu;
+  static_assert(kFp8CanonicalNaN == 0x7F, "the patch below writes 0x7F");
+  if constexpr (!kE5M2) {
+    // low7 + 1 carries into bit 7 only from 0x7F (never into the next byte);
+    // w & ~(that & 0x80808080) clears the sign of those bytes: 0xFF -> 0x7F.
+    const uint32_t carry = low7 + 0x01010101u;
+#if defined(__CUDA_ARCH__)
+    uint32_t out;  // one LOP3 (the compiler's own form takes two)
+    asm("lop3.b32 %0, %1, %2, 0x80808080, 0x70;" : "=r"(out) : "r"(w), "r"(carry));
+    return out;
+#else
+    return w & ~(carry & 0x80808080u);
+#endif
+  } else {
+    const uint32_t nan = (low7 + 0x03030303u) & 0x80808080u;  // low 7 bits >= 0x7D
+    const uint32_t fill = nan - (nan >> 7);                     // 0x7F in those bytes
+    return (w & ~(nan | fill)) | fill;
+  }
+}
+
 // float(q) * scale_inv as the CPU computes it, NaN bits included: x86 returns
 // the NaN operand (quieted) and, for 0 * inf, the default NaN 0xFFC00000; the
 // GPU would give 0x7FFFFFFF. The CPU's float(q) of a NaN code is +-0x7FC00000.

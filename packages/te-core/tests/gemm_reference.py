@@ -126,11 +126,14 @@ def fp8_tensor_core_error(k: int, s_ab: np.ndarray) -> np.ndarray:
 
 def reference(a, b, *, transa=False, transb=False, a_scale_inv=None, b_scale_inv=None, c=None,
               alpha=1.0, beta=0.0, bias=None, gelu=False, extra_roundings=0,
-              tensor_core_fp8=False, rounded_before_bias=None) -> Reference:
+              tensor_core_fp8=False, rounded_before_bias=None,
+              dequantized_fp8=False) -> Reference:
     """v = alpha op(A) op(B) + beta C + bias (gelu(v) with gelu) and its error bound.
 
     tensor_core_fp8 and rounded_before_bias add the CUDA backend's terms of
-    the module docstring (the first only when both operands are FP8).
+    the module docstring (the first only when both operands are FP8, or when
+    dequantized_fp8 says that a and b are the dequantized values of FP8
+    operands that a block-scaled GEMM multiplies on the FP8 tensor cores).
     """
     a64 = dequantize(a, a_scale_inv)
     b64 = dequantize(b, b_scale_inv)
@@ -153,7 +156,8 @@ def reference(a, b, *, transa=False, transb=False, a_scale_inv=None, b_scale_inv
         v = v + bias64
         s = s + np.abs(bias64)
     err_v = (k + 4 + extra_roundings) * U32 * s
-    if tensor_core_fp8 and is_fp8(np.asarray(a).dtype) and is_fp8(np.asarray(b).dtype):
+    fp8_pair = is_fp8(np.asarray(a).dtype) and is_fp8(np.asarray(b).dtype)
+    if tensor_core_fp8 and (fp8_pair or dequantized_fp8):
         err_v = err_v + fp8_tensor_core_error(k, s_ab)
     if rounded_before_bias is not None and bias is not None:
         t = np.dtype(rounded_before_bias)

@@ -350,3 +350,34 @@ def test_backward_argument_checks():
         lib.rmsnorm_bwd(desc(x), desc(x), desc(rsigma), desc(gamma), False, desc(f32(4, 16)),
                         desc(f32(16)), desc(f32(8)))
     assert lib.layernorm_bwd_workspace_size(desc(x)) == 0  # the CPU backend needs none
+
+
+def test_buffers_must_be_aligned_to_their_element_size():
+    raw = np.zeros(4 * 16 * 4 + 8, np.uint8)  # keeps the memory alive
+    base = raw.ctypes.data
+
+    def at(misalign, dtype, shape, item):  # a descriptor `misalign` bytes past a multiple of item
+        ptr = base + (misalign - base) % item
+        return lib.TensorDesc(ptr, int(tc.te_dtype(dtype)), list(shape), 0, 0)
+
+    x, gamma, beta, y = f32(4, 16), f32(16), f32(16), f32(4, 16)
+    with pytest.raises(ValueError, match=r"argument 'x' must be aligned to its element size \(4 bytes "
+                       r"for float32\), got an address 2 bytes past a multiple of 4"):
+        lib.layernorm_fwd(at(2, np.float32, (4, 16), 4), desc(gamma), desc(beta), 1e-5, False,
+                          desc(y), None, None, None, None, None)
+    bf16 = tc.numpy_dtype(tc.DType.kBFloat16)
+    with pytest.raises(ValueError, match=r"argument 'y' must be aligned to its element size \(2 bytes "
+                       r"for bfloat16\), got an address 1 bytes past a multiple of 2"):
+        lib.rmsnorm_fwd(desc(x), desc(gamma), 1e-5, False, at(1, bf16, (4, 16), 2), None, None,
+                        None, None)
+    with pytest.raises(ValueError, match="argument 'beta' must be aligned to its element size"):
+        lib.layernorm_fwd(desc(x), desc(gamma), at(3, np.float32, (16,), 4), 1e-5, False, desc(y),
+                          None, None, None, None, None)
+    rsigma = f32(4)
+    with pytest.raises(ValueError, match="argument 'dx' must be aligned to its element size"):
+        lib.rmsnorm_bwd(desc(x), desc(x), desc(rsigma), desc(gamma), False,
+                        at(2, np.float32, (4, 16), 4), desc(f32(16)), None)
+    # One byte per element: any address will do.
+    y8 = lib.TensorDesc(base + 1, int(tc.DType.kFloat8E4M3), [4, 16], 0, 0)
+    lib.layernorm_fwd(desc(x), desc(gamma), desc(beta), 1e-5, False, y8, desc(np.array(1.0, np.float32)),
+                      None, None, None, None)

@@ -192,6 +192,33 @@ def test_dequantize(rng_and_seed, block_dim, layout, columnwise, out_dtype, fmt,
     assert_same_values_nan_anywhere(out.numpy(), want, "dequantized", ctx)
 
 
+@pytest.mark.parametrize("out_dtype", INPUT_DTYPES, ids=str)
+@pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
+@pytest.mark.parametrize("layout,columnwise", [("gemm_ready", False), ("compact", True)])
+def test_dequantize_special_scales(rng_and_seed, out_dtype, fmt, layout, columnwise):
+    """Scales of +-0, +-inf, NaN, subnormal and huge next to plain ones, one scale per
+    row of 16 codes (GEMM-ready) or per column (compact columnwise): the kernel's fast
+    path (no NaN code, finite nonzero scales) and its element-wise path side by side."""
+    rng, seed = rng_and_seed
+    shape = (260, 384)
+    q = rng.integers(0, 256, shape, dtype=np.uint8).view(FP8[fmt])
+    scale_shape = tc.fp8_block_scale_shape(shape, block_dim=1, layout=layout, columnwise=columnwise)
+    scales = (2.0 ** rng.integers(-20, 20, scale_shape)).astype(np.float32)
+    flat = scales.reshape(-1)
+    special = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 1e-40, -3e38, 2.0**-126], np.float32)
+    pick = rng.random(flat.size) < 0.1
+    flat[pick] = rng.choice(special, int(pick.sum()))
+    dev_q, dev_s = DeviceArray.of(q), DeviceArray.of(scales)
+    out = DeviceArray(shape, out_dtype)
+    lib.fp8_block_dequantize(dev_q.desc, dev_s.desc, out.desc, 1, LAYOUT_CODE[layout], columnwise,
+                             stream=_stream())
+    torch.cuda.synchronize()
+    want = tc.dequantize_fp8_block(q, scales, block_dim=1, layout=layout, columnwise=columnwise,
+                                   out_dtype=out_dtype)
+    ctx = f"seed={seed}, {layout}, col={columnwise}, {np.dtype(out_dtype)}, {fmt}"
+    assert_same_values_nan_anywhere(out.numpy(), want, "dequantized", ctx)
+
+
 @pytest.mark.parametrize("layout", ["gemm_ready", "compact"])
 @pytest.mark.parametrize("shape", [(128, 128), (130, 272), (3, 100, 64), (1000, 1024)])
 def test_transpose_2d(rng_and_seed, layout, shape):

@@ -535,3 +535,35 @@ def test_errors_match_the_cpu(rng):
 def test_bound_is_not_vacuous():
     """The FP32 term of the bound is tiny next to the values it bounds."""
     assert (17 + 4) * U32 < 2e-6
+
+
+def _torch_desc(t, code):
+    return lib.TensorDesc(t.data_ptr(), int(code), list(t.shape), 1, t.device.index or 0)
+
+
+def test_fp8_scales_at_unaligned_addresses():
+    """scale_inv tensors that are elements 1 and 2 of a stats tensor (4- and 8-byte
+    offsets): cuBLASLt needs 16-byte aligned scale pointers, so the core stages them
+    in the workspace; the result must equal the call with aligned scales exactly."""
+    m, n, k = 64, 48, 80
+    a = (torch.randn(m, k, device="cuda") * 8).to(torch.float8_e4m3fn)
+    b = (torch.randn(n, k, device="cuda") * 8).to(torch.float8_e4m3fn)
+    stats = torch.tensor([0.0, 0.37, 0.011, 0.0], device="cuda")
+    aligned_a, aligned_b = stats[1:2].clone(), stats[2:3].clone()
+    code = tec.DType
+    outs = []
+    for sa, sb in ((stats[1:2], stats[2:3]), (aligned_a, aligned_b)):
+        d = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+        args = dict(a_scale_inv=_torch_desc(sa, code.kFloat32), b_scale_inv=_torch_desc(sb, code.kFloat32),
+                    transb=True)
+        da, db = _torch_desc(a.view(torch.uint8), code.kFloat8E4M3), _torch_desc(b.view(torch.uint8), code.kFloat8E4M3)
+        dd = _torch_desc(d, code.kBFloat16)
+        ws = torch.empty(lib.gemm_workspace_size(da, db, dd, **args), device="cuda", dtype=torch.uint8)
+        lib.gemm(da, db, dd, workspace=_torch_desc(ws, code.kByte),
+                 stream=torch.cuda.current_stream().cuda_stream, **args)
+        outs.append(d)
+    torch.cuda.synchronize()
+    assert stats[1:2].data_ptr() % 16 != 0
+    assert torch.equal(outs[0], outs[1])
+    expected = (a.float() * 0.37) @ (b.float() * 0.011).T
+    assert torch.allclose(outs[0].float(), expected, rtol=2e-2, atol=1e-3)

@@ -5,7 +5,9 @@
   backends agree within rounding, not bit for bit);
 - the fused FP8 output byte for byte equal to te_quantize_fp8 (CUDA) of the CUDA FP32 y;
 - deterministic: two runs give the same bytes (dgamma/dbeta included);
-- unaligned buffers take the scalar path and give the same bytes as aligned ones.
+- buffers that are not 16-byte aligned (shifted by whole elements: the API rejects
+  addresses that are not a multiple of the element size) take the element-wise path and
+  give the same bytes as aligned ones, whichever buffer is shifted.
 
 Device buffers are torch.uint8 tensors holding the NumPy bytes; the descriptor carries the
 core dtype code, so no torch FP8/BF16 dtype is involved.
@@ -76,12 +78,24 @@ def opt(d):
     return None if d is None else d.desc
 
 
-def gpu_forward(layernorm, x, gamma, beta, eps, zcg, y_dtype, *, scale=None, amax=0.0, offset=0):
-    """Runs the CUDA forward; y_dtype is a NumPy dtype or 'e4m3'/'e5m2'. NumPy results."""
+def shifts(offset, offsets, names):
+    """Element shifts per buffer name: `offset` for `names`, overridden by `offsets`."""
+    return {**{n: offset for n in names}, **(offsets or {})}
+
+
+def gpu_forward(layernorm, x, gamma, beta, eps, zcg, y_dtype, *, scale=None, amax=0.0, offset=0,
+                offsets=None):
+    """Runs the CUDA forward; y_dtype is a NumPy dtype or 'e4m3'/'e5m2'. NumPy results.
+    x and y start `offset` ELEMENTS into their buffers; `offsets` maps any of x, gamma,
+    beta, y to its own shift in elements."""
     fp8 = isinstance(y_dtype, str)
     y_np = np.dtype(np.uint8) if fp8 else np.dtype(y_dtype)
-    dx_, dg, db = Dev(x, offset=offset), Dev(gamma), Dev(beta)
-    y = Dev(shape=x.shape, dtype=y_np, code=FP8[y_dtype] if fp8 else None, offset=offset)
+    sh = shifts(offset, offsets, ("x", "y"))
+    dx_ = Dev(x, offset=sh.get("x", 0) * x.dtype.itemsize)
+    dg = Dev(gamma, offset=sh.get("gamma", 0) * gamma.dtype.itemsize)
+    db = Dev(beta, offset=sh.get("beta", 0) * beta.dtype.itemsize)
+    y = Dev(shape=x.shape, dtype=y_np, code=FP8[y_dtype] if fp8 else None,
+            offset=sh.get("y", 0) * y_np.itemsize)
     rows = x.shape[:-1]
     mu, rsigma = Dev(shape=rows, dtype=np.float32), Dev(shape=rows, dtype=np.float32)
     s = Dev(np.array(scale, np.float32)) if fp8 else None
@@ -99,11 +113,16 @@ def gpu_forward(layernorm, x, gamma, beta, eps, zcg, y_dtype, *, scale=None, ama
     return out
 
 
-def gpu_backward(layernorm, dz, x, mu, rsigma, gamma, zcg, *, offset=0):
-    ddz, dx_in, dg = Dev(dz, offset=offset), Dev(x, offset=offset), Dev(gamma)
+def gpu_backward(layernorm, dz, x, mu, rsigma, gamma, zcg, *, offset=0, offsets=None):
+    """Runs the CUDA backward; dz, x and dx start `offset` elements into their buffers,
+    `offsets` maps any of dz, x, dx, gamma to its own shift in elements."""
+    sh = shifts(offset, offsets, ("dz", "x", "dx"))
+    item = x.dtype.itemsize
+    ddz, dx_in = Dev(dz, offset=sh.get("dz", 0) * item), Dev(x, offset=sh.get("x", 0) * item)
+    dg = Dev(gamma, offset=sh.get("gamma", 0) * gamma.dtype.itemsize)
     dmu = Dev(np.asarray(mu, np.float32)) if layernorm else None
     drs = Dev(np.asarray(rsigma, np.float32))
-    dx = Dev(shape=x.shape, dtype=x.dtype, offset=offset)
+    dx = Dev(shape=x.shape, dtype=x.dtype, offset=sh.get("dx", 0) * item)
     dgamma, dbeta = Dev(shape=gamma.shape, dtype=gamma.dtype), Dev(shape=gamma.shape, dtype=gamma.dtype)
     query = lib.layernorm_bwd_workspace_size if layernorm else lib.rmsnorm_bwd_workspace_size
     nbytes = query(dx_in.desc)
@@ -167,6 +186,7 @@ def test_forward_vs_oracle_and_cpu(rng, layernorm, combo, shape):
 @pytest.mark.parametrize("layernorm", [True, False], ids=["layernorm", "rmsnorm"])
 @pytest.mark.parametrize("x_dtype", FLOAT_DTYPES, ids=lambda d: np.dtype(d).name)
 @pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
+# offset: x and y shifted by that many elements (2: no 16-byte alignment for any x type).
 @pytest.mark.parametrize("shape,offset", [(s, 0) for s in GPU_SHAPES] + [((40, 256), 2), ((9, 1000), 4)])
 def test_fused_fp8_equals_quantize_of_cuda_fp32_output(rng, layernorm, x_dtype, fmt, shape, offset):
     x = norm_input(rng, shape, x_dtype)
@@ -239,16 +259,60 @@ def test_unaligned_buffers_give_the_aligned_bytes(rng, layernorm, x_dtype):
     x = norm_input(rng, shape, x_dtype, specials=False)
     gamma, beta = weights(rng, 512, x_dtype)
     dz = grad_input(rng, shape, x_dtype)
-    item = np.dtype(x_dtype).itemsize
     aligned = gpu_forward(layernorm, x, gamma, beta, 1e-5, True, x_dtype)
-    shifted = gpu_forward(layernorm, x, gamma, beta, 1e-5, True, x_dtype, offset=item)
+    shifted = gpu_forward(layernorm, x, gamma, beta, 1e-5, True, x_dtype, offset=1)
     for key in ("y", "rsigma"):
         same_bytes(aligned[key], shifted[key], key)
     mu = aligned["mu"] if layernorm else None
     for a, b in zip(gpu_backward(layernorm, dz, x, mu, aligned["rsigma"], gamma, True),
-                    gpu_backward(layernorm, dz, x, mu, aligned["rsigma"], gamma, True, offset=item)):
+                    gpu_backward(layernorm, dz, x, mu, aligned["rsigma"], gamma, True, offset=1)):
         if a is not None:
             same_bytes(a, b, "backward")
+
+
+F32, BF16, F16 = FLOAT_DTYPES
+
+
+@pytest.mark.parametrize("layernorm", [True, False], ids=["layernorm", "rmsnorm"])
+@pytest.mark.parametrize("x_dtype,y_dtype", [(BF16, BF16), (BF16, "e4m3"), (F32, F32), (F32, "e5m2"),
+                                             (F16, F32)],
+                         ids=lambda d: d if isinstance(d, str) else np.dtype(d).name)
+@pytest.mark.parametrize("shape", [(37, 512), (300, 4096), (5, 8192)])
+def test_each_misaligned_buffer_gives_the_aligned_bytes(rng, layernorm, x_dtype, y_dtype, shape):
+    """Every pointer's alignment is checked before a vector path is taken: shifting any one
+    buffer by one element (x, y, gamma, beta; dz, x, dx, gamma) must neither fault nor
+    change a byte. The shapes take the one-warp and multi-warp row kernels."""
+    x = norm_input(rng, shape, x_dtype, specials=False)
+    gamma, beta = weights(rng, shape[-1], BF16)
+    dz = grad_input(rng, shape, x_dtype)
+    kw = dict(scale=np.float32(8.0)) if isinstance(y_dtype, str) else {}
+    aligned = gpu_forward(layernorm, x, gamma, beta, 1e-5, False, y_dtype, **kw)
+    for name in ("x", "y", "gamma", "beta"):
+        shifted = gpu_forward(layernorm, x, gamma, beta, 1e-5, False, y_dtype, offsets={name: 1}, **kw)
+        for key in ("y", "mu", "rsigma", "amax", "scale_inv"):
+            if aligned.get(key) is not None:
+                same_bytes(aligned[key], shifted[key], f"forward, {name} shifted: {key}")
+    mu = aligned["mu"] if layernorm else None
+    ref = gpu_backward(layernorm, dz, x, mu, aligned["rsigma"], gamma, False)
+    for name in ("dz", "x", "dx", "gamma"):
+        got = gpu_backward(layernorm, dz, x, mu, aligned["rsigma"], gamma, False, offsets={name: 1})
+        for a, b in zip(ref, got):
+            if a is not None:
+                same_bytes(a, b, f"backward, {name} shifted")
+
+
+def test_misaligned_element_address_is_rejected(rng):
+    """An FP32 buffer 2 bytes off its element alignment is refused before any kernel runs."""
+    x = norm_input(rng, (4, 64), np.float32, specials=False)
+    gamma, beta = weights(rng, 64, np.dtype(np.float32))
+    bad = Dev(x, offset=2)
+    args = [Dev(gamma), Dev(beta)]
+    y = Dev(shape=x.shape, dtype=np.float32)
+    with pytest.raises(ValueError, match=r"argument 'x' must be aligned to its element size \(4 bytes "
+                       r"for float32\), got an address 2 bytes past a multiple of 4"):
+        lib.layernorm_fwd(bad.desc, args[0].desc, args[1].desc, 1e-5, False, y.desc, None, None,
+                          None, None, None, _stream())
+    torch.cuda.synchronize()  # the context is still healthy
 
 
 def test_empty_batch_and_workspace_checks(rng):

@@ -30,8 +30,8 @@ from nvfp4_helpers import INPUT_DTYPES, hostile
 pytestmark = pytest.mark.gpu
 
 # Rowwise-only shapes: any rows. Both directions: rows % 16 == 0. They cover
-# partial tiles in both dims (tiles are 64x128 for 16-bit inputs, 128x64 for
-# FP32), rows % 32 != 0 (8-byte columnwise stores), several waves of tiles.
+# partial tiles in both dims (tiles are 64 rows x 256 bytes: 64x128 for 16-bit
+# inputs, 64x64 for FP32), rows % 32 != 0 (8-byte columnwise stores).
 ROWWISE_SHAPES = [(1, 16), (5, 160), (3, 7, 48), (77, 272), (130, 64)]
 BOTH_SHAPES = [(16, 16), (48, 64), (80, 272), (3, 16, 32), (128, 256), (192, 4096), (2048, 528)]
 MODES = {
@@ -175,8 +175,54 @@ def test_hostile_amaxes(rng):
     compare_with_cpu(x, **MODES["sr"])
 
 
+def with_negative_nans(rng, x):
+    """x with some elements replaced by NaNs whose sign bit is set (and a payload):
+    the codes of NaN are +6 whatever the NaN's bits."""
+    flat = x.reshape(-1).copy()
+    bits = flat.view({2: np.uint16, 4: np.uint32}[flat.dtype.itemsize])
+    nan = {2: 0xFFC1 if flat.dtype == ml_dtypes.bfloat16 else 0xFE01, 4: 0xFFC00123}[flat.dtype.itemsize]
+    bits[rng.random(flat.size) < 0.02] = nan
+    return flat.reshape(x.shape)
+
+
+# More tiles than resident CTAs (each CTA loops, prefetching the next tile; the
+# tile steps wrap around the row of tiles), partial tiles on both edges,
+# M % 32 == 16 (8-byte columnwise stores).
+@pytest.mark.parametrize("dtype", INPUT_DTYPES)
+@pytest.mark.parametrize("mode", list(MODES))
+def test_many_tiles_per_cta_match_cpu(rng, dtype, mode):
+    x = with_negative_nans(rng, hostile(rng, (6160, 1040), dtype))
+    seed, offset = (int(v) for v in rng.integers(0, 2**62, size=2))
+    compare_with_cpu(x, seed=seed, offset=offset, **MODES[mode])
+
+
+@pytest.mark.parametrize("mode", ["2d", "2d_sr"])
+@pytest.mark.parametrize("columnwise_amax_factor", [1.0, 3.0])
+def test_2d_with_different_global_amaxes(rng, mode, columnwise_amax_factor):
+    """16x16 blocks: the columnwise codes come from the rowwise ones when both
+    directions have the same global amax, else they are quantized again."""
+    x = with_negative_nans(rng, hostile(rng, (208, 400), ml_dtypes.bfloat16, with_inf=False))
+    m, k = x.shape
+    amax = float(np.nanmax(np.abs(x.astype(np.float32))))
+    amaxes = (np.float32(amax), np.float32(amax * columnwise_amax_factor))
+    xd, state = Dev.of(x), Dev.of(np.array([7, 11], np.uint64).view(np.int64))
+    amax_row, amax_col = Dev.of(amaxes[0]), Dev.of(amaxes[1])
+    row, row_s, col, col_s = fp4((m, k)), scales(m, k), fp4((k, m)), scales(k, m)
+    sr = mode == "2d_sr"
+    lib.nvfp4_quantize(xd.desc, amax_row.desc, row.desc, row_s.desc, amax_col.desc, col.desc, col_s.desc,
+                       block_2d=True, stochastic_rounding=sr, random_hadamard=False, rht_sign_mask=0,
+                       rng_state=state.desc, stream=stream())
+    torch.cuda.synchronize()
+    want = tc.quantize_nvfp4(x, columnwise=True, block_2d=True, stochastic_rounding=sr, seed=7, offset=11,
+                             amax_rowwise=amaxes[0], amax_columnwise=amaxes[1])
+    assert_same(row.bytes(), want.rowwise, "rowwise")
+    assert_same(row_s.bytes(), want.rowwise_scale, "rowwise_scale")
+    assert_same(col.bytes(), want.columnwise, "columnwise")
+    assert_same(col_s.bytes(), want.columnwise_scale, "columnwise_scale")
+
+
 @pytest.mark.parametrize("out_dtype", INPUT_DTYPES)
-@pytest.mark.parametrize("shape", [(1, 16), (7, 48), (3, 5, 64), (300, 1024)])
+@pytest.mark.parametrize("shape", [(1, 16), (7, 48), (3, 5, 64), (300, 1024), (4095, 4112)])
 def test_dequantize_matches_cpu(rng, out_dtype, shape):
     m, k = int(np.prod(shape[:-1])), shape[-1]
     data = rng.integers(0, 256, size=shape[:-1] + (k // 2,), dtype=np.uint8)

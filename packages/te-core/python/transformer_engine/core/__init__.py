@@ -29,6 +29,14 @@ from .fp8_block import (
     transpose_fp8_block_2d,
 )
 from .gemm import GemmOutput, gemm
+from .gemm_block import (
+    BlockOperand,
+    GemmBlockResult,
+    gemm_block,
+    gemm_block_grouped,
+    operand,
+    plan_gemm_block,
+)
 from .mxfp8 import Mxfp8Tensor, dequantize_mxfp8, mxfp8_scale_shape, quantize_mxfp8
 from .norm import NormForward, layernorm_bwd, layernorm_fwd, rmsnorm_bwd, rmsnorm_fwd
 from .nvfp4 import (
@@ -58,9 +66,11 @@ __all__ = [
     "ActivationGrad",
     "activation_backward",
     "activation_forward",
+    "BlockOperand",
     "DType",
     "Fp8BlockTensor",
     "Fp8Tensor",
+    "GemmBlockResult",
     "GemmOutput",
     "Mxfp8Tensor",
     "NormForward",
@@ -76,12 +86,16 @@ __all__ = [
     "dequantize_nvfp4",
     "fp8_block_scale_shape",
     "gemm",
+    "gemm_block",
+    "gemm_block_grouped",
     "layernorm_bwd",
     "layernorm_fwd",
     "lib",
     "mxfp8_scale_shape",
     "numpy_dtype",
+    "operand",
     "pack_fp4",
+    "plan_gemm_block",
     "quantize_fp8",
     "quantize_fp8_block",
     "quantize_fp8_current_scaling",

@@ -1,14 +1,22 @@
 """transformer_engine.pytorch: Transformer Engine for PyTorch.
 
     import transformer_engine.pytorch as te
+    from transformer_engine.common import recipe
+
+    layer = te.Linear(768, 3072)
+    with te.autocast(recipe=recipe.DelayedScaling()):
+        out = layer(inp)
+    out.sum().backward()
 
 Pure Python on top of te-core's native core: nothing here is compiled against
-torch, so any torch >= 2.1 works, CPU-only builds included (the core's CPU
-backend then emulates FP8 numerics bit-exactly).
+torch, so any torch >= 2.4 works, CPU-only builds included (the core's CPU
+backend then runs every op and emulates the FP8 numerics bit-exactly).
 
-This is the package skeleton: version, FP8 availability, QuantizerRole. The
-modules (Linear, LayerNormLinear, LayerNormMLP, ...), autocast and the
-quantized tensors come in later work; they are absent, not stubbed.
+Implemented: Linear, LayerNorm, RMSNorm; autocast (and the deprecated
+fp8_autocast) with DelayedScaling and Float8CurrentScaling; Float8Tensor and
+its quantizers; the te-core ops as torch.ops.te.*. The block-scaled recipes
+(MXFP8, FP8 block, NVFP4), LayerNormLinear, LayerNormMLP and the rest of the
+reference's API come later; using a block recipe raises NotImplementedError.
 """
 
 import re as _re
@@ -16,22 +24,53 @@ import re as _re
 import torch as _torch
 import transformer_engine.core  # noqa: F401 - loads the native core once, up front
 from transformer_engine.common.recipe import QuantizerRole
+from transformer_engine.core import DType
 
+
+def _check_torch_version() -> None:
+    # torch.library.custom_op and register_fake arrived in torch 2.4.
+    match = _re.match(r"(\d+)\.(\d+)", _torch.__version__)
+    if match is None or (int(match[1]), int(match[2])) < (2, 4):
+        raise ImportError(f"transformer_engine.pytorch needs torch >= 2.4, found {_torch.__version__}")
+
+
+_check_torch_version()
+
+from . import kernels
 from .device import get_device_compute_capability, is_fp8_available
+from .module import LayerNorm, Linear, RMSNorm
+from .quantization import (
+    FP8GlobalStateManager,
+    autocast,
+    fp8_autocast,
+    get_default_recipe,
+)
+from .tensor import (
+    Float8CurrentScalingQuantizer,
+    Float8Quantizer,
+    Float8Tensor,
+    QuantizedTensor,
+    Quantizer,
+)
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "DType",
+    "FP8GlobalStateManager",
+    "Float8CurrentScalingQuantizer",
+    "Float8Quantizer",
+    "Float8Tensor",
+    "LayerNorm",
+    "Linear",
+    "QuantizedTensor",
+    "Quantizer",
     "QuantizerRole",
+    "RMSNorm",
+    "autocast",
+    "fp8_autocast",
+    "get_default_recipe",
     "get_device_compute_capability",
     "is_fp8_available",
+    "kernels",
 ]
-
-
-def _check_torch_version() -> None:
-    match = _re.match(r"(\d+)\.(\d+)", _torch.__version__)
-    if match is None or (int(match[1]), int(match[2])) < (2, 1):
-        raise ImportError(f"transformer_engine.pytorch needs torch >= 2.1, found {_torch.__version__}")
-
-
-_check_torch_version()

@@ -1,0 +1,117 @@
+"""torch tensors -> te-core descriptors, streams and workspaces.
+
+Every kernel wrapper in this package goes through these helpers, so the torch
+-> core mapping lives in one place:
+
+- A descriptor is lib.TensorDesc(data_ptr, dtype_code, shape, device_type,
+  device_index); device_type is 0 for CPU and 1 for CUDA. FP8 data lives in
+  torch.uint8 tensors and its format code is passed explicitly (DLPack and
+  older torch builds have no portable FP8 dtype).
+- The stream is the current torch CUDA stream of the tensor's device (0 on
+  the CPU, where the core ignores it), so the core's kernels order with
+  torch's.
+- The core never allocates: workspaces come from torch's caching allocator,
+  one cached buffer per (device, stream) that only grows. Keeping one per
+  stream means two streams never share scratch memory.
+
+Host overhead matters (small FP8 layers are launch-bound), so these helpers
+avoid Python work: the shape is passed as torch.Size (nanobind reads it as a
+sequence, several times faster than building a list) and dtype codes are dict
+lookups.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformer_engine.core import DType, lib
+
+FLOAT32, FLOAT16, BFLOAT16 = int(DType.kFloat32), int(DType.kFloat16), int(DType.kBFloat16)
+BYTE, E4M3, E5M2 = int(DType.kByte), int(DType.kFloat8E4M3), int(DType.kFloat8E5M2)
+FP8_CODES = (E4M3, E5M2)
+
+TORCH_TO_CODE = {
+    torch.float32: FLOAT32,
+    torch.float16: FLOAT16,
+    torch.bfloat16: BFLOAT16,
+    torch.uint8: BYTE,
+    torch.float8_e4m3fn: E4M3,
+    torch.float8_e5m2: E5M2,
+}
+
+
+def code_of(t: torch.Tensor, name: str) -> int:
+    """The core dtype code of a high-precision (or torch float8) tensor."""
+    code = TORCH_TO_CODE.get(t.dtype)
+    if code is None or code == BYTE:
+        raise TypeError(f"argument '{name}' must be float32, bfloat16 or float16, got {t.dtype}")
+    return code
+
+
+def desc(t: torch.Tensor, code: int) -> lib.TensorDesc:
+    """Descriptor of a contiguous tensor with an explicit dtype code."""
+    if t.is_cuda:
+        return lib.TensorDesc(t.data_ptr(), code, t.shape, 1, t.device.index)
+    return lib.TensorDesc(t.data_ptr(), code, t.shape, 0, 0)
+
+
+def hp_desc(t: torch.Tensor, name: str) -> lib.TensorDesc:
+    """Descriptor of a high-precision tensor (its code from its torch dtype)."""
+    return desc(t, code_of(t, name))
+
+
+def scalar_desc(base: torch.Tensor, index: int) -> lib.TensorDesc:
+    """Descriptor of the FP32 element base[index] of a contiguous FP32 tensor,
+    made by pointer arithmetic: no torch view is created (saves host time when
+    several scalars share one allocation)."""
+    ptr = base.data_ptr() + 4 * index
+    if base.is_cuda:
+        return lib.TensorDesc(ptr, FLOAT32, (), 1, base.device.index)
+    return lib.TensorDesc(ptr, FLOAT32, (), 0, 0)
+
+
+def matrix_t_shape(shape) -> tuple:
+    """[K, M]: the shape of the transposed ("columnwise") copy of a tensor
+    viewed as a matrix [M, K] (K = last dim, M = product of the others)."""
+    if len(shape) == 0:
+        return (1, 1)
+    cols = shape[-1]
+    rows = 1
+    for dim in shape[:-1]:
+        rows *= dim
+    return (cols, rows)
+
+
+def stream_of(t: torch.Tensor) -> int:
+    """The raw current CUDA stream of t's device, or 0 for a CPU tensor."""
+    if t.is_cuda:
+        return torch._C._cuda_getCurrentRawStream(t.device.index)
+    return 0
+
+
+def contiguous(t: torch.Tensor) -> torch.Tensor:
+    return t if t.is_contiguous() else t.contiguous()
+
+
+_WORKSPACES: dict[tuple[int, int], torch.Tensor] = {}
+
+
+def workspace(nbytes: int, like: torch.Tensor, stream: int) -> lib.TensorDesc | None:
+    """A byte workspace of at least nbytes on like's device, cached per (device, stream)."""
+    if nbytes == 0:
+        return None
+    key = (like.device.index, stream)
+    buffer = _WORKSPACES.get(key)
+    if buffer is None or buffer.numel() < nbytes:
+        # Round up so that slightly different shapes do not reallocate each call.
+        size = max(nbytes, 1 << 20)
+        buffer = torch.empty(size, dtype=torch.uint8, device=like.device)
+        _WORKSPACES[key] = buffer
+    return desc(buffer, BYTE)
+
+
+def compiling() -> bool:
+    """True while torch.compile traces: then the registered torch.ops.te.* ops
+    must be called (the tracer cannot look into nanobind calls); in eager mode
+    the wrappers call the implementations directly, which skips the custom-op
+    dispatcher (tens of microseconds per call)."""
+    return torch.compiler.is_compiling()

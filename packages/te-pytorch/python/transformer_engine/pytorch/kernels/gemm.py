@@ -1,0 +1,196 @@
+"""GEMM ops: torch.ops.te.gemm and torch.ops.te.gemm_accumulate.
+
+Row-major semantics of te-core's te_gemm (core/include/te/gemm.h):
+    D = alpha * op(A) @ op(B) (+ beta * C) (+ bias[n]) (GELU epilogue optional)
+    op(A) = A.T when transa (A stored [K, M]); op(B) = B.T when transb (B stored [N, K])
+    bias_grad[m] = sum_k op(A)[m, k]   (the bias gradient of a wgrad GEMM)
+FP8 operands are uint8 tensors with their format code (a_dtype / b_dtype) and
+an FP32 one-element scale_inv; high-precision operands pass a_dtype = -1 (the
+code then comes from the torch dtype). Hopper FP8 needs the "TN" form
+(transa = 0, transb = 1); other forms work too, the core transposes into its
+workspace.
+
+The workspace (CUDA only: cuBLASLt's plus room for FP8 transposes) is sized by
+te_gemm_workspace_size for these exact arguments and taken from the per-stream
+cache in _common (the core never allocates). `gemm_accumulate` writes into a
+caller's tensor with D = C = out (beta = 1 accumulates in place): the
+fuse_wgrad_accumulation path into `main_grad`.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformer_engine.core import lib
+
+from ._common import (
+    FLOAT32,
+    FP8_CODES,
+    TORCH_TO_CODE,
+    compiling,
+    contiguous,
+    desc,
+    stream_of,
+    workspace,
+)
+
+_INPUT_TEXT = "float32, bfloat16, float16, or uint8 FP8 bytes with an FP8 dtype code"
+
+
+def _operand(t: torch.Tensor, code: int, scale_inv, name: str):
+    """(descriptor, scale_inv descriptor) of a GEMM operand, with checks that name it."""
+    if code < 0:
+        code = TORCH_TO_CODE.get(t.dtype, -1)
+        if code < 0 or t.dtype == torch.uint8:
+            raise TypeError(f"argument '{name}' must be {_INPUT_TEXT}, got {t.dtype}")
+    elif code not in FP8_CODES or t.dtype != torch.uint8:
+        raise TypeError(f"argument '{name}' with FP8 code {code} must be uint8 bytes and the code "
+                        f"DType.kFloat8E4M3 (7) or DType.kFloat8E5M2 (8); got {t.dtype}")
+    if t.dim() < 2:
+        raise ValueError(f"argument '{name}' must have at least 2 dims, got shape {tuple(t.shape)}")
+    sdesc = None if scale_inv is None else desc(scale_inv, FLOAT32)
+    return desc(t, code), sdesc
+
+
+def _matrix(shape) -> tuple[int, int]:
+    rows = 1
+    for dim in shape[:-1]:
+        rows *= dim
+    return rows, shape[-1]
+
+
+def _out_shape(a, b, transa: bool, transb: bool) -> tuple:
+    a_rows, a_cols = _matrix(a.shape)
+    b_rows, b_cols = _matrix(b.shape)
+    m = a_cols if transa else a_rows
+    n = b_rows if transb else b_cols
+    return ((m, n) if transa else (*a.shape[:-1], n)), m, n
+
+
+def _run(a, b, d, a_dtype, a_scale_inv, b_dtype, b_scale_inv, transa, transb, bias, pre_gelu,
+         bias_grad, alpha, beta, use_split_accumulator):
+    a, b = contiguous(a), contiguous(b)
+    a_desc, a_sdesc = _operand(a, a_dtype, a_scale_inv, "a")
+    b_desc, b_sdesc = _operand(b, b_dtype, b_scale_inv, "b")
+    d_desc = desc(d, TORCH_TO_CODE[d.dtype])
+    c_desc = d_desc if beta != 0.0 else None
+    bias_desc = None if bias is None else desc(contiguous(bias), TORCH_TO_CODE[bias.dtype])
+    pre_desc = None if pre_gelu is None else desc(pre_gelu, TORCH_TO_CODE[pre_gelu.dtype])
+    grad_desc = None if bias_grad is None else desc(bias_grad, TORCH_TO_CODE[bias_grad.dtype])
+    stream = stream_of(a)
+    ws = None
+    if a.is_cuda:
+        nbytes = lib.gemm_workspace_size(
+            a_desc, b_desc, d_desc, a_sdesc, b_sdesc, c_desc, None, None, bias_desc, pre_desc,
+            grad_desc, alpha, beta, transa, transb, use_split_accumulator)
+        ws = workspace(nbytes, a, stream)
+    lib.gemm(a_desc, b_desc, d_desc, a_sdesc, b_sdesc, c_desc, None, None, bias_desc, pre_desc,
+             grad_desc, ws, alpha, beta, transa, transb, use_split_accumulator, stream)
+
+
+def _check_out_dtype(out_dtype) -> None:
+    if out_dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        raise TypeError(f"argument 'out_dtype' must be float32, bfloat16 or float16, got {out_dtype}")
+
+
+def _gemm(a, b, a_dtype, a_scale_inv, b_dtype, b_scale_inv, transa, transb, out_dtype, bias,
+          gelu, bias_grad, use_split_accumulator, alpha):
+    _check_out_dtype(out_dtype)
+    shape, m, n = _out_shape(a, b, transa, transb)
+    d = torch.empty(shape, dtype=out_dtype, device=a.device)
+    pre = torch.empty((m, n), dtype=out_dtype, device=a.device) if gelu else None
+    grad = torch.empty((m,), dtype=out_dtype, device=a.device) if bias_grad else None
+    _run(a, b, d, a_dtype, a_scale_inv, b_dtype, b_scale_inv, transa, transb, bias, pre, grad,
+         alpha, 0.0, use_split_accumulator)
+    return d, pre, grad
+
+
+@torch.library.custom_op("te::gemm", mutates_args=())
+def _gemm_op(a: torch.Tensor, b: torch.Tensor, a_dtype: int, a_scale_inv: torch.Tensor | None,
+             b_dtype: int, b_scale_inv: torch.Tensor | None, transa: bool, transb: bool,
+             out_dtype: torch.dtype, bias: torch.Tensor | None, gelu: bool, bias_grad: bool,
+             use_split_accumulator: bool, alpha: float
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    d, pre, grad = _gemm(a, b, a_dtype, a_scale_inv, b_dtype, b_scale_inv, transa, transb,
+                         out_dtype, bias, gelu, bias_grad, use_split_accumulator, alpha)
+    # Ops cannot return None, nor one tensor twice: separate empty placeholders.
+    if pre is None:
+        pre = a.new_empty((0,), dtype=out_dtype)
+    if grad is None:
+        grad = a.new_empty((0,), dtype=out_dtype)
+    return d, pre, grad
+
+
+@_gemm_op.register_fake
+def _(a, b, a_dtype, a_scale_inv, b_dtype, b_scale_inv, transa, transb, out_dtype, bias, gelu,
+      bias_grad, use_split_accumulator, alpha):
+    shape, m, n = _out_shape(a, b, transa, transb)
+    return (a.new_empty(shape, dtype=out_dtype),
+            a.new_empty((m, n) if gelu else (0,), dtype=out_dtype),
+            a.new_empty((m,) if bias_grad else (0,), dtype=out_dtype))
+
+
+def gemm(a, b, *, a_dtype: int = -1, a_scale_inv=None, b_dtype: int = -1, b_scale_inv=None,
+         transa: bool = False, transb: bool = False, out_dtype=torch.float32, bias=None,
+         gelu: bool = False, bias_grad: bool = False, use_split_accumulator: bool = True,
+         alpha: float = 1.0):
+    """D = alpha * op(a) @ op(b) (+ bias) (GELU), see the module docstring.
+
+    Returns (D, pre_gelu_out | None, bias_grad | None); the last two have
+    out_dtype. FP8 operands: uint8 bytes, their code in a_dtype/b_dtype and
+    their scale_inv.
+    """
+    if compiling():
+        d, pre, grad = torch.ops.te.gemm(a, b, a_dtype, a_scale_inv, b_dtype, b_scale_inv,
+                                         transa, transb, out_dtype, bias, gelu, bias_grad,
+                                         use_split_accumulator, float(alpha))
+        return d, (pre if gelu else None), (grad if bias_grad else None)
+    return _gemm(a, b, a_dtype, a_scale_inv, b_dtype, b_scale_inv, transa, transb, out_dtype,
+                 bias, gelu, bias_grad, use_split_accumulator, float(alpha))
+
+
+def _gemm_accumulate(a, b, a_dtype, a_scale_inv, b_dtype, b_scale_inv, transa, transb, out,
+                     beta, bias_grad, use_split_accumulator):
+    _, m, n = _out_shape(a, b, transa, transb)
+    if out.numel() != m * n or not out.is_contiguous():
+        raise ValueError(f"argument 'out' must be a contiguous tensor of {m}x{n} elements, got "
+                         f"shape {tuple(out.shape)}")
+    _check_out_dtype(out.dtype)
+    grad = torch.empty((m,), dtype=out.dtype, device=a.device) if bias_grad else None
+    _run(a, b, out, a_dtype, a_scale_inv, b_dtype, b_scale_inv, transa, transb, None, None, grad,
+         1.0, beta, use_split_accumulator)
+    return grad
+
+
+@torch.library.custom_op("te::gemm_accumulate", mutates_args=("out",))
+def _gemm_accumulate_op(a: torch.Tensor, b: torch.Tensor, a_dtype: int,
+                        a_scale_inv: torch.Tensor | None, b_dtype: int,
+                        b_scale_inv: torch.Tensor | None, transa: bool, transb: bool,
+                        out: torch.Tensor, beta: float, bias_grad: bool,
+                        use_split_accumulator: bool) -> torch.Tensor:
+    grad = _gemm_accumulate(a, b, a_dtype, a_scale_inv, b_dtype, b_scale_inv, transa, transb,
+                            out, beta, bias_grad, use_split_accumulator)
+    return a.new_empty((0,), dtype=out.dtype) if grad is None else grad
+
+
+@_gemm_accumulate_op.register_fake
+def _(a, b, a_dtype, a_scale_inv, b_dtype, b_scale_inv, transa, transb, out, beta, bias_grad,
+      use_split_accumulator):
+    _, m, _ = _out_shape(a, b, transa, transb)
+    return a.new_empty((m,) if bias_grad else (0,), dtype=out.dtype)
+
+
+def gemm_accumulate(a, b, out, *, beta: float = 1.0, a_dtype: int = -1, a_scale_inv=None,
+                    b_dtype: int = -1, b_scale_inv=None, transa: bool = False,
+                    transb: bool = False, bias_grad: bool = False,
+                    use_split_accumulator: bool = True):
+    """out = op(a) @ op(b) + beta * out, in place (beta = 0 overwrites).
+
+    Returns bias_grad (out's dtype) or None.
+    """
+    if compiling():
+        grad = torch.ops.te.gemm_accumulate(a, b, a_dtype, a_scale_inv, b_dtype, b_scale_inv,
+                                            transa, transb, out, float(beta), bias_grad,
+                                            use_split_accumulator)
+        return grad if bias_grad else None
+    return _gemm_accumulate(a, b, a_dtype, a_scale_inv, b_dtype, b_scale_inv, transa, transb, out,
+                            float(beta), bias_grad, use_split_accumulator)

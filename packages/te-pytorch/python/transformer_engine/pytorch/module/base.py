@@ -1,0 +1,168 @@
+"""What every TE module shares: device defaults, unsupported-argument checks,
+the FP8 state (fp8_meta / quantizers) and its checkpointing in _extra_state.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+
+from ..quantization import FP8GlobalStateManager
+from ..recipe_state import DelayedScalingRecipeState, RecipeState
+from ._extra_state import load_extra_state, save_extra_state
+
+_WARNED_CPU_FALLBACK = False
+
+
+def resolve_device(device) -> torch.device:
+    """The reference's default device is "cuda". On a machine without CUDA
+    we run on the CPU (te-core's CPU backend) instead of failing, and say so
+    once. An explicit device is used as given."""
+    global _WARNED_CPU_FALLBACK
+    if device is None or device == "cuda":
+        if torch.cuda.is_available():
+            return torch.device("cuda", torch.cuda.current_device())
+        if not _WARNED_CPU_FALLBACK:
+            _WARNED_CPU_FALLBACK = True
+            warnings.warn("CUDA is not available: Transformer Engine modules are created on the "
+                          "CPU (pass device='cpu' to silence this warning)", stacklevel=3)
+        return torch.device("cpu")
+    return torch.device(device)
+
+
+def not_yet_supported(owner: str, **settings) -> None:
+    """Rejects arguments that are accepted for compatibility but not implemented.
+
+    settings: name -> (value, default); a value other than its default raises.
+    """
+    for name, (value, default) in settings.items():
+        if value != default:
+            raise NotImplementedError(
+                f"{owner}: {name}={value!r} is not yet supported by transformer_engine.pytorch "
+                f"(tensor/sequence parallelism, communication overlap and delayed wgrad come "
+                f"with the distributed work); leave it at its default {default!r}")
+
+
+class TransformerEngineBaseModule(torch.nn.Module):
+    """A module with `num_gemms` quantized GEMMs.
+
+    fp8_meta["scaling_fwd"] / ["scaling_bwd"] hold the RecipeState of the 3 *
+    num_gemms forward and 2 * num_gemms backward tensors; quantizers[...] the
+    matching quantizer lists. Both are (re)built when a module first runs
+    under a recipe, and when the recipe changes (with a warning).
+    """
+
+    def __init__(self, num_gemms: int = 1) -> None:
+        super().__init__()
+        self._num_gemms = num_gemms
+        self.fp8_meta = {"recipe": None, "scaling_fwd": None, "scaling_bwd": None}
+        self.quantizers = {"scaling_fwd": [], "scaling_bwd": []}
+        self._fp8_device = None
+        self._weight_cache = None
+
+    # ------------------------------------------------------------------ FP8 state
+
+    def init_fp8_metadata(self, recipe, device) -> None:
+        """Makes fp8_meta/quantizers match `recipe` and `device` (cheap when they already do)."""
+        old = self.fp8_meta["recipe"]
+        if old is recipe or (old is not None and old == recipe):
+            if device == self._fp8_device:
+                return
+            # The module moved (module.to(...)): the state follows, values kept.
+            self._build_fp8_state(recipe, device, adopt=True)
+            return
+        # (torch.compile cannot trace warnings.warn: under it the state is
+        # rebuilt silently; the changed recipe recompiles the graph anyway.)
+        if old is not None and not torch.compiler.is_compiling():
+            if type(old) is not type(recipe):
+                warnings.warn(f"Recipe type changed from {type(old).__name__} to "
+                              f"{type(recipe).__name__}: rebuilding the quantizers of "
+                              f"{type(self).__name__}", stacklevel=3)
+            else:
+                warnings.warn("Quantizer is being updated, this may affect model behavior "
+                              f"({type(self).__name__}: {old} -> {recipe})", stacklevel=3)
+        self._build_fp8_state(recipe, device, adopt=True)
+
+    def _build_fp8_state(self, recipe, device, adopt: bool) -> None:
+        n = self._num_gemms
+        for key, mode, count in (("scaling_fwd", "forward", 3 * n), ("scaling_bwd", "backward", 2 * n)):
+            state = RecipeState.create(recipe, mode=mode, num_quantizers=count, device=device)
+            old = self.fp8_meta[key]
+            if (adopt and isinstance(state, DelayedScalingRecipeState)
+                    and isinstance(old, DelayedScalingRecipeState)):
+                state.adopt(old)
+            self.fp8_meta[key] = state
+            self.quantizers[key] = state.make_quantizers()
+        self.fp8_meta["recipe"] = recipe
+        self._fp8_device = torch.device(device)
+        self._weight_cache = None
+
+    def fp8_state_for_forward(self, device):
+        """The recipe to run with (None: high precision) after syncing the state.
+
+        Registers delayed-scaling forward state for the update at the exit of
+        the outermost autocast.
+        """
+        s = FP8GlobalStateManager
+        if not (s.fp8_enabled or s.fp8_calibration):
+            return None
+        recipe = s.fp8_recipe
+        if recipe.delayed() and torch.compiler.is_compiling():
+            raise RuntimeError(
+                "DelayedScaling cannot run under torch.compile: its amax history and scales are "
+                "updated outside the graph after each step. Use recipe.Float8CurrentScaling() "
+                "with torch.compile, or run this model eagerly")
+        self.init_fp8_metadata(recipe, device)
+        if recipe.delayed():
+            s.forward_queue.add(self.fp8_meta["scaling_fwd"], s.fp8_group)
+        return recipe
+
+    def backward_update_queue(self, recipe, needs_grad: bool):
+        """For delayed scaling under grad: registers this module's backward
+        state; returns the region's queue if this module must run it (it was
+        the first FP8 module of the region), else None."""
+        if not (needs_grad and recipe.delayed() and FP8GlobalStateManager.fp8_enabled):
+            return None
+        queue = FP8GlobalStateManager.backward_queue
+        queue.add(self.fp8_meta["scaling_bwd"], FP8GlobalStateManager.fp8_group)
+        if queue.owner_taken:
+            return None
+        queue.owner_taken = True
+        return queue
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def get_extra_state(self):
+        return save_extra_state(self.fp8_meta)
+
+    def set_extra_state(self, state) -> None:
+        loaded = load_extra_state(state)
+        if loaded is None:
+            return
+        recipe, tensors = loaded
+        device = self._parameter_device()
+        self._build_fp8_state(recipe, device, adopt=False)
+        for key in ("scaling_fwd", "scaling_bwd"):
+            meta = self.fp8_meta[key]
+            meta.scale.copy_(tensors[f"scale_{key[-3:]}"])
+            history = tensors[f"amax_history_{key[-3:]}"]
+            if history.shape != meta.amax_history.shape:
+                raise ValueError(f"{type(self).__name__}: the checkpoint's amax_history_{key[-3:]} "
+                                 f"has shape {tuple(history.shape)}, expected "
+                                 f"{tuple(meta.amax_history.shape)}")
+            meta.amax_history.copy_(history)
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
+                              unexpected_keys, error_msgs):
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
+                                      unexpected_keys, error_msgs)
+        # A checkpoint without FP8 state (e.g. from torch.nn modules) loads.
+        key = prefix + "_extra_state"
+        if key in missing_keys:
+            missing_keys.remove(key)
+
+    def _parameter_device(self) -> torch.device:
+        for param in self.parameters():
+            return param.device
+        return torch.device("cpu")

@@ -1,0 +1,133 @@
+"""te.LayerNorm and te.RMSNorm over te-core's normalization kernels.
+
+    LayerNorm: y = (x - E[x]) / sqrt(Var[x] + eps) * g + b
+    RMSNorm:   y = x / sqrt(mean(x^2) + eps) * g
+g = weight, or 1 + weight with zero_centered_gamma (then weight starts at 0).
+Statistics are computed in FP32 over the trailing `normalized_shape` dims;
+mu and 1/sigma are saved for the backward pass instead of the normalized
+output.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import torch
+
+from .. import kernels
+from .base import resolve_device
+
+
+class _NormFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, inp, weight, bias, eps, zero_centered_gamma, hidden):
+        x = inp.reshape(-1, hidden)
+        gamma = weight.reshape(hidden)
+        beta = None if bias is None else bias.reshape(hidden)
+        y, mu, rsigma, _ = kernels.norm_fwd(x, gamma, beta, eps, zero_centered_gamma)
+        ctx.save_for_backward(x, mu, rsigma, gamma)
+        ctx.zero_centered_gamma = zero_centered_gamma
+        ctx.shapes = (inp.shape, weight.shape)
+        return y.view(inp.shape)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, mu, rsigma, gamma = ctx.saved_tensors
+        inp_shape, weight_shape = ctx.shapes
+        dz = dy.reshape(x.shape).to(x.dtype)
+        dx, dgamma, dbeta = kernels.norm_bwd(dz, x, mu, rsigma, gamma, ctx.zero_centered_gamma)
+        dbeta = None if dbeta is None else dbeta.view(weight_shape)
+        return dx.view(inp_shape), dgamma.view(weight_shape), dbeta, None, None, None
+
+
+class _Normalization(torch.nn.Module):
+    """Shared constructor of LayerNorm and RMSNorm (the reference's signature:
+    (normalized_shape=None, eps=1e-5, sequence_parallel=None, params_dtype=None,
+    zero_centered_gamma=False, hidden_size=None, **kwargs) with the te.ops
+    keywords device=None, dtype=None, sm_margin=0)."""
+
+    _has_bias = True
+
+    def __init__(self, normalized_shape=None, eps: float = 1e-5, sequence_parallel=None,
+                 params_dtype=None, zero_centered_gamma: bool = False, hidden_size=None,
+                 *, device=None, dtype=None, sm_margin: int = 0) -> None:
+        super().__init__()
+        if hidden_size is not None:
+            warnings.warn("hidden_size is deprecated; use normalized_shape", DeprecationWarning,
+                          stacklevel=3)
+            normalized_shape = hidden_size if normalized_shape is None else normalized_shape
+        if params_dtype is not None:
+            warnings.warn("params_dtype is deprecated; use dtype", DeprecationWarning, stacklevel=3)
+            dtype = params_dtype if dtype is None else dtype
+        if normalized_shape is None:
+            raise TypeError(f"{type(self).__name__}: normalized_shape is required")
+        if isinstance(normalized_shape, int):
+            normalized_shape = (normalized_shape,)
+        self.normalized_shape = tuple(int(d) for d in normalized_shape)
+        self.eps = float(eps)
+        self.zero_centered_gamma = zero_centered_gamma
+        self.sequence_parallel = sequence_parallel
+        self.sm_margin = sm_margin  # a CUDA occupancy hint of the reference; nothing to reserve here
+        dtype = torch.get_default_dtype() if dtype is None else dtype
+        target = torch.device("meta") if device == "meta" else resolve_device(device)
+        self.weight = torch.nn.Parameter(torch.empty(self.normalized_shape, device=target,
+                                                     dtype=dtype))
+        if self._has_bias:
+            self.bias = torch.nn.Parameter(torch.empty(self.normalized_shape, device=target,
+                                                       dtype=dtype))
+        for param in self.parameters():
+            # Megatron-style frameworks all-reduce these gradients under sequence parallelism.
+            param.sequence_parallel = bool(sequence_parallel)
+        if target.type != "meta":
+            self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """weight = 1 (0 with zero_centered_gamma), bias = 0; meta parameters
+        are materialized on the default device first."""
+        if self.weight.device.type == "meta":
+            device = resolve_device(None)
+            for name, param in list(self.named_parameters(recurse=False)):
+                new = torch.nn.Parameter(torch.empty_like(param, device=device))
+                new.sequence_parallel = getattr(param, "sequence_parallel", False)
+                setattr(self, name, new)
+        with torch.no_grad():
+            if self.zero_centered_gamma:
+                self.weight.zero_()
+            else:
+                self.weight.fill_(1.0)
+            if self._has_bias:
+                self.bias.zero_()
+
+    def forward(self, inp: torch.Tensor) -> torch.Tensor:
+        n = len(self.normalized_shape)
+        if tuple(inp.shape[-n:]) != self.normalized_shape:
+            raise ValueError(f"{type(self).__name__}: input shape {tuple(inp.shape)} does not end "
+                             f"with normalized_shape {self.normalized_shape}")
+        if inp.device != self.weight.device:
+            raise ValueError(f"{type(self).__name__}: input is on {inp.device} but the weight is "
+                             f"on {self.weight.device}")
+        if inp.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+            raise TypeError(f"{type(self).__name__}: input dtype {inp.dtype} is not supported; "
+                            "use float32, bfloat16 or float16")
+        hidden = math.prod(self.normalized_shape)
+        bias = self.bias if self._has_bias else None
+        return _NormFunction.apply(inp, self.weight, bias, self.eps, self.zero_centered_gamma,
+                                   hidden)
+
+    def extra_repr(self) -> str:
+        return (f"{self.normalized_shape}, eps={self.eps}, "
+                f"zero_centered_gamma={self.zero_centered_gamma}")
+
+
+class LayerNorm(_Normalization):
+    """Layer normalization over the trailing normalized_shape dims (parameters
+    `weight` and `bias`)."""
+
+    _has_bias = True
+
+
+class RMSNorm(_Normalization):
+    """RMS normalization over the trailing normalized_shape dims (parameter `weight`)."""
+
+    _has_bias = False

@@ -1,0 +1,234 @@
+"""autocast, the global FP8 state, and the delayed-scaling update (§2.5, §3.3).
+
+    with te.autocast(recipe=recipe.DelayedScaling()):
+        out = model(inp)
+    out.sum().backward()
+
+Delayed scaling keeps, per module, a scale and an amax history for each
+forward and backward tensor (recipe_state.py). Quantizing max-accumulates
+max|x| into the history's row 0; then
+- at the exit of the outermost autocast (when grad is enabled), every forward
+  state that ran inside it is updated: the row-0 amaxes are concatenated,
+  all-reduced (MAX) over amax_reduction_group when recipe.reduce_amax and the
+  group has more than one rank, and all histories and scales are updated in
+  one te-core call (per recipe, group and device);
+- the backward states are updated the same way at the end of backward, by the
+  backward of the first FP8 module that ran in the autocast region (it runs
+  last).
+Callable amax_compute_algo / scaling_factor_compute_algo use the unfused
+torch path below instead of te-core.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+from transformer_engine.common.recipe import DelayedScaling, Float8CurrentScaling
+from transformer_engine.core import DType
+
+from . import kernels
+from .recipe_state import check_recipe_support
+
+FLT_MAX = torch.finfo(torch.float32).max
+
+
+class _UpdateQueue:
+    """Delayed-scaling states waiting for their amax reduction and update.
+
+    Keyed by (recipe, group, device): each key is one te-core call.
+    """
+
+    def __init__(self) -> None:
+        self.groups: dict = {}
+        self.owner_taken = False
+
+    def add(self, state, group) -> None:
+        key = (state.recipe, id(group), state.device)
+        entry = self.groups.get(key)
+        if entry is None:
+            entry = self.groups[key] = (group, {})
+        entry[1][id(state)] = state
+
+    def run(self) -> None:
+        groups, self.groups = self.groups, {}
+        for (recipe, _, _), (group, states) in groups.items():
+            _reduce_and_update(recipe, group, list(states.values()))
+
+
+class FP8GlobalStateManager:
+    """The state autocast sets and the modules read (class attributes: one per process)."""
+
+    fp8_enabled = False
+    fp8_calibration = False
+    fp8_recipe = None
+    fp8_group = None
+    autocast_depth = 0
+    forward_queue = _UpdateQueue()
+    backward_queue = _UpdateQueue()
+
+    @classmethod
+    def is_fp8_enabled(cls) -> bool:
+        return cls.fp8_enabled
+
+    @classmethod
+    def is_fp8_calibration(cls) -> bool:
+        return cls.fp8_calibration
+
+    @classmethod
+    def get_fp8_recipe(cls):
+        return cls.fp8_recipe if cls.fp8_recipe is not None else get_default_recipe()
+
+    @classmethod
+    def get_fp8_group(cls):
+        return cls.fp8_group
+
+    @classmethod
+    def get_meta_tensor_key(cls, forward: bool = True) -> str:
+        return "scaling_fwd" if forward else "scaling_bwd"
+
+    @classmethod
+    def reset(cls) -> None:
+        """Back to the state at import (tests call this between cases)."""
+        cls.fp8_enabled = cls.fp8_calibration = False
+        cls.fp8_recipe = cls.fp8_group = None
+        cls.autocast_depth = 0
+        cls.forward_queue = _UpdateQueue()
+        cls.backward_queue = _UpdateQueue()
+
+    @classmethod
+    def reduce_and_update_fp8_tensors(cls, forward: bool = True) -> None:
+        """Runs the pending forward (or backward) delayed-scaling update now."""
+        (cls.forward_queue if forward else cls.backward_queue).run()
+
+
+def get_default_recipe():
+    """DelayedScaling() (the reference's choice on Hopper and older), or
+    Float8CurrentScaling() on compute capability 12.0 and newer. The
+    reference picks MXFP8BlockScaling on 10.x; until MXFP8 lands here, 10.x
+    gets DelayedScaling too."""
+    if torch.cuda.is_available() and torch.cuda.get_device_capability() >= (12, 0):
+        return Float8CurrentScaling()
+    return DelayedScaling()
+
+
+class autocast:
+    """Runs TE modules inside it with quantized GEMMs (or calibrates them).
+
+    enabled:     quantize with `recipe` (default get_default_recipe()).
+    calibrating: run in high precision but record the amaxes of a
+                 DelayedScaling state, so that FP8 inference starts from
+                 calibrated scales.
+    amax_reduction_group: torch.distributed group over which delayed-scaling
+                 amaxes are all-reduced (None: the default group).
+    Wrap the forward pass only; backward may run outside. Nestable; one
+    instance cannot be entered twice at the same time.
+    """
+
+    def __init__(self, enabled: bool = True, calibrating: bool = False, recipe=None,
+                 amax_reduction_group=None, _graph: bool = False) -> None:
+        self.enabled = enabled
+        self.calibrating = calibrating
+        self.recipe = recipe
+        self.amax_reduction_group = amax_reduction_group
+        self._graph = _graph
+        self._saved = None
+
+    def __enter__(self):
+        if self._saved is not None:
+            raise RuntimeError("this te.autocast instance is already active; create a new one "
+                               "for a nested region")
+        recipe = self.recipe
+        if self.enabled or self.calibrating:
+            # (A disabled region needs no recipe: building the default one
+            # each time would only cost host time.)
+            recipe = get_default_recipe() if recipe is None else recipe
+            check_recipe_support(recipe)
+        s = FP8GlobalStateManager
+        self._saved = (s.fp8_enabled, s.fp8_calibration, s.fp8_recipe, s.fp8_group)
+        if s.autocast_depth == 0:
+            s.backward_queue = _UpdateQueue()
+        s.fp8_enabled = self.enabled
+        s.fp8_calibration = self.calibrating
+        s.fp8_recipe = recipe
+        s.fp8_group = self.amax_reduction_group
+        s.autocast_depth += 1
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        s = FP8GlobalStateManager
+        s.fp8_enabled, s.fp8_calibration, s.fp8_recipe, s.fp8_group = self._saved
+        self._saved = None
+        s.autocast_depth -= 1
+        if (s.autocast_depth == 0 and exc_type is None and not self._graph
+                and torch.is_grad_enabled()):
+            s.forward_queue.run()
+
+
+def fp8_autocast(enabled: bool = True, calibrating: bool = False, fp8_recipe=None,
+                 fp8_group=None, _graph: bool = False) -> autocast:
+    """Deprecated name of autocast (the reference renamed it in v2.9)."""
+    warnings.warn("fp8_autocast is deprecated; use te.autocast(enabled, calibrating, recipe, "
+                  "amax_reduction_group)", DeprecationWarning, stacklevel=2)
+    return autocast(enabled=enabled, calibrating=calibrating, recipe=fp8_recipe,
+                    amax_reduction_group=fp8_group, _graph=_graph)
+
+
+# --------------------------------------------------------------------------- the update
+
+
+def _world_size(group) -> int:
+    dist = torch.distributed
+    if not (dist.is_available() and dist.is_initialized()):
+        return 1
+    return dist.get_world_size(group)
+
+
+def _reduce_and_update(recipe, group, states: list) -> None:
+    """§3.3: reduce the row-0 amaxes over the group, then update every state."""
+    histories = [s.amax_history for s in states]
+    buffer = None
+    if recipe.reduce_amax and _world_size(group) > 1:
+        buffer = torch.cat([h[0] for h in histories])
+        torch.distributed.all_reduce(buffer, op=torch.distributed.ReduceOp.MAX, group=group)
+    fp8_dtype = int(states[0].dtype)
+    if callable(recipe.amax_compute_algo) or recipe.scaling_factor_compute_algo is not None:
+        _unfused_update(recipe, buffer, states)
+        return
+    kernels.delayed_scaling_update(buffer, histories, [s.scale for s in states],
+                                   algo=recipe.amax_compute_algo, fp8_dtype=fp8_dtype,
+                                   margin=float(recipe.margin))
+
+
+def _default_sf_compute(amax, scale, fp8_max: float, margin: float) -> torch.Tensor:
+    """(fp8_max / amax) / 2^margin; the old scale where amax is 0, inf or NaN;
+    FLT_MAX where the division overflows."""
+    sf = (fp8_max / amax) / (2.0 ** margin)
+    sf = torch.where(amax > 0.0, sf, scale)
+    sf = torch.where(torch.isfinite(amax), sf, scale)
+    return torch.where(torch.isinf(sf), torch.full_like(sf, FLT_MAX), sf)
+
+
+def _unfused_update(recipe, buffer, states: list) -> None:
+    """The reference's Python path, used when an algo is a callable."""
+    offset = 0
+    for state in states:
+        history, n = state.amax_history, state.amax_history.shape[1]
+        if buffer is not None:
+            history[0].copy_(buffer[offset:offset + n])
+        offset += n
+        algo = recipe.amax_compute_algo
+        if callable(algo):
+            amax = algo(history)
+        elif algo == "max":
+            amax = history.max(dim=0).values
+        else:
+            amax = history[0].clone()
+        history.copy_(torch.roll(history, -1, dims=0))
+        history[0].zero_()
+        fp8_max = 57344.0 if state.dtype == DType.kFloat8E5M2 else 448.0
+        if recipe.scaling_factor_compute_algo is None:
+            new = _default_sf_compute(amax, state.scale, fp8_max, float(recipe.margin))
+        else:
+            new = recipe.scaling_factor_compute_algo(amax, state.scale, fp8_max, recipe)
+        state.scale.copy_(new)

@@ -1,0 +1,100 @@
+"""torch.compile(fullgraph=True) through the torch.ops.te operators.
+
+The compiled model runs the same te-core kernels as eager mode, so outputs and
+gradients are bit-identical with backend="aot_eager". One test uses the
+default inductor backend (it compiles C++ on the CPU: slow, so the model is
+small). DelayedScaling refuses torch.compile with a clear message, as the
+reference does: its state is updated outside the graph.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformer_engine.pytorch as te
+from transformer_engine.common import recipe
+
+pytest_plugins = ["pt_fixtures"]
+pytestmark = pytest.mark.usefixtures("te_state")
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def _model(device):
+    return torch.nn.Sequential(
+        te.LayerNorm(32, device=device), te.Linear(32, 64, device=device), torch.nn.GELU(),
+        te.Linear(64, 32, device=device), te.RMSNorm(32, device=device))
+
+
+def _step(model, x, fp8_recipe):
+    x = x.detach().clone().requires_grad_()
+    for p in model.parameters():
+        p.grad = None
+    with te.autocast(enabled=fp8_recipe is not None, recipe=fp8_recipe):
+        y = model(x)
+    y.square().sum().backward()
+    return [y.detach(), x.grad] + [p.grad for p in model.parameters()]
+
+
+@pytest.mark.parametrize("fp8_recipe", [None, recipe.Float8CurrentScaling(),
+                                        recipe.Float8CurrentScaling(use_power_2_scales=True)],
+                         ids=["high_precision", "current", "current_pow2"])
+def test_fullgraph_matches_eager(device, fp8_recipe):
+    model = _model(device)
+    x = torch.randn(2, 16, 32, device=device)
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    for _ in range(2):  # the first call traces, the second runs the cached graph
+        got = _step(compiled, x, fp8_recipe)
+        expected = _step(model, x, fp8_recipe)
+        for a, b in zip(got, expected):
+            assert torch.equal(a, b)
+
+
+def test_autocast_inside_the_compiled_function():
+    model = _model("cpu")
+    fp8_recipe = recipe.Float8CurrentScaling()
+
+    def forward(x):
+        with te.autocast(recipe=fp8_recipe):
+            return model(x)
+
+    x = torch.randn(16, 32)
+    compiled = torch.compile(forward, fullgraph=True, backend="aot_eager")
+    assert torch.equal(compiled(x), forward(x))
+    assert te.FP8GlobalStateManager.autocast_depth == 0
+
+
+def test_inductor_backend():
+    layer = te.Linear(32, 16, device="cpu")
+    x = torch.randn(16, 32)
+    compiled = torch.compile(layer, fullgraph=True)
+    with te.autocast(recipe=recipe.Float8CurrentScaling()):
+        got = compiled(x)
+        expected = layer(x)
+    assert torch.equal(got, expected)
+
+
+def test_delayed_scaling_is_refused_with_a_clear_message():
+    model = _model("cpu")
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    with (pytest.raises(RuntimeError, match="DelayedScaling cannot run under torch.compile"),
+          te.autocast(recipe=recipe.DelayedScaling())):
+        compiled(torch.randn(16, 32))
+
+
+def test_recipe_change_recompiles():
+    model = _model("cpu")
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    x = torch.randn(16, 32)
+    for fp8_recipe in (recipe.Float8CurrentScaling(),
+                       recipe.Float8CurrentScaling(use_power_2_scales=True)):
+        with te.autocast(recipe=fp8_recipe):
+            got = compiled(x)
+        assert model[1].fp8_meta["recipe"] == fp8_recipe
+        with te.autocast(recipe=fp8_recipe):
+            assert torch.equal(got, model(x))

@@ -1,0 +1,288 @@
+"""torch.ops.te.* against the NumPy + ml_dtypes oracle of te-core.
+
+Quantization is bit-exact (bytes, scale, scale_inv, amax); GEMMs and norms
+are within derived bounds of float64 references. Every test runs on the CPU
+and, marked gpu, on CUDA. The registered ops are checked with
+torch.library.opcheck (schema, fake kernels, tracing).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from pt_helpers import (
+    FP8_MAX,
+    assert_within,
+    cuda_ready,
+    fp8_error,
+    hostile,
+    matmul_bound,
+)
+from transformer_engine.core import reference
+from transformer_engine.pytorch import kernels
+
+pytest_plugins = ["pt_fixtures"]
+pytestmark = pytest.mark.usefixtures("te_state")
+
+CODE = {"e4m3": 7, "e5m2": 8}
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+SHAPES = [(1, 16), (5, 160), (217, 256), (2, 3, 5, 64), (7,), (33, 17)]
+
+
+def _np(t: torch.Tensor) -> np.ndarray:
+    return t.detach().float().cpu().numpy()
+
+
+def _bytes(t: torch.Tensor) -> np.ndarray:
+    return t.cpu().numpy()
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
+@pytest.mark.parametrize("pow2, eps", [(False, 0.0), (True, 0.0), (False, 1e-3)])
+def test_current_scaling_matches_oracle(device, shape, dtype, fmt, pow2, eps):
+    x = hostile(shape, dtype, device, fmt)
+    row, col, stats = kernels.quantize_fp8_current_scaling(x, CODE[fmt], True, True, pow2, eps)
+    amax = reference.amax(_np(x))
+    # Fused current scaling turns an infinite scale into the input type's max.
+    scale = reference.scale_from_amax(amax, fmt, pow2, eps, value_for_inf=torch.finfo(dtype).max)
+    q = reference.quantize_fp8(_np(x), scale, fmt)
+    np.testing.assert_array_equal(_bytes(row), q)
+    np.testing.assert_array_equal(_bytes(col), reference.columnwise(q))
+    expected = np.array([scale, np.float32(1) / scale, amax], np.float32)
+    np.testing.assert_array_equal(_np(stats), expected)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
+def test_delayed_quantize_matches_oracle(device, shape, dtype, fmt):
+    x = hostile(shape, dtype, device, fmt)
+    scale_value = float(np.float32(2.0 ** np.random.uniform(-8, 8)))
+    scale = torch.tensor([scale_value], device=device)
+    start = float(np.random.choice([0.0, 5.0, 1e9]))
+    amax = torch.tensor([start], device=device)
+    row, col, scale_inv = kernels.quantize_fp8(x, scale, amax, CODE[fmt], True, True)
+    q = reference.quantize_fp8(_np(x), scale_value, fmt)
+    np.testing.assert_array_equal(_bytes(row), q)
+    np.testing.assert_array_equal(_bytes(col), reference.columnwise(q))
+    assert _np(scale_inv)[0] == np.float32(1) / np.float32(scale_value)
+    assert _np(amax)[0] == max(np.float32(start), reference.amax(_np(x)))
+    # Rowwise only / columnwise only give the same bytes.
+    only_col = kernels.quantize_fp8(x, scale, None, CODE[fmt], False, True)
+    assert only_col[0] is None and torch.equal(only_col[1], col)
+
+
+@pytest.mark.parametrize("out_dtype", DTYPES)
+@pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
+def test_dequantize_matches_oracle(device, out_dtype, fmt):
+    data = torch.randint(0, 256, (37, 48), dtype=torch.uint8, device=device)
+    scale_inv = torch.tensor([float(np.float32(np.random.uniform(1e-3, 10)))], device=device)
+    out = kernels.dequantize_fp8(data, scale_inv, CODE[fmt], out_dtype)
+    ref_dtype = {torch.float32: np.float32, torch.float16: np.float16}.get(out_dtype, np.float32)
+    expected = reference.dequantize_fp8(_bytes(data), _np(scale_inv)[0], fmt, ref_dtype)
+    if out_dtype == torch.bfloat16:
+        expected = torch.from_numpy(expected).to(torch.bfloat16).float().numpy()
+    np.testing.assert_array_equal(_np(out), np.asarray(expected, np.float32))
+
+
+@pytest.mark.parametrize("m, n, k", [(16, 32, 48), (48, 16, 160), (128, 64, 32)])
+@pytest.mark.parametrize("a_fmt, b_fmt", [("e4m3", "e4m3"), ("e5m2", "e4m3"), ("e4m3", "e5m2")])
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
+def test_fp8_gemm_tn(device, m, n, k, a_fmt, b_fmt, out_dtype):
+    """y = a b^T from current-scaled FP8 operands (the Linear forward's form)."""
+    a = torch.randn(m, k, device=device)
+    b = torch.randn(n, k, device=device) * 0.05
+    bias = torch.randn(n, device=device)
+    qa = kernels.quantize_fp8_current_scaling(a, CODE[a_fmt], True, False)
+    qb = kernels.quantize_fp8_current_scaling(b, CODE[b_fmt], True, False)
+    y, _, _ = kernels.gemm(qa[0], qb[0], a_dtype=CODE[a_fmt], a_scale_inv=qa[2][1:2],
+                           b_dtype=CODE[b_fmt], b_scale_inv=qb[2][1:2], transb=True,
+                           out_dtype=out_dtype, bias=bias)
+    # Exact operands: the dequantized FP8 values; FP32 accumulation and output rounding only.
+    a_hat = kernels.dequantize_fp8(qa[0], qa[2][1:2], CODE[a_fmt]).double()
+    b_hat = kernels.dequantize_fp8(qb[0], qb[2][1:2], CODE[b_fmt]).double()
+    zero_a, zero_b = torch.zeros_like(a_hat), torch.zeros_like(b_hat)
+    expected = a_hat @ b_hat.T + bias.double()
+    bound = matmul_bound(a_hat, b_hat, zero_a, zero_b, out_dtype)
+    bound += {torch.float32: 2.0**-24, torch.bfloat16: 2.0**-8}[out_dtype] * bias.double().abs()
+    assert_within(y, expected, bound, "FP8 GEMM vs dequantized operands")
+    # Against the unquantized operands: the per-format bound of pt_helpers.fp8_error.
+    scale_a = FP8_MAX[a_fmt] / a.abs().max().item()
+    scale_b = FP8_MAX[b_fmt] / b.abs().max().item()
+    bound = matmul_bound(a, b, fp8_error(a, a_fmt, scale_a), fp8_error(b, b_fmt, scale_b),
+                         out_dtype)
+    bound += 2.0**-8 * bias.double().abs()
+    assert_within(y, a.double() @ b.double().T + bias.double(), bound, "FP8 GEMM vs float64")
+
+
+@pytest.mark.parametrize("transa, transb", [(False, False), (False, True), (True, False),
+                                            (True, True)])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_high_precision_gemm_layouts(device, transa, transb, dtype):
+    m, n, k = 19, 23, 37
+    a = torch.randn((k, m) if transa else (m, k), device=device).to(dtype)
+    b = torch.randn((n, k) if transb else (k, n), device=device).to(dtype)
+    y, _, grad = kernels.gemm(a, b, transa=transa, transb=transb, out_dtype=torch.float32,
+                              bias_grad=True)
+    op_a = (a.T if transa else a).double()
+    op_b = (b.T if transb else b).double()
+    bound = matmul_bound(op_a, op_b.T, torch.zeros_like(op_a), torch.zeros_like(op_b.T),
+                         torch.float32)
+    assert_within(y, op_a @ op_b, bound, "GEMM")
+    torch.testing.assert_close(grad.double(), op_a.sum(dim=1), rtol=k * 2.0**-23, atol=1e-5)
+
+
+def test_gemm_accumulate_into_fp32(device):
+    a = torch.randn(32, 16, device=device)
+    b = torch.randn(32, 48, device=device)
+    out = torch.randn(16, 48, device=device)
+    start = out.clone()
+    kernels.gemm_accumulate(a, b, out, beta=1.0, transa=True)
+    torch.testing.assert_close(out, start + a.T @ b, rtol=1e-5, atol=1e-4)
+    kernels.gemm_accumulate(a, b, out, beta=0.0, transa=True)
+    torch.testing.assert_close(out, a.T @ b, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("layernorm", [True, False])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("zero_centered_gamma", [False, True])
+def test_norm_fwd_bwd(device, layernorm, dtype, zero_centered_gamma):
+    x = (torch.randn(37, 96, device=device) * 3 + 1).to(dtype)
+    gamma = torch.randn(96, device=device) * 0.5
+    beta = torch.randn(96, device=device) if layernorm else None
+    y, mu, rsigma, _ = kernels.norm_fwd(x, gamma, beta, 1e-5, zero_centered_gamma)
+    assert (mu is not None) == layernorm and y.dtype == dtype
+    xd = x.double().requires_grad_()
+    g = gamma.double().requires_grad_()
+    w = g + 1 if zero_centered_gamma else g
+    if layernorm:
+        bd = beta.double().requires_grad_()
+        ref = torch.nn.functional.layer_norm(xd, (96,), w, bd, 1e-5)
+    else:
+        ref = xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + 1e-5) * w
+    u = {torch.float32: 1e-5, torch.bfloat16: 2.0**-7, torch.float16: 2.0**-10}[dtype]
+    torch.testing.assert_close(y.double(), ref, rtol=u, atol=u * 4)
+    dz = torch.randn_like(x)
+    dx, dgamma, dbeta = kernels.norm_bwd(dz, x, mu, rsigma, gamma, zero_centered_gamma)
+    ref.backward(dz.double())
+    torch.testing.assert_close(dx.double(), xd.grad, rtol=u * 4, atol=u * 8)
+    torch.testing.assert_close(dgamma.double(), g.grad, rtol=1e-4, atol=1e-3)
+    if layernorm:
+        torch.testing.assert_close(dbeta.double(), bd.grad, rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
+def test_norm_fused_fp8_output_is_quantize_of_fp32_y(device, fmt):
+    x = torch.randn(40, 64, device=device)
+    gamma, beta = torch.randn(64, device=device), torch.randn(64, device=device)
+    scale = torch.tensor([3.5], device=device)
+    amax = torch.zeros(1, device=device)
+    y8, _, _, scale_inv = kernels.norm_fwd(x, gamma, beta, 1e-5, fp8_dtype=CODE[fmt],
+                                           scale=scale, amax=amax)
+    y32, _, _, _ = kernels.norm_fwd(x, gamma, beta, 1e-5)
+    q, _, q_inv = kernels.quantize_fp8(y32, scale, None, CODE[fmt])
+    assert torch.equal(y8, q) and torch.equal(scale_inv, q_inv)
+    assert amax.item() == y32.abs().max().item()
+
+
+@pytest.mark.parametrize("algo", ["max", "most_recent"])
+@pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
+@pytest.mark.parametrize("reduce", [False, True])
+def test_delayed_scaling_update_matches_oracle(device, algo, fmt, reduce):
+    tiny = FP8_MAX[fmt] / 3e38 / 4
+    pool = torch.tensor([0.0, tiny, 1.5, 300.0, float("inf"), float("nan"), 2e-3, 7.0])
+    histories, scales, buffers = [], [], []
+    for n, length in ((3, 5), (2, 5), (4, 5)):
+        h = pool[torch.randint(0, len(pool), (length, n))].clone()
+        histories.append(h.to(device))
+        scales.append((torch.rand(n) * 4 + 0.5).to(device))
+        buffers.append(pool[torch.randint(0, len(pool), (n,))])
+    buffer = torch.cat(buffers).to(device) if reduce else None
+    expected, offset = [], 0
+    for h, s, b in zip(histories, scales, buffers):
+        expected.append(reference.delayed_scaling_update(
+            _np(h), _np(s), fmt, margin=1.0, algo=algo,
+            reduced_amax=b.numpy() if reduce else None))
+        offset += h.shape[1]
+    kernels.delayed_scaling_update(buffer, histories, scales, algo=algo, fp8_dtype=CODE[fmt],
+                                   margin=1.0)
+    for h, s, (eh, es) in zip(histories, scales, expected):
+        np.testing.assert_array_equal(_np(h), eh)
+        np.testing.assert_array_equal(_np(s), es)
+
+
+def test_registered_ops_match_direct_calls():
+    x = torch.randn(32, 48)
+    w = torch.randn(16, 48)
+    direct = kernels.quantize_fp8_current_scaling(x, 7, True, True)
+    op = torch.ops.te.quantize_fp8_current_scaling(x, 7, True, True, False, 0.0)
+    assert all(torch.equal(a, b) for a, b in zip(direct, op))
+    assert torch.equal(kernels.gemm(x, w, transb=True)[0],
+                       torch.ops.te.gemm(x, w, -1, None, -1, None, False, True, torch.float32,
+                                         None, False, False, True, 1.0)[0])
+
+
+def _opcheck_cases():
+    x = torch.randn(32, 48)
+    w = torch.randn(16, 48)
+    q = kernels.quantize_fp8_current_scaling(x, 7)[0]  # no NaN bytes: outputs compare equal
+    q8 = kernels.quantize_fp8_current_scaling(x, 8)[0]
+    one = torch.ones(1)
+    gamma, beta = torch.randn(48), torch.randn(48)
+    mu, rsigma = torch.randn(32), torch.rand(32) + 0.5
+    return [
+        (torch.ops.te.quantize_fp8, (x, one, torch.zeros(1), 7, True, True)),
+        (torch.ops.te.quantize_fp8_current_scaling, (x, 8, True, False, True, 0.0)),
+        (torch.ops.te.dequantize_fp8, (q, one, 7, torch.bfloat16)),
+        (torch.ops.te.compute_amax, (x,)),
+        (torch.ops.te.compute_scale_from_amax, (torch.tensor([3.0]), 7, False, 0.0)),
+        (torch.ops.te.gemm, (x, w, -1, None, -1, None, False, True, torch.float32, gamma[:16],
+                             False, False, True, 1.0)),
+        (torch.ops.te.gemm, (q[:, :32], q8[:16, :32], 7, one, 8, one, False, True, torch.bfloat16,
+                             None, True, False, False, 1.0)),
+        (torch.ops.te.gemm_accumulate, (x, w.T.contiguous(), -1, None, -1, None, False, False,
+                                        torch.zeros(32, 16), 1.0, True, True)),
+        (torch.ops.te.layernorm_fwd, (x, gamma, beta, 1e-5, False, torch.float32, -1, None,
+                                      None)),
+        (torch.ops.te.rmsnorm_fwd, (x, gamma, 1e-5, True, torch.float32, 7, one,
+                                    torch.zeros(1))),
+        (torch.ops.te.layernorm_bwd, (torch.randn(32, 48), x, mu, rsigma, gamma, False)),
+        (torch.ops.te.rmsnorm_bwd, (torch.randn(32, 48), x, rsigma, gamma, False)),
+        (torch.ops.te.delayed_scaling_update, (None, [torch.rand(4, 3)], [torch.ones(3)], "max",
+                                               7, 0.0)),
+    ]
+
+
+@pytest.mark.parametrize("case", range(len(_opcheck_cases())))
+def test_opcheck(case):
+    op, args = _opcheck_cases()[case]
+    torch.library.opcheck(op, args)
+
+
+def test_errors_name_the_argument():
+    x = torch.randn(16, 32)
+    with pytest.raises(TypeError, match="argument 'x' must be float32, bfloat16 or float16"):
+        kernels.quantize_fp8_current_scaling(x.double(), 7)
+    with pytest.raises(TypeError, match="fp8_dtype must be DType.kFloat8E4M3"):
+        kernels.quantize_fp8_current_scaling(x, 4)
+    with pytest.raises(ValueError, match="at least one of 'rowwise' and 'columnwise'"):
+        kernels.quantize_fp8_current_scaling(x, 7, False, False)
+    q = kernels.quantize_fp8_current_scaling(torch.randn(24, 40), 7)
+    with pytest.raises(ValueError, match="divisible by 16.*pad"):
+        kernels.gemm(q[0], q[0], a_dtype=7, a_scale_inv=q[2][1:2], b_dtype=7,
+                     b_scale_inv=q[2][1:2], transb=True)
+    with pytest.raises(TypeError, match="argument 'a' must be"):
+        kernels.gemm(x.double(), x, transb=True)
+    with pytest.raises(TypeError, match="argument 'data' must hold FP8 bytes"):
+        kernels.dequantize_fp8(x, torch.ones(1), 7)
+
+
+@pytest.mark.gpu
+def test_device_mismatch_is_named():
+    if not cuda_ready():
+        pytest.skip("needs a CUDA device and a te-core build with the CUDA backend")
+    with pytest.raises(ValueError, match="device"):
+        kernels.gemm(torch.randn(16, 16, device="cuda"), torch.randn(16, 16), transb=True)
