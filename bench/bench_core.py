@@ -100,6 +100,7 @@ def main(argv=None) -> int:
     copy_gbs = copy_ceiling_gbs()
     print(f"copy ceiling: {copy_gbs:.0f} GB/s (1 GiB device-to-device, read + write)")
     bench_quantize(table, copy_gbs)
+    from bench_activation import bench_activation
     from bench_fp8_block import bench_fp8_block
     from bench_gemm import bench_gemm
     from bench_gemm_block import bench_gemm_block
@@ -111,6 +112,7 @@ def main(argv=None) -> int:
     bench_nvfp4(table, copy_gbs)
     bench_mxfp8(table, time_ms, copy_gbs)
     bench_gemm_block(table, time_ms)
+    bench_activation(table, time_ms, copy_gbs)
     header = (
         f"{datetime.date.today()} · {torch.cuda.get_device_name()} · torch {torch.__version__} · "
         f"te-core {tc.__version__} · copy ceiling {copy_gbs:.0f} GB/s\n\n"

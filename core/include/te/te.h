@@ -12,4 +12,5 @@
 #include "te/mxfp8.h"
 #include "te/swizzle.h"
 #include "te/gemm_block.h"
+#include "te/activation.h"
 #endif

@@ -46,6 +46,14 @@ struct TileArgs {
   int column_store_bytes;  // 16, 8, 4, 2 or 1: widest store the columnwise rows allow
 };
 
+// The widest store (16, 8, 4, 2 or 1 bytes) that columnwise rows of `rows`
+// bytes starting at `columnwise` allow.
+inline int column_store_width(int64_t rows, const uint8_t* columnwise) {
+  for (int w = 16; w > 1; w /= 2)
+    if (rows % w == 0 && is_aligned(columnwise, w)) return w;
+  return 1;
+}
+
 // Host side: fills the tiling fields for the given pointers and shape.
 template <class In>
 TileArgs<In> make_tile_args(const In* input, int64_t rows, int64_t cols, uint8_t* rowwise,
@@ -55,12 +63,7 @@ TileArgs<In> make_tile_args(const In* input, int64_t rows, int64_t cols, uint8_t
   TileArgs<In> a{input, rows, cols, rowwise, columnwise, tiles_k, false, 1};
   a.vector_rows = cols % 8 == 0 && is_aligned(input, alignof(Vec<In, 8>)) &&
                   (rowwise == nullptr || is_aligned(rowwise, 8));
-  for (int w = 16; w > 1; w /= 2) {
-    if (rows % w == 0 && is_aligned(columnwise, w)) {
-      a.column_store_bytes = w;
-      break;
-    }
-  }
+  a.column_store_bytes = column_store_width(rows, columnwise);
   return a;
 }
 
@@ -101,6 +104,42 @@ __device__ __forceinline__ void store16(uint8_t* dst, const uint4& v, int width)
     case 4: store_pieces<4>(dst, v); break;
     case 2: store_pieces<2>(dst, v); break;
     default: store_pieces<1>(dst, v); break;
+  }
+}
+
+// Step 2: a thread's 4 x 8 bytes (tile rows 4*rg .. 4*rg+3, columns c .. c+7)
+// into the shared tile, transposed.
+__device__ __forceinline__ void stage_columns(const uint2 (&q)[4], int rg, int c, uint8_t* smem) {
+  uint32_t col[8];
+  transpose4x4(q[0].x, q[1].x, q[2].x, q[3].x, col);
+  transpose4x4(q[0].y, q[1].y, q[2].y, q[3].y, col + 4);
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const int k = c + j;  // m = 4*rg: chunk rg/4, word rg%4 within it
+    *reinterpret_cast<uint32_t*>(smem + chunk_offset(k, rg >> 2) + 4 * (rg & 3)) = col[j];
+  }
+}
+
+// Step 3 (after a __syncthreads): the shared tile to columnwise[k][m] for the
+// tile at (m0, k0) of a [rows, cols] matrix; full: the tile is inside it.
+__device__ __forceinline__ void store_columns(const uint8_t* smem, uint8_t* columnwise,
+                                              int64_t rows, int64_t cols, int64_t m0, int64_t k0,
+                                              bool full, int column_store_bytes) {
+#pragma unroll
+  for (int pass = 0; pass < kTileK * kTileM / 16 / kThreads; ++pass) {
+    const int idx = pass * kThreads + threadIdx.x;
+    const int k = idx / (kTileM / 16), chunk = idx % (kTileM / 16);
+    const uint4 sixteen = *reinterpret_cast<const uint4*>(smem + chunk_offset(k, chunk));
+    const int64_t m = m0 + 16 * chunk;
+    uint8_t* dst = columnwise + (k0 + k) * rows + m;
+    if (full) {
+      store16(dst, sixteen, column_store_bytes);
+    } else if (k0 + k < cols) {
+      const uint8_t* bytes = reinterpret_cast<const uint8_t*>(&sixteen);
+#pragma unroll
+      for (int b = 0; b < 16; ++b)
+        if (m + b < rows) dst[b] = bytes[b];
+    }
   }
 }
 
@@ -154,32 +193,9 @@ __global__ void __launch_bounds__(kThreads) cast_transpose_kernel(TileArgs<In> a
     }
   }
 
-  uint32_t col[8];
-  transpose4x4(q[0].x, q[1].x, q[2].x, q[3].x, col);
-  transpose4x4(q[0].y, q[1].y, q[2].y, q[3].y, col + 4);
-#pragma unroll
-  for (int j = 0; j < 8; ++j) {
-    const int k = c + j;  // m = 4*rg: chunk rg/4, word rg%4 within it
-    *reinterpret_cast<uint32_t*>(smem + chunk_offset(k, rg >> 2) + 4 * (rg & 3)) = col[j];
-  }
+  stage_columns(q, rg, c, smem);
   __syncthreads();
-
-#pragma unroll
-  for (int pass = 0; pass < kTileK * kTileM / 16 / kThreads; ++pass) {
-    const int idx = pass * kThreads + threadIdx.x;
-    const int k = idx / (kTileM / 16), chunk = idx % (kTileM / 16);
-    const uint4 sixteen = *reinterpret_cast<const uint4*>(smem + chunk_offset(k, chunk));
-    const int64_t m = m0 + 16 * chunk;
-    uint8_t* dst = a.columnwise + (k0 + k) * a.rows + m;
-    if (full) {
-      store16(dst, sixteen, a.column_store_bytes);
-    } else if (k0 + k < a.cols) {
-      const uint8_t* bytes = reinterpret_cast<const uint8_t*>(&sixteen);
-#pragma unroll
-      for (int b = 0; b < 16; ++b)
-        if (m + b < a.rows) dst[b] = bytes[b];
-    }
-  }
+  store_columns(smem, a.columnwise, a.rows, a.cols, m0, k0, full, a.column_store_bytes);
   op.finish(amax);
 }
 

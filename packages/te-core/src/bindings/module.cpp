@@ -64,4 +64,5 @@ NB_MODULE(_te_core, m) {
   bind_nvfp4(m);
   bind_mxfp8(m);
   bind_gemm_block(m);
+  bind_activation(m);
 }

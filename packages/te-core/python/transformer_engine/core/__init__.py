@@ -6,6 +6,12 @@ on their own tensors through `transformer_engine.core.lib`.
 """
 
 from ._native import lib
+from .activation import (
+    ACTIVATIONS,
+    ActivationGrad,
+    activation_backward,
+    activation_forward,
+)
 from .cast import (
     Fp8Tensor,
     compute_amax,
@@ -56,6 +62,10 @@ def built_with_cuda() -> bool:
 
 
 __all__ = [
+    "ACTIVATIONS",
+    "ActivationGrad",
+    "activation_backward",
+    "activation_forward",
     "BlockOperand",
     "DType",
     "Fp8BlockTensor",

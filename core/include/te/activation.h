@@ -1,0 +1,130 @@
+/* Activations of the MLP block, forward and backward, with fused FP8 outputs.
+ *
+ * Plain kinds act elementwise: output = f(x), same shape as the input.
+ * Gated kinds split the last dimension of the input [..., 2H] into two halves,
+ * a = x[..., :H] (the FIRST half, the activated part) and b = x[..., H:] (the
+ * second half, the linear part), and compute output[..., :H] = f(a) * lin(b).
+ * (The reference library's convention; PyTorch's nn.GLU gates the other way.)
+ *
+ *   kind            f(x)                                    lin(b)
+ *   gelu  / geglu   x * sigmoid(2u), u = sqrt(2/pi) (x + 0.044715 x^3)   b
+ *                   (= 0.5 x (1 + tanh(u)), the tanh approximation)
+ *   relu  / reglu   max(x, 0)                               b
+ *   silu  / swiglu  x * sigmoid(x)                          b
+ *   qgelu / qgeglu  x * sigmoid(1.702 x)                    b
+ *   srelu / sreglu  max(x, 0)^2                             b
+ *           glu     sigmoid(x)                              b
+ *   clamped_swiglu  c * sigmoid(alpha c), c = min(x, limit) clamp(b, -limit, limit) + glu_linear_offset
+ *                   (GPT-OSS; defaults limit 7, alpha 1.702, offset 1)
+ *
+ * Backward, given grad = dL/d(output) and the forward input x:
+ *   plain:  grad_input = grad * f'(x)
+ *   gated:  grad_input[..., :H] = (grad * f'(a)) * lin(b)
+ *           grad_input[..., H:] = (grad * f(a)) * lin'(b)
+ *   so grad_input always has the input's shape. For clamped_swiglu
+ *   f'(a) = 0 where a > limit, lin'(b) = 0 where |b| > limit, 1 otherwise
+ *   (at a == limit and |b| == limit the derivative of the unclamped side is used).
+ *
+ * Arithmetic (docs/numerics.md has the details): inputs widen exactly to FP32,
+ * every value is computed in FP32 in a fixed order, each +, -, *, / rounded
+ * once and each explicit fused multiply-add rounded once (no other FMA
+ * contraction), with exp evaluated by the core's own routine, so the CPU and
+ * CUDA backends produce identical bits. Every NaN result is the canonical NaN
+ * (0x7FC00000); NaN inputs propagate through every term that reads them.
+ * sigmoid(+-inf) = 1 / 0, f(-inf) = -0 for the sigmoid-based kinds, f(+inf) = +inf.
+ *
+ * Outputs: the FP32 value v is written once, rounded to the output's type
+ * (FP32, BF16, FP16; round to nearest even), or, for an FP8 output, quantized
+ * exactly as te_quantize_fp8 would quantize an FP32 tensor of the values v:
+ * q = fp8(v * scale), scale_inv = 1 / scale, amax = max(amax, max|v|) (NaN
+ * skipped). "columnwise" is the FP8 output viewed as [M, N] (N its last dim)
+ * and transposed to [N, M], as Hopper FP8 GEMMs need; it has the same bytes.
+ *
+ * Bias gradient (backward): dbias[j] = sum over rows r of grad_input[r, j] in
+ * FP32 (the values before rounding to grad_input's type), in a fixed order:
+ * rows in groups of 4 (rows 4i .. 4i+3), each group summed in row order; the
+ * 16 group sums of each 64-row chunk added in order; the chunk sums added in
+ * chunk order (every sum starts from +0). The result is rounded once to
+ * dbias's type. The CUDA backend needs a caller-allocated workspace for it
+ * (te_activation_bwd_workspace_size); the order is the same on both backends,
+ * so they give the same bits.
+ */
+#ifndef TE_ACTIVATION_H_
+#define TE_ACTIVATION_H_
+
+#include "te/types.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Which activation. The names follow LayerNormMLP's `activation` argument. */
+typedef enum {
+  TE_ACTIVATION_GELU = 0,
+  TE_ACTIVATION_RELU = 1,
+  TE_ACTIVATION_SILU = 2,
+  TE_ACTIVATION_QGELU = 3,
+  TE_ACTIVATION_SRELU = 4,
+  TE_ACTIVATION_GEGLU = 5,  /* gated kinds from here on: input [..., 2H] */
+  TE_ACTIVATION_REGLU = 6,
+  TE_ACTIVATION_SWIGLU = 7,
+  TE_ACTIVATION_QGEGLU = 8,
+  TE_ACTIVATION_SREGLU = 9,
+  TE_ACTIVATION_GLU = 10,
+  TE_ACTIVATION_CLAMPED_SWIGLU = 11
+} te_activation;
+
+/* Parameters of clamped_swiglu (ignored by the other kinds). Passing NULL
+ * means the defaults: limit 7.0, alpha 1.702, glu_linear_offset 1.0.
+ * limit must be > 0 (inf allowed: no clamping); alpha and the offset finite. */
+typedef struct {
+  float limit;
+  float alpha;
+  float glu_linear_offset;
+} te_activation_params;
+
+/* Forward: output = f(input) (plain) or f(a) * lin(b) (gated).
+ * \param[in]     input       FP32, BF16 or FP16; gated kinds need an even last dim 2H.
+ * \param[out]    output      input's shape (gated: last dim H); FP32, BF16, FP16,
+ *                            E4M3 or E5M2. May be NULL when columnwise is given.
+ * \param[out]    columnwise  FP8 [N, M] transposed copy (N = output's last dim,
+ *                            M = the product of the others), or NULL. Same FP8
+ *                            type as output when both are given.
+ * \param[in]     scale       FP32 scalar; required with an FP8 output, else NULL.
+ * \param[out]    scale_inv   FP32 scalar 1/scale, or NULL; only with an FP8 output.
+ * \param[in,out] amax        FP32 scalar, amax = max(amax, max|v|), or NULL
+ *                            (allowed with any output type). */
+TE_API te_status te_activation_fwd(te_activation kind, const te_activation_params* params,
+                                   const te_tensor* input, te_tensor* output,
+                                   te_tensor* columnwise, const te_tensor* scale,
+                                   te_tensor* scale_inv, te_tensor* amax, te_stream stream);
+
+/* Backward: grad_input = d(output)/d(input) applied to grad, plus an optional
+ * bias gradient and FP8 outputs (the reference's dact + dbias + cast + transpose).
+ * \param[in]     grad        the forward output's shape, same dtype as input.
+ * \param[in]     input       the forward input (FP32, BF16 or FP16).
+ * \param[out]    grad_input  input's shape; FP32, BF16, FP16, E4M3 or E5M2.
+ *                            May be NULL when columnwise is given.
+ * \param[out]    columnwise  FP8 [K, M] transposed copy of grad_input (K = input's
+ *                            last dim), or NULL; same FP8 type as grad_input.
+ * \param[in]     scale, scale_inv, amax   as in te_activation_fwd, for grad_input.
+ * \param[out]    dbias       [K], FP32, BF16 or FP16, or NULL.
+ * \param[in]     workspace   TE_DTYPE_BYTE, at least te_activation_bwd_workspace_size
+ *                            bytes, 16-byte aligned; may be NULL when that size is 0. */
+TE_API te_status te_activation_bwd(te_activation kind, const te_activation_params* params,
+                                   const te_tensor* grad, const te_tensor* input,
+                                   te_tensor* grad_input, te_tensor* columnwise,
+                                   const te_tensor* scale, te_tensor* scale_inv, te_tensor* amax,
+                                   te_tensor* dbias, te_tensor* workspace, te_stream stream);
+
+/* Bytes of workspace te_activation_bwd needs: 4 * ceil(M / 64) * K for a CUDA
+ * input with a bias gradient (one FP32 partial sum per 64-row chunk and
+ * column), else 0. Only input's shape and device are read, not its data. */
+TE_API te_status te_activation_bwd_workspace_size(const te_tensor* input, int with_dbias,
+                                                  size_t* workspace_bytes);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* TE_ACTIVATION_H_ */

@@ -1,0 +1,222 @@
+// C entry points of the activation family: validate once, then run the
+// backend of the input's device.
+#include "activation/backend.h"
+#include "runtime/device.h"
+#include "runtime/element.h"
+#include "runtime/tensor.h"
+#include "te/activation.h"
+
+namespace te::activation {
+namespace {
+
+constexpr std::initializer_list<te_dtype> kHighPrecision = {TE_DTYPE_FLOAT32, TE_DTYPE_BFLOAT16,
+                                                            TE_DTYPE_FLOAT16};
+constexpr std::initializer_list<te_dtype> kAnyOutput = {TE_DTYPE_FLOAT32, TE_DTYPE_BFLOAT16,
+                                                        TE_DTYPE_FLOAT16, TE_DTYPE_FLOAT8E4M3,
+                                                        TE_DTYPE_FLOAT8E5M2};
+constexpr std::initializer_list<te_dtype> kFp8 = {TE_DTYPE_FLOAT8E4M3, TE_DTYPE_FLOAT8E5M2};
+constexpr const char* kHighPrecisionText = "float32, bfloat16 or float16";
+constexpr const char* kAnyOutputText = "float32, bfloat16, float16, float8_e4m3 or float8_e5m2";
+constexpr const char* kFp8Text = "float8_e4m3 or float8_e5m2";
+
+const char* kind_name(te_activation kind) {
+  static const char* const names[] = {"gelu",  "relu",   "silu",   "qgelu",  "srelu", "geglu",
+                                      "reglu", "swiglu", "qgeglu", "sreglu", "glu",   "clamped_swiglu"};
+  return names[kind];
+}
+
+void check_kind(te_activation kind) {
+  if (kind < TE_ACTIVATION_GELU || kind > TE_ACTIVATION_CLAMPED_SWIGLU)
+    fail(TE_ERROR_INVALID_ARGUMENT, "argument 'kind' must be a te_activation value from 0 to ",
+         static_cast<int>(TE_ACTIVATION_CLAMPED_SWIGLU), ", got ", static_cast<int>(kind));
+}
+
+Params check_params(te_activation kind, const te_activation_params* params) {
+  if (params == nullptr || kind != TE_ACTIVATION_CLAMPED_SWIGLU) return kDefaultParams;
+  if (!(params->limit > 0.0f))
+    fail(TE_ERROR_INVALID_ARGUMENT, "clamped_swiglu needs 'limit' > 0, got ", params->limit);
+  if (!std::isfinite(params->alpha))
+    fail(TE_ERROR_INVALID_ARGUMENT, "clamped_swiglu needs a finite 'alpha', got ", params->alpha);
+  if (!std::isfinite(params->glu_linear_offset))
+    fail(TE_ERROR_INVALID_ARGUMENT, "clamped_swiglu needs a finite 'glu_linear_offset', got ",
+         params->glu_linear_offset);
+  return *params;
+}
+
+// The input as [rows, in_cols]; returns the width H of the activation output.
+int64_t check_input(te_activation kind, const te_tensor* input) {
+  Arg(input, "input").dtype_in(kHighPrecision, kHighPrecisionText);
+  if (!is_gated(kind)) return last_dim(*input);
+  if (input->ndim == 0 || last_dim(*input) % 2 != 0)
+    fail(TE_ERROR_INVALID_ARGUMENT, kind_name(kind),
+         " needs the input's last dimension to be even (halves [activated | linear]), got shape ",
+         shape_string(*input));
+  return last_dim(*input) / 2;
+}
+
+// t must have the shape of input, with the last dimension halved when halve.
+void check_shape(const te_tensor& t, const char* name, const te_tensor& input, bool halve,
+                 te_activation kind) {
+  te_tensor expected = input;
+  if (halve) expected.shape[expected.ndim - 1] /= 2;
+  bool same = t.ndim == expected.ndim;
+  for (int i = 0; same && i < t.ndim; ++i) same = t.shape[i] == expected.shape[i];
+  if (same) return;
+  if (halve)
+    fail(TE_ERROR_INVALID_ARGUMENT, "argument '", name, "' must have shape ", shape_string(expected),
+         " (the input ", shape_string(input), " with its last dimension halved, for ",
+         kind_name(kind), "), got ", shape_string(t));
+  fail(TE_ERROR_INVALID_ARGUMENT, "argument '", name, "' must have the shape of 'input' ",
+       shape_string(input), ", got ", shape_string(t));
+}
+
+float* optional_fp32_scalar(te_tensor* t, const char* name, const te_tensor& input) {
+  if (t == nullptr) return nullptr;
+  Arg(t, name).scalar_fp32().same_device(input, "input");
+  return static_cast<float*>(t->data);
+}
+
+// Checks the outputs of a [rows, cols] result matrix shaped like `like`
+// (output / grad_input); `name` is the rowwise argument's name.
+OutputArgs check_outputs(const te_tensor& input, te_tensor* rowwise, const char* name,
+                         te_tensor* columnwise, const te_tensor* scale, te_tensor* scale_inv,
+                         te_tensor* amax, int64_t rows, int64_t cols, bool halve,
+                         te_activation kind) {
+  OutputArgs out{};
+  if (rowwise == nullptr && columnwise == nullptr)
+    fail(TE_ERROR_INVALID_ARGUMENT, "at least one of '", name, "' and 'columnwise' must be given");
+  if (rowwise != nullptr) {
+    Arg(rowwise, name).dtype_in(kAnyOutput, kAnyOutputText).same_device(input, "input");
+    check_shape(*rowwise, name, input, halve, kind);
+    out.rowwise = rowwise->data;
+    out.rowwise_dtype = rowwise->dtype;
+    if (is_fp8(rowwise->dtype)) out.fp8_dtype = rowwise->dtype;
+  }
+  if (columnwise != nullptr) {
+    Arg(columnwise, "columnwise").dtype_in(kFp8, kFp8Text).same_device(input, "input");
+    if (columnwise->ndim != 2 || columnwise->shape[0] != cols || columnwise->shape[1] != rows)
+      fail(TE_ERROR_INVALID_ARGUMENT, "argument 'columnwise' must have shape [", cols, ", ", rows,
+           "] (the '", name, "' matrix [", rows, ", ", cols, "] transposed), got ",
+           shape_string(*columnwise));
+    if (rowwise != nullptr && rowwise->dtype != columnwise->dtype)
+      fail(TE_ERROR_INVALID_DTYPE, "arguments '", name, "' and 'columnwise' must have the same FP8 "
+           "type, got ", dtype_name(rowwise->dtype), " and ", dtype_name(columnwise->dtype));
+    out.columnwise = static_cast<uint8_t*>(columnwise->data);
+    out.fp8_dtype = columnwise->dtype;
+  }
+  const bool fp8 = columnwise != nullptr || is_fp8(rowwise->dtype);
+  if (fp8 && scale == nullptr)
+    fail(TE_ERROR_INVALID_ARGUMENT, "argument 'scale' is required for an FP8 '", name, "'");
+  if (!fp8 && scale != nullptr)
+    fail(TE_ERROR_INVALID_ARGUMENT, "argument 'scale' is only used with an FP8 '", name,
+         "', which is ", dtype_name(rowwise->dtype));
+  if (!fp8 && scale_inv != nullptr)
+    fail(TE_ERROR_INVALID_ARGUMENT, "argument 'scale_inv' is only used with an FP8 '", name,
+         "', which is ", dtype_name(rowwise->dtype));
+  if (scale != nullptr) {
+    Arg(scale, "scale").scalar_fp32().same_device(input, "input");
+    out.scale = static_cast<const float*>(scale->data);
+  }
+  out.scale_inv = optional_fp32_scalar(scale_inv, "scale_inv", input);
+  out.amax = optional_fp32_scalar(amax, "amax", input);
+  return out;
+}
+
+// Fills the fields both directions share: kind, params, input, rows, cols.
+template <class Args>
+void check_common(Args& args, te_activation kind, const te_activation_params* params,
+                  const te_tensor* input) {
+  check_kind(kind);
+  args.kind = kind;
+  args.params = check_params(kind, params);
+  args.cols = check_input(kind, input);
+  args.input = input->data;
+  args.input_dtype = input->dtype;
+  args.rows = leading_rows(*input);
+}
+
+size_t workspace_bytes(const te_tensor& input, bool with_dbias) {
+  if (!with_dbias || !on_cuda(input)) return 0;
+  return static_cast<size_t>(4 * dbias_chunks(leading_rows(input)) * last_dim(input));
+}
+
+}  // namespace
+}  // namespace te::activation
+
+using namespace te;
+using namespace te::activation;
+
+extern "C" {
+
+te_status te_activation_fwd(te_activation kind, const te_activation_params* params,
+                            const te_tensor* input, te_tensor* output, te_tensor* columnwise,
+                            const te_tensor* scale, te_tensor* scale_inv, te_tensor* amax,
+                            te_stream stream) {
+  return guarded("te_activation_fwd", [&] {
+    ForwardArgs args{};
+    check_common(args, kind, params, input);
+    args.out = check_outputs(*input, output, "output", columnwise, scale, scale_inv, amax, args.rows,
+                             args.cols, is_gated(kind), kind);
+    if (on_cuda(*input)) use_cuda_device(input->device_index);
+    TE_DISPATCH(on_cuda(*input), cpu::forward(args), cuda::forward(args, stream));
+  });
+}
+
+te_status te_activation_bwd(te_activation kind, const te_activation_params* params,
+                            const te_tensor* grad, const te_tensor* input, te_tensor* grad_input,
+                            te_tensor* columnwise, const te_tensor* scale, te_tensor* scale_inv,
+                            te_tensor* amax, te_tensor* dbias, te_tensor* workspace,
+                            te_stream stream) {
+  return guarded("te_activation_bwd", [&] {
+    BackwardArgs args{};
+    check_common(args, kind, params, input);
+    Arg(grad, "grad").same_device(*input, "input");
+    if (grad->dtype != input->dtype)
+      fail(TE_ERROR_INVALID_DTYPE, "argument 'grad' must have the dtype of 'input' (",
+           dtype_name(input->dtype), "), got ", dtype_name(grad->dtype));
+    check_shape(*grad, "grad", *input, is_gated(kind), kind);
+    args.grad = grad->data;
+    const int64_t in_cols = input_cols(kind, args.cols);
+    args.out = check_outputs(*input, grad_input, "grad_input", columnwise, scale, scale_inv, amax,
+                             args.rows, in_cols, false, kind);
+    if (dbias != nullptr) {
+      Arg(dbias, "dbias").dtype_in(kHighPrecision, kHighPrecisionText).same_device(*input, "input");
+      if (dbias->ndim != 1 || dbias->shape[0] != in_cols)
+        fail(TE_ERROR_INVALID_ARGUMENT, "argument 'dbias' must have shape [", in_cols,
+             "] (the input's last dimension), got ", shape_string(*dbias));
+      args.dbias = dbias->data;
+      args.dbias_dtype = dbias->dtype;
+    }
+    const size_t needed = workspace_bytes(*input, dbias != nullptr);
+    if (needed > 0) {
+      if (workspace == nullptr)
+        fail(TE_ERROR_INVALID_ARGUMENT, "argument 'workspace' is required: the bias gradient on ",
+             "CUDA needs ", static_cast<int64_t>(needed), " bytes (te_activation_bwd_workspace_size)");
+      Arg(workspace, "workspace").dtype(TE_DTYPE_BYTE).same_device(*input, "input");
+      if (static_cast<size_t>(numel(*workspace)) < needed)
+        fail(TE_ERROR_INVALID_ARGUMENT, "argument 'workspace' must hold at least ",
+             static_cast<int64_t>(needed), " bytes, got ", numel(*workspace));
+      if (reinterpret_cast<uintptr_t>(workspace->data) % 16 != 0)
+        fail(TE_ERROR_INVALID_ARGUMENT, "argument 'workspace' must be 16-byte aligned");
+      args.workspace = static_cast<float*>(workspace->data);
+    }
+    if (on_cuda(*input)) use_cuda_device(input->device_index);
+    TE_DISPATCH(on_cuda(*input), cpu::backward(args), cuda::backward(args, stream));
+  });
+}
+
+te_status te_activation_bwd_workspace_size(const te_tensor* input, int with_dbias,
+                                           size_t* workspace_bytes_out) {
+  return guarded("te_activation_bwd_workspace_size", [&] {
+    if (input == nullptr)
+      fail(TE_ERROR_INVALID_ARGUMENT, "argument 'input' is required (got NULL)");
+    if (workspace_bytes_out == nullptr)
+      fail(TE_ERROR_INVALID_ARGUMENT, "argument 'workspace_bytes' is required (got NULL)");
+    te_tensor shape_only = *input;
+    if (shape_only.data == nullptr) shape_only.data = &shape_only;  // the data is not read
+    check_descriptor(&shape_only, "input");
+    *workspace_bytes_out = workspace_bytes(*input, with_dbias != 0);
+  });
+}
+
+}  // extern "C"

@@ -1,0 +1,140 @@
+"""Activations of the MLP block on NumPy arrays (the CPU backend of the core).
+
+Formulas: core/include/te/activation.h and docs/numerics.md. Plain kinds act
+elementwise; gated kinds split the last dimension [..., 2H] into halves
+a = x[..., :H] (activated) and b = x[..., H:] (linear) and return f(a) * lin(b).
+Values are computed in FP32 and written once: rounded to the output type, or
+quantized to FP8 exactly as `quantize_fp8` would quantize the FP32 values.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Optional, Union
+
+import numpy as np
+
+from ._arrays import as_high_precision, desc, empty, fp32_scalar, matrix_shape
+from ._native import lib
+from .cast import Fp8Tensor
+from .dtypes import FP8_DTYPES, te_dtype
+
+# te_activation codes, in order; the names are LayerNormMLP's `activation` values.
+ACTIVATIONS = (
+    "gelu", "relu", "silu", "qgelu", "srelu",
+    "geglu", "reglu", "swiglu", "qgeglu", "sreglu", "glu", "clamped_swiglu",
+)
+GATED_ACTIVATIONS = frozenset(ACTIVATIONS[5:])
+# clamped_swiglu's defaults (the reference's activation_params).
+DEFAULT_PARAMS = {"limit": 7.0, "alpha": 1.702, "glu_linear_offset": 1.0}
+
+
+def activation_code(kind: Union[str, int]) -> int:
+    """The te_activation code of a name such as 'swiglu' (or of a code)."""
+    if isinstance(kind, str):
+        try:
+            return ACTIVATIONS.index(kind.lower())
+        except ValueError:
+            raise ValueError(f"unknown activation {kind!r}; expected one of {', '.join(ACTIVATIONS)}") from None
+    return int(kind)
+
+
+def is_gated(kind: Union[str, int]) -> bool:
+    return ACTIVATIONS[activation_code(kind)] in GATED_ACTIVATIONS
+
+
+class ActivationGrad(NamedTuple):
+    """Result of `activation_backward`."""
+
+    grad_input: Union[np.ndarray, Fp8Tensor]  # the input's shape
+    dbias: Optional[np.ndarray]  # [K], K the input's last dim; None unless requested
+
+
+def _output_shape(x: np.ndarray, kind: int, halve: bool) -> tuple:
+    if not halve or not is_gated(kind):
+        return x.shape
+    if x.ndim == 0 or x.shape[-1] % 2:
+        raise ValueError(
+            f"{ACTIVATIONS[kind]} needs the input's last dimension to be even "
+            f"(halves [activated | linear]), got shape {list(x.shape)}"
+        )
+    return x.shape[:-1] + (x.shape[-1] // 2,)
+
+
+def _outputs(shape, out_dtype, scale, rowwise: bool, columnwise: bool, amax):
+    """Allocates the outputs; returns (row, col, scale, scale_inv, amax) arrays or None."""
+    code = te_dtype(out_dtype)
+    fp8 = code in FP8_DTYPES
+    if not (rowwise or columnwise):
+        raise ValueError("at least one of 'rowwise' and 'columnwise' must be True")
+    if columnwise and not fp8:
+        raise ValueError(f"a columnwise output needs an FP8 out_dtype, got {out_dtype!r}")
+    if fp8 and scale is None:
+        raise ValueError("an FP8 out_dtype needs 'scale'")
+    if not fp8 and scale is not None:
+        raise ValueError(f"'scale' is only used with an FP8 out_dtype, got {out_dtype!r}")
+    rows, cols = matrix_shape(shape)
+    row = empty(shape, code) if rowwise else None
+    col = empty((cols, rows), code) if columnwise else None
+    scale = fp32_scalar(scale, "scale") if fp8 else None
+    scale_inv = np.zeros((), np.float32) if fp8 else None
+    amax = fp32_scalar(0.0 if amax is None else amax, "amax").copy()
+    return row, col, scale, scale_inv, amax
+
+
+def _result(row, col, scale, scale_inv, amax):
+    if scale is None:
+        return row
+    return Fp8Tensor(row, col, scale, scale_inv, amax)
+
+
+def _opt(a):
+    return None if a is None else desc(a)
+
+
+def activation_forward(
+    x, kind, *, out_dtype=None, scale=None, rowwise=True, columnwise=False, amax=None,
+    limit=7.0, alpha=1.702, glu_linear_offset=1.0,
+):
+    """f(x) (plain kinds) or f(a) * lin(b) (gated kinds: last dim halved).
+
+    out_dtype: None (the input's), float32/bfloat16/float16, or FP8 ('e4m3',
+    'e5m2'); FP8 needs `scale` and returns an Fp8Tensor (rowwise and/or the
+    [N, M] transposed columnwise copy, scale_inv, amax max-accumulated into
+    `amax`). limit/alpha/glu_linear_offset apply to clamped_swiglu only.
+    """
+    x = as_high_precision(x, "x")
+    code = activation_code(kind)
+    shape = _output_shape(x, code, halve=True)
+    row, col, scale, scale_inv, amax = _outputs(
+        shape, x.dtype if out_dtype is None else out_dtype, scale, rowwise, columnwise, amax
+    )
+    lib.activation_fwd(
+        code, desc(x), _opt(row), _opt(col), _opt(scale), _opt(scale_inv), desc(amax),
+        float(limit), float(alpha), float(glu_linear_offset),
+    )
+    return _result(row, col, scale, scale_inv, amax)
+
+
+def activation_backward(
+    grad, x, kind, *, out_dtype=None, scale=None, rowwise=True, columnwise=False, amax=None,
+    dbias=False, dbias_dtype=np.float32, limit=7.0, alpha=1.702, glu_linear_offset=1.0,
+) -> ActivationGrad:
+    """grad_input = grad * f'(x) (gated: both halves), with an optional bias gradient.
+
+    grad has the forward output's shape and x's dtype. out_dtype/scale/rowwise/
+    columnwise/amax describe grad_input as in `activation_forward`. dbias=True
+    also returns dbias[j] = sum over rows of grad_input[:, j] (FP32 sums in the
+    order of te/activation.h, rounded to dbias_dtype).
+    """
+    x = as_high_precision(x, "x")
+    grad = as_high_precision(grad, "grad")
+    code = activation_code(kind)
+    row, col, scale, scale_inv, amax = _outputs(
+        x.shape, x.dtype if out_dtype is None else out_dtype, scale, rowwise, columnwise, amax
+    )
+    bias = empty((x.shape[-1] if x.ndim else 1,), dbias_dtype) if dbias else None
+    lib.activation_bwd(
+        code, desc(grad), desc(x), _opt(row), _opt(col), _opt(scale), _opt(scale_inv), desc(amax),
+        _opt(bias), None, float(limit), float(alpha), float(glu_linear_offset),
+    )
+    return ActivationGrad(_result(row, col, scale, scale_inv, amax), bias)
