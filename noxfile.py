@@ -37,12 +37,19 @@ def cuda_compile_check(session: nox.Session) -> None:
         session.log("nvcc not found: CUDA compile check skipped")
         return
     session.install("nvidia-cublas", "cmake>=3.21", "ninja")
-    root = session.run(
-        "python", f"{CORE}/cmake/find_cublas_wheel.py", silent=True, external=False
-    ).strip()
+    root = session.run("python", f"{CORE}/cmake/find_cublas_wheel.py", silent=True, external=False).strip()
     session.run(
-        "cmake", "-S", "core", "-B", CUDA_CHECK_BUILD, "-G", "Ninja", "-DTE_WITH_CUDA=ON",
-        "-DTE_CUDA_ARCHS=90", f"-DTE_CUBLAS_ROOT={root}", "-DTE_BUILD_TESTS=ON",
+        "cmake",
+        "-S",
+        "core",
+        "-B",
+        CUDA_CHECK_BUILD,
+        "-G",
+        "Ninja",
+        "-DTE_WITH_CUDA=ON",
+        "-DTE_CUDA_ARCHS=90",
+        f"-DTE_CUBLAS_ROOT={root}",
+        "-DTE_BUILD_TESTS=ON",
     )
     session.run("cmake", "--build", CUDA_CHECK_BUILD, "-j", str(os.cpu_count() or 2))
 
@@ -53,8 +60,15 @@ def lint(session: nox.Session) -> None:
     session.run("python", "-m", "pip", "install", "-q", "ruff", "clang-format")
     session.run("ruff", "check", ".")
     sources = [
-        f for pattern in ("core/**/*.h", "core/**/*.c", "core/**/*.cpp", "core/**/*.cu",
-                          f"{CORE}/src/**/*.cpp", f"{CORE}/src/**/*.h")
+        f
+        for pattern in (
+            "core/**/*.h",
+            "core/**/*.c",
+            "core/**/*.cpp",
+            "core/**/*.cu",
+            f"{CORE}/src/**/*.cpp",
+            f"{CORE}/src/**/*.h",
+        )
         for f in glob.glob(pattern, recursive=True)
     ]
     session.run("clang-format", "--dry-run", "--Werror", *sources)
@@ -66,8 +80,9 @@ def tests(session: nox.Session) -> None:
     install_core(session, cuda="OFF")
     install_frameworks(session)
     session.install("cmake>=3.21", "ninja")
-    session.run("cmake", "-S", "core", "-B", "build/c-api-tests", "-G", "Ninja",
-                "-DTE_WITH_CUDA=OFF", "-DTE_BUILD_TESTS=ON")
+    session.run(
+        "cmake", "-S", "core", "-B", "build/c-api-tests", "-G", "Ninja", "-DTE_WITH_CUDA=OFF", "-DTE_BUILD_TESTS=ON"
+    )
     session.run("cmake", "--build", "build/c-api-tests")
     session.run("ctest", "--test-dir", "build/c-api-tests", "--output-on-failure", external=True)
     test_dirs = [f"{CORE}/tests"] + [f"{p}/tests" for p in FRAMEWORK_PACKAGES if os.path.isdir(f"{p}/tests")]
@@ -107,8 +122,9 @@ def wheels(session: nox.Session) -> None:
 def compat(session: nox.Session) -> None:
     """One te-core wheel against several framework versions (torch list grows with te-pytorch)."""
     session.install("numpy", "ml_dtypes", "pytest")
-    session.run("python", "-m", "pip", "wheel", "--no-deps", "-w", "build/compat-dist", f"./{CORE}",
-                env={"TE_WITH_CUDA": "OFF"})
+    session.run(
+        "python", "-m", "pip", "wheel", "--no-deps", "-w", "build/compat-dist", f"./{CORE}", env={"TE_WITH_CUDA": "OFF"}
+    )
     wheel = sorted(glob.glob("build/compat-dist/te_core-*.whl"))[-1]
     session.install(wheel)
     for torch_version in session.posargs or ["2.13.0"]:

@@ -14,9 +14,9 @@ import statistics
 import sys
 
 import torch
+from torch_desc import desc, stream
 
 import transformer_engine.core as tc
-from torch_desc import desc, stream
 
 lib = tc.lib
 ROWS, COLS = 32768, 4096
@@ -49,7 +49,10 @@ class Table:
         print(f"{case:58s} {ms:8.3f} ms  {rate:7.0f} {unit:7s} {ratio:>5s}  {vs}  {target}", flush=True)
 
     def markdown(self) -> str:
-        head = "| case | time (ms) | rate | of ceiling (copy, or same-run baseline for GEMMs) | speed-up vs baseline (same run) | target |\n|---|---|---|---|---|---|\n"
+        head = (
+            "| case | time (ms) | rate | of ceiling (copy, or same-run baseline for GEMMs) "
+            "| speed-up vs baseline (same run) | target |\n|---|---|---|---|---|---|\n"
+        )
         return head + "\n".join("| " + " | ".join(r) + " |" for r in self.rows) + "\n"
 
 
@@ -75,10 +78,30 @@ def bench_quantize(table: Table, copy_gbs: float) -> None:
 
     torch_ms = time_ms(eager_torch)
     cases = [
-        ("current-scaling quantize, rowwise", lambda: lib.quantize_fp8_current_scaling(dx, drow, None, ds, dsi, da, False, 0.0, stream()), 2 + 1 + 2, "<= 0.19 ms"),
-        ("current-scaling quantize, rowwise + columnwise", lambda: lib.quantize_fp8_current_scaling(dx, drow, dcol, ds, dsi, da, False, 0.0, stream()), 2 + 2 + 2, "<= 0.25 ms"),
-        ("delayed-scaling quantize, rowwise", lambda: lib.quantize_fp8(dx, ds, drow, None, dsi, da, stream()), 2 + 1, ""),
-        ("delayed-scaling quantize, rowwise + columnwise", lambda: lib.quantize_fp8(dx, ds, drow, dcol, dsi, da, stream()), 2 + 2, ">= 80% of copy at 4 B/elem"),
+        (
+            "current-scaling quantize, rowwise",
+            lambda: lib.quantize_fp8_current_scaling(dx, drow, None, ds, dsi, da, False, 0.0, stream()),
+            2 + 1 + 2,
+            "<= 0.19 ms",
+        ),
+        (
+            "current-scaling quantize, rowwise + columnwise",
+            lambda: lib.quantize_fp8_current_scaling(dx, drow, dcol, ds, dsi, da, False, 0.0, stream()),
+            2 + 2 + 2,
+            "<= 0.25 ms",
+        ),
+        (
+            "delayed-scaling quantize, rowwise",
+            lambda: lib.quantize_fp8(dx, ds, drow, None, dsi, da, stream()),
+            2 + 1,
+            "",
+        ),
+        (
+            "delayed-scaling quantize, rowwise + columnwise",
+            lambda: lib.quantize_fp8(dx, ds, drow, dcol, dsi, da, stream()),
+            2 + 2,
+            ">= 80% of copy at 4 B/elem",
+        ),
         ("amax", lambda: lib.compute_amax(dx, da, stream()), 2, ""),
     ]
     for name, fn, bytes_per_elem, target in cases:

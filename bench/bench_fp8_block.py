@@ -8,8 +8,9 @@ for rowwise + columnwise (GEMM-ready, the layout a training step writes).
 from __future__ import annotations
 
 import torch
-import transformer_engine.core as tc
 from torch_desc import desc, stream
+
+import transformer_engine.core as tc
 
 lib = tc.lib
 ROWS, COLS = 32768, 4096
@@ -24,8 +25,10 @@ def _buffers(block_dim: int, layout: int, rowwise: bool, columnwise: bool):
             continue
         shape = (COLS, ROWS) if col and layout == 0 else (ROWS, COLS)
         scales = tc.fp8_block_scale_shape((ROWS, COLS), block_dim=block_dim, layout=name, columnwise=col)
-        out += [torch.empty(shape, device="cuda", dtype=torch.float8_e4m3fn),
-                torch.empty(scales, device="cuda", dtype=torch.float32)]
+        out += [
+            torch.empty(shape, device="cuda", dtype=torch.float8_e4m3fn),
+            torch.empty(scales, device="cuda", dtype=torch.float32),
+        ]
     return out
 
 

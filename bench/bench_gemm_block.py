@@ -11,9 +11,10 @@ Each row names the path te_gemm_block took. Quantization is not timed.
 from __future__ import annotations
 
 import torch
-import transformer_engine.core as tc
 from bench_gemm import CoreGemm
 from torch_desc import desc, stream
+
+import transformer_engine.core as tc
 from transformer_engine.core.dtypes import DType
 from transformer_engine.core.gemm_block import PATHS, SCALING
 from transformer_engine.core.nvfp4 import scale_shape as nvfp4_scale_shape
@@ -38,8 +39,9 @@ class BlockGemm:
         path, size = lib.gemm_block_plan(self.params)
         self.path = PATHS[path]
         self.workspace_tensor = torch.empty(max(size, 1), dtype=torch.uint8, device="cuda")
-        self.workspace = lib.TensorDesc(self.workspace_tensor.data_ptr(), int(DType.kByte), [size],
-                                        1, self.workspace_tensor.device.index or 0)
+        self.workspace = lib.TensorDesc(
+            self.workspace_tensor.data_ptr(), int(DType.kByte), [size], 1, self.workspace_tensor.device.index or 0
+        )
 
     def __call__(self):
         lib.gemm_block(self.params, self.workspace, stream())
@@ -51,8 +53,7 @@ def _fp8_block(x, block_dim, keep):
     shape = tc.fp8_block_scale_shape((n, k), block_dim=block_dim)
     s = torch.empty(shape, device="cuda", dtype=torch.float32)
     keep += [q, s]
-    lib.fp8_block_quantize(desc(x), desc(q), desc(s), None, None, block_dim=block_dim, layout=0,
-                           stream=stream())
+    lib.fp8_block_quantize(desc(x), desc(q), desc(s), None, None, block_dim=block_dim, layout=0, stream=stream())
     mode = SCALING["fp8_block_1d" if block_dim == 1 else "fp8_block_2d"]
     return lib.GemmOperandDesc(desc(q), mode, desc(s))
 
@@ -99,11 +100,11 @@ def bench_gemm_block(table, time_ms) -> None:
     for name, a, b, force in cases:
         gemm = BlockGemm(a, b, dy, force_emulation=force)
         ms = time_ms(gemm)
-        table.add(f"{name} [{gemm.path}]", ms, tflops(ms), "TFLOP/s", per_tensor / ms,
-                  "per-tensor FP8 te_gemm", per_tensor)
+        table.add(
+            f"{name} [{gemm.path}]", ms, tflops(ms), "TFLOP/s", per_tensor / ms, "per-tensor FP8 te_gemm", per_tensor
+        )
 
     for name, quantize in (("MXFP8", _mxfp8), ("NVFP4", _nvfp4)):
         gemm = BlockGemm(quantize(x, keep), quantize(w, keep), dy)
         ms = time_ms(gemm)
-        table.add(f"{name} GEMM {n}^3 TN [{gemm.path}]", ms, tflops(ms), "TFLOP/s", bf16 / ms,
-                  "BF16 te_gemm", bf16)
+        table.add(f"{name} GEMM {n}^3 TN [{gemm.path}]", ms, tflops(ms), "TFLOP/s", bf16 / ms, "BF16 te_gemm", bf16)

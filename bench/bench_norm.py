@@ -8,10 +8,10 @@ MiB. Usage (on the GPU machine, te-core built with CUDA): python bench/bench_nor
 from __future__ import annotations
 
 import torch
-
-import transformer_engine.core as tc
 from bench_core import time_ms
 from torch_desc import desc, stream
+
+import transformer_engine.core as tc
 
 lib = tc.lib
 ROWS, COLS = 32768, 4096
@@ -28,16 +28,20 @@ def main() -> int:
     dgamma, dbeta = torch.empty_like(gamma), torch.empty_like(gamma)
     ws = torch.empty(lib.layernorm_bwd_workspace_size(desc(x)), device="cuda", dtype=torch.uint8)
     ws_rms = torch.empty(lib.rmsnorm_bwd_workspace_size(desc(x)), device="cuda", dtype=torch.uint8)
-    d = {k: desc(v) for k, v in dict(x=x, dz=dz, g=gamma, b=beta, y=y, dx=dx, mu=mu, rs=rsigma,
-                                    dg=dgamma, db=dbeta, ws=ws, wsr=ws_rms).items()}
+    d = {
+        k: desc(v)
+        for k, v in dict(
+            x=x, dz=dz, g=gamma, b=beta, y=y, dx=dx, mu=mu, rs=rsigma, dg=dgamma, db=dbeta, ws=ws, wsr=ws_rms
+        ).items()
+    }
 
     def ln_fwd():
-        lib.layernorm_fwd(d["x"], d["g"], d["b"], 1e-5, False, d["y"], None, None, None, d["mu"],
-                          d["rs"], stream())
+        lib.layernorm_fwd(d["x"], d["g"], d["b"], 1e-5, False, d["y"], None, None, None, d["mu"], d["rs"], stream())
 
     def ln_bwd():
-        lib.layernorm_bwd(d["dz"], d["x"], d["mu"], d["rs"], d["g"], False, d["dx"], d["dg"],
-                          d["db"], d["ws"], stream())
+        lib.layernorm_bwd(
+            d["dz"], d["x"], d["mu"], d["rs"], d["g"], False, d["dx"], d["dg"], d["db"], d["ws"], stream()
+        )
 
     def rms_fwd():
         lib.rmsnorm_fwd(d["x"], d["g"], 1e-5, False, d["y"], None, None, None, d["rs"], stream())
@@ -52,6 +56,7 @@ def main() -> int:
     def torch_fwd_bwd(mod):
         def run():
             mod(xt).backward(dz)
+
         return run
 
     tensor_bytes = 2 * ROWS * COLS  # one BF16 [ROWS, COLS] tensor

@@ -12,9 +12,10 @@ from __future__ import annotations
 import sys
 
 import torch
-import transformer_engine.core as tc
 from bench_core import COLS, ROWS, Table, copy_ceiling_gbs, time_ms
 from torch_desc import stream
+
+import transformer_engine.core as tc
 
 lib = tc.lib
 
@@ -52,10 +53,19 @@ def bench_nvfp4(table: Table, copy_gbs: float) -> None:
         lib.nvfp4_compute_amax(dx, amax_r, amax_c, rht, RHT_SIGN_MASK, stream())
 
     def quantize(rowwise=True, columnwise=True, **opts):
-        lib.nvfp4_quantize(dx, amax_r if rowwise else None, row if rowwise else None, rs if rowwise else None,
-                           amax_c if columnwise else None, col if columnwise else None,
-                           cs if columnwise else None, rht_sign_mask=RHT_SIGN_MASK, rng_state=state,
-                           stream=stream(), **opts)
+        lib.nvfp4_quantize(
+            dx,
+            amax_r if rowwise else None,
+            row if rowwise else None,
+            rs if rowwise else None,
+            amax_c if columnwise else None,
+            col if columnwise else None,
+            cs if columnwise else None,
+            rht_sign_mask=RHT_SIGN_MASK,
+            rng_state=state,
+            stream=stream(),
+            **opts,
+        )
 
     amax()
     per_direction = 0.5 + 1 / 16
@@ -68,8 +78,12 @@ def bench_nvfp4(table: Table, copy_gbs: float) -> None:
         ("quantize rowwise + columnwise, RHT", lambda: quantize(random_hadamard=True), 2 + 2 * per_direction, ""),
         ("quantize rowwise + columnwise, SR", lambda: quantize(stochastic_rounding=True), 2 + 2 * per_direction, ""),
         ("quantize rowwise + columnwise, 2-D", lambda: quantize(block_2d=True), 2 + 2 * per_direction, ""),
-        ("dequantize rowwise to bf16", lambda: lib.nvfp4_dequantize(row, rs, amax_r, dout, stream()),
-         per_direction + 2, ""),
+        (
+            "dequantize rowwise to bf16",
+            lambda: lib.nvfp4_dequantize(row, rs, amax_r, dout, stream()),
+            per_direction + 2,
+            "",
+        ),
     ]
     for name, fn, bytes_per_elem, target in cases:
         ms = time_ms(fn)

@@ -17,13 +17,13 @@ import statistics
 import time
 
 import torch
+
 import transformer_engine.pytorch as te
 from transformer_engine.common import recipe
 
 # (in, out, tokens): the host-overhead case, then the large layers.
 CASES = [(1024, 1024, 256), (4096, 4096, 8192), (4096, 14336, 8192), (14336, 4096, 8192)]
-RECIPES = {"bf16": None, "delayed": recipe.DelayedScaling(),
-           "current": recipe.Float8CurrentScaling()}
+RECIPES = {"bf16": None, "delayed": recipe.DelayedScaling(), "current": recipe.Float8CurrentScaling()}
 
 
 def _sync(device):
@@ -36,6 +36,7 @@ def _step_fn(layer, x, dy, fp8_recipe):
         with te.autocast(enabled=fp8_recipe is not None, recipe=fp8_recipe):
             y = layer(x)
         y.backward(dy)
+
     return step
 
 

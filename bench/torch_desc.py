@@ -16,11 +16,10 @@ TORCH_TO_TE = {
 }
 
 
-def desc(t: torch.Tensor) -> "lib.TensorDesc":
+def desc(t: torch.Tensor) -> lib.TensorDesc:
     assert t.is_contiguous(), "descriptors need contiguous tensors"
     device_type = 1 if t.is_cuda else 0
-    return lib.TensorDesc(t.data_ptr(), int(TORCH_TO_TE[t.dtype]), list(t.shape), device_type,
-                          t.device.index or 0)
+    return lib.TensorDesc(t.data_ptr(), int(TORCH_TO_TE[t.dtype]), list(t.shape), device_type, t.device.index or 0)
 
 
 def stream() -> int:

@@ -55,15 +55,20 @@ class DelayedScaler:
         return q
 
     def update(self) -> None:
-        tc.delayed_scaling_update([self.history], [self.scale], amax_compute_algo=self.recipe.amax_compute_algo,
-                                  fp8_dtype=self.fmt, margin=self.recipe.margin)
+        tc.delayed_scaling_update(
+            [self.history],
+            [self.scale],
+            amax_compute_algo=self.recipe.amax_compute_algo,
+            fp8_dtype=self.fmt,
+            margin=self.recipe.margin,
+        )
 
 
 def quantize_all(recipe, x, w, dy, rng, steps: int):
     fwd, bwd = formats_of(recipe)
     if isinstance(recipe, DelayedScaling):
         scalers = {"x": DelayedScaler(recipe, fwd), "w": DelayedScaler(recipe, fwd), "dy": DelayedScaler(recipe, bwd)}
-        for step in range(steps):  # earlier training steps: slightly different tensors
+        for _ in range(steps):  # earlier training steps: slightly different tensors
             drift = np.float32(1.0 + 0.02 * rng.standard_normal())
             for name, t in (("x", x), ("w", w), ("dy", dy)):
                 scalers[name].quantize(t * drift)
@@ -81,10 +86,13 @@ def fp8_gemms(q) -> dict:
     """fprop y = x W^T, dgrad dx = dy W, wgrad dW = dy^T x, all in FP8 (TN inside the core)."""
     x, w, dy = q["x"], q["w"], q["dy"]
     return {
-        "fprop  y = x W^T": tc.gemm(x.rowwise, w.rowwise, transb=True, a_scale_inv=x.scale_inv, b_scale_inv=w.scale_inv).out,
+        "fprop  y = x W^T": tc.gemm(
+            x.rowwise, w.rowwise, transb=True, a_scale_inv=x.scale_inv, b_scale_inv=w.scale_inv
+        ).out,
         "dgrad dx = dy W": tc.gemm(dy.rowwise, w.rowwise, a_scale_inv=dy.scale_inv, b_scale_inv=w.scale_inv).out,
-        "wgrad dW = dy^T x": tc.gemm(dy.columnwise, x.columnwise, transb=True,
-                                     a_scale_inv=dy.scale_inv, b_scale_inv=x.scale_inv).out,
+        "wgrad dW = dy^T x": tc.gemm(
+            dy.columnwise, x.columnwise, transb=True, a_scale_inv=dy.scale_inv, b_scale_inv=x.scale_inv
+        ).out,
     }
 
 
@@ -109,8 +117,10 @@ def main() -> None:
         "dgrad dx = dy W": bf16(dy) @ bf16(w),
         "wgrad dW = dy^T x": bf16(dy).T @ bf16(x),
     }
-    print(f"Linear {args.d_in}->{args.d_out}, {args.tokens} tokens, te-core {tc.__version__} "
-          f"({'CUDA' if tc.built_with_cuda() else 'CPU'} build; this demo runs the CPU backend)\n")
+    print(
+        f"Linear {args.d_in}->{args.d_out}, {args.tokens} tokens, te-core {tc.__version__} "
+        f"({'CUDA' if tc.built_with_cuda() else 'CPU'} build; this demo runs the CPU backend)\n"
+    )
     recipes = [DelayedScaling(amax_history_len=16, amax_compute_algo="max"), Float8CurrentScaling()]
     print(f"{'recipe':22s} {'tensor':5s} {'format':6s} {'scale':>12s} {'quantization error':>19s}")
     results = {}
@@ -127,9 +137,11 @@ def main() -> None:
         row = f"{gemm_name:20s} {rel_err(bf16_out[gemm_name], reference):11.2e}"
         row += "".join(f" {rel_err(r[gemm_name], reference):26.2e}" for r in results.values())
         print(row)
-    print("\nErrors are ||approx - exact|| / ||exact|| against float64. FP8 keeps 3 (E4M3) or 2 (E5M2)"
-          " mantissa bits, BF16 keeps 8: FP8 errors of a few 1e-2 are expected; the scales keep every"
-          " tensor inside the FP8 range, so nothing overflows or flushes to zero.")
+    print(
+        "\nErrors are ||approx - exact|| / ||exact|| against float64. FP8 keeps 3 (E4M3) or 2 (E5M2)"
+        " mantissa bits, BF16 keeps 8: FP8 errors of a few 1e-2 are expected; the scales keep every"
+        " tensor inside the FP8 range, so nothing overflows or flushes to zero."
+    )
 
 
 if __name__ == "__main__":

@@ -44,13 +44,20 @@ uint8_t reference_nearest(float v) {
   const uint8_t sign = std::signbit(v) ? 0x8 : 0x0;
   const float a = std::fabs(v);
   uint8_t code = 7;
-  if (a <= 0.25f) code = 0;
-  else if (a < 0.75f) code = 1;
-  else if (a <= 1.25f) code = 2;
-  else if (a < 1.75f) code = 3;
-  else if (a <= 2.5f) code = 4;
-  else if (a < 3.5f) code = 5;
-  else if (a <= 5.0f) code = 6;
+  if (a <= 0.25f)
+    code = 0;
+  else if (a < 0.75f)
+    code = 1;
+  else if (a <= 1.25f)
+    code = 2;
+  else if (a < 1.75f)
+    code = 3;
+  else if (a <= 2.5f)
+    code = 4;
+  else if (a < 3.5f)
+    code = 5;
+  else if (a <= 5.0f)
+    code = 6;
   return static_cast<uint8_t>(sign | code);
 }
 
@@ -87,7 +94,8 @@ void check_range(uint64_t begin, uint64_t end, uint64_t stride) {
     const uint8_t got = float_to_e2m1(v);
     if (got != want) report("nearest", bits, 0, got, want);
     const uint32_t magnitude = e2m1_nearest_biased(v) - kE2M1CodeBias;
-    if (magnitude > 7u) report("nearest magnitude out of 0..7", bits, 0, static_cast<int>(magnitude), 0);
+    if (magnitude > 7u)
+      report("nearest magnitude out of 0..7", bits, 0, static_cast<int>(magnitude), 0);
 
     double cut;
     reference_stochastic(v, 0, &cut);
@@ -128,7 +136,8 @@ void check_packing() {
       std::memcpy(&y_bits, &y, sizeof y_bits);
       if (got != float_to_e2m1(y)) report("encode_block", y_bits, 0, got, float_to_e2m1(y));
       if (got_sr != float_to_e2m1_stochastic(y, random[i]))
-        report("encode_block stochastic", y_bits, random[i], got_sr, float_to_e2m1_stochastic(y, random[i]));
+        report("encode_block stochastic", y_bits, random[i], got_sr,
+               float_to_e2m1_stochastic(y, random[i]));
     }
   }
 }
@@ -142,7 +151,8 @@ int main(int argc, char** argv) {
   const uint64_t total = uint64_t{1} << 32, chunk = total / workers;
   std::vector<std::thread> threads;
   for (unsigned w = 0; w < workers; ++w)
-    threads.emplace_back(check_range, w * chunk, w + 1 == workers ? total : (w + 1) * chunk, stride);
+    threads.emplace_back(check_range, w * chunk, w + 1 == workers ? total : (w + 1) * chunk,
+                         stride);
   for (auto& t : threads) t.join();
   if (failures.load() != 0) {
     std::printf("FAILED: %llu mismatches\n", static_cast<unsigned long long>(failures.load()));

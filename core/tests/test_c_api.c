@@ -7,12 +7,12 @@
 #include "te/te.h"
 
 static int failures = 0;
-#define EXPECT(cond)                                         \
-  do {                                                       \
-    if (!(cond)) {                                           \
+#define EXPECT(cond)                                                     \
+  do {                                                                   \
+    if (!(cond)) {                                                       \
       fprintf(stderr, "%s:%d: failed: %s\n", __FILE__, __LINE__, #cond); \
-      failures++;                                            \
-    }                                                        \
+      failures++;                                                        \
+    }                                                                    \
   } while (0)
 
 static te_tensor cpu_tensor(void* data, te_dtype dtype, int ndim, const int64_t* shape) {
@@ -41,8 +41,9 @@ int main(void) {
   EXPECT(te_quantize_fp8(&in, &s, &out, NULL, &si, &a, NULL) == TE_SUCCESS);
   EXPECT(strcmp(te_last_error_message(), "") == 0);
   EXPECT(scale_inv == 0.5f);
-  EXPECT(amax == 56.0f);  /* |-16 * 3.5| */
-  EXPECT(q[0] == 0xEE);   /* -56 * 2 = -112 = -1.75 * 2^6 -> sign 1, exponent 6+7 = 1101, mantissa 110 */
+  EXPECT(amax == 56.0f); /* |-16 * 3.5| */
+  EXPECT(q[0] ==
+         0xEE); /* -56 * 2 = -112 = -1.75 * 2^6 -> sign 1, exponent 6+7 = 1101, mantissa 110 */
 
   /* A wrong dtype is a status plus a message naming the argument. */
   te_tensor bad_scale = cpu_tensor(&scale, TE_DTYPE_FLOAT16, 0, NULL);

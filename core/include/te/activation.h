@@ -14,8 +14,8 @@
  *   qgelu / qgeglu  x * sigmoid(1.702 x)                    b
  *   srelu / sreglu  max(x, 0)^2                             b
  *           glu     sigmoid(x)                              b
- *   clamped_swiglu  c * sigmoid(alpha c), c = min(x, limit) clamp(b, -limit, limit) + glu_linear_offset
- *                   (GPT-OSS; defaults limit 7, alpha 1.702, offset 1)
+ *   clamped_swiglu  c * sigmoid(alpha c), c = min(x, limit) clamp(b, -limit, limit) +
+ * glu_linear_offset (GPT-OSS; defaults limit 7, alpha 1.702, offset 1)
  *
  * Backward, given grad = dL/d(output) and the forward input x:
  *   plain:  grad_input = grad * f'(x)
@@ -65,7 +65,7 @@ typedef enum {
   TE_ACTIVATION_SILU = 2,
   TE_ACTIVATION_QGELU = 3,
   TE_ACTIVATION_SRELU = 4,
-  TE_ACTIVATION_GEGLU = 5,  /* gated kinds from here on: input [..., 2H] */
+  TE_ACTIVATION_GEGLU = 5, /* gated kinds from here on: input [..., 2H] */
   TE_ACTIVATION_REGLU = 6,
   TE_ACTIVATION_SWIGLU = 7,
   TE_ACTIVATION_QGEGLU = 8,
@@ -95,9 +95,9 @@ typedef struct {
  * \param[in,out] amax        FP32 scalar, amax = max(amax, max|v|), or NULL
  *                            (allowed with any output type). */
 TE_API te_status te_activation_fwd(te_activation kind, const te_activation_params* params,
-                                   const te_tensor* input, te_tensor* output,
-                                   te_tensor* columnwise, const te_tensor* scale,
-                                   te_tensor* scale_inv, te_tensor* amax, te_stream stream);
+                                   const te_tensor* input, te_tensor* output, te_tensor* columnwise,
+                                   const te_tensor* scale, te_tensor* scale_inv, te_tensor* amax,
+                                   te_stream stream);
 
 /* Backward: grad_input = d(output)/d(input) applied to grad, plus an optional
  * bias gradient and FP8 outputs (the reference's dact + dbias + cast + transpose).

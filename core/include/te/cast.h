@@ -31,9 +31,9 @@ extern "C" {
  * \param[out]    scale_inv  FP32 scalar, written with 1/scale; may be NULL.
  * \param[in,out] amax       FP32 scalar, amax = max(amax, max|x|); may be NULL.
  */
-TE_API te_status te_quantize_fp8(const te_tensor* input, const te_tensor* scale,
-                                 te_tensor* rowwise, te_tensor* columnwise,
-                                 te_tensor* scale_inv, te_tensor* amax, te_stream stream);
+TE_API te_status te_quantize_fp8(const te_tensor* input, const te_tensor* scale, te_tensor* rowwise,
+                                 te_tensor* columnwise, te_tensor* scale_inv, te_tensor* amax,
+                                 te_stream stream);
 
 /* amax = max|x| over the non-NaN elements of input (0 for an empty or all-NaN
  * tensor). Overwrites amax (FP32 scalar). */

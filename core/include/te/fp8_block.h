@@ -94,10 +94,9 @@ TE_API te_status te_fp8_block_scale_shape(int64_t rows, int64_t cols, te_fp8_blo
  * \param[in]  amax_epsilon          floor of each block's amax, >= 0. */
 TE_API te_status te_fp8_block_quantize(const te_tensor* input, te_tensor* rowwise,
                                        te_tensor* rowwise_scale_inv, te_tensor* columnwise,
-                                       te_tensor* columnwise_scale_inv,
-                                       te_fp8_block_dim block_dim, te_fp8_block_layout layout,
-                                       int force_pow2_scales, float amax_epsilon,
-                                       te_stream stream);
+                                       te_tensor* columnwise_scale_inv, te_fp8_block_dim block_dim,
+                                       te_fp8_block_layout layout, int force_pow2_scales,
+                                       float amax_epsilon, te_stream stream);
 
 /* Dequantize one stored FP8 block-scaled matrix: output = float32(q) * its
  * block's scale_inv, rounded (nearest even) to output's type.

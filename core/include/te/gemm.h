@@ -74,24 +74,25 @@ extern "C" {
 #endif
 
 typedef struct {
-  const te_tensor* a;            /* required */
-  const te_tensor* a_scale_inv;  /* FP32 scalar, required iff A is FP8 */
+  const te_tensor* a;           /* required */
+  const te_tensor* a_scale_inv; /* FP32 scalar, required iff A is FP8 */
   int transa;
-  const te_tensor* b;            /* required */
-  const te_tensor* b_scale_inv;  /* FP32 scalar, required iff B is FP8 */
+  const te_tensor* b;           /* required */
+  const te_tensor* b_scale_inv; /* FP32 scalar, required iff B is FP8 */
   int transb;
-  const te_tensor* c;            /* [M, N] (type: see above), or NULL (then beta must be 0) */
-  te_tensor* d;                  /* [M, N]: FP32, BF16, FP16, or FP8 with d_scale */
-  const te_tensor* d_scale;      /* FP32 scalar, required iff D is FP8 */
-  te_tensor* d_amax;             /* FP32 scalar or NULL; only with FP8 D; max-accumulated */
-  const te_tensor* bias;         /* [N] or NULL */
-  te_tensor* pre_gelu_out;       /* [M, N] or NULL: enables the GELU epilogue */
-  te_tensor* bias_grad;          /* [M] or NULL */
-  te_tensor* workspace;          /* bytes (TE_DTYPE_BYTE), >= te_gemm_workspace_size; may be NULL when that is 0 */
+  const te_tensor* c;       /* [M, N] (type: see above), or NULL (then beta must be 0) */
+  te_tensor* d;             /* [M, N]: FP32, BF16, FP16, or FP8 with d_scale */
+  const te_tensor* d_scale; /* FP32 scalar, required iff D is FP8 */
+  te_tensor* d_amax;        /* FP32 scalar or NULL; only with FP8 D; max-accumulated */
+  const te_tensor* bias;    /* [N] or NULL */
+  te_tensor* pre_gelu_out;  /* [M, N] or NULL: enables the GELU epilogue */
+  te_tensor* bias_grad;     /* [M] or NULL */
+  te_tensor*
+      workspace; /* bytes (TE_DTYPE_BYTE), >= te_gemm_workspace_size; may be NULL when that is 0 */
   float alpha;
   float beta;
-  int use_split_accumulator;     /* FP8 on CUDA: 1 = full FP32 accumulation, 0 = cuBLASLt's fast
-                                    accumulation (fewer accumulator bits); the CPU ignores it */
+  int use_split_accumulator; /* FP8 on CUDA: 1 = full FP32 accumulation, 0 = cuBLASLt's fast
+                                accumulation (fewer accumulator bits); the CPU ignores it */
 } te_gemm_params;
 
 /* Bytes of workspace te_gemm needs for these parameters (their data pointers

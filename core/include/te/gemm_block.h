@@ -110,11 +110,11 @@ typedef enum {
 typedef enum { TE_GEMM_PATH_NATIVE = 0, TE_GEMM_PATH_EMULATED = 1 } te_gemm_path;
 
 typedef struct {
-  const te_tensor* data;       /* required: the stored copy (see Layouts) */
+  const te_tensor* data; /* required: the stored copy (see Layouts) */
   te_scaling_mode scaling;
-  const te_tensor* scale_inv;  /* NULL for NONE; TENSOR: FP32 scalar; else the block scales */
-  const te_tensor* amax;       /* NVFP4 only: FP32 scalar, the copy's global amax */
-  int swizzled_scales;         /* MXFP8 / NVFP4: 1 when scale_inv is in the swizzled layout */
+  const te_tensor* scale_inv; /* NULL for NONE; TENSOR: FP32 scalar; else the block scales */
+  const te_tensor* amax;      /* NVFP4 only: FP32 scalar, the copy's global amax */
+  int swizzled_scales;        /* MXFP8 / NVFP4: 1 when scale_inv is in the swizzled layout */
 } te_gemm_operand;
 
 typedef struct {
@@ -122,13 +122,13 @@ typedef struct {
   int transa;
   te_gemm_operand b;
   int transb;
-  const te_tensor* c;         /* [M, N], D's type, or NULL (then beta must be 0) */
-  te_tensor* d;               /* [M, N]: FP32, BF16 or FP16 */
-  const te_tensor* bias;      /* [N] FP32/BF16/FP16, or NULL */
+  const te_tensor* c;    /* [M, N], D's type, or NULL (then beta must be 0) */
+  te_tensor* d;          /* [M, N]: FP32, BF16 or FP16 */
+  const te_tensor* bias; /* [N] FP32/BF16/FP16, or NULL */
   float alpha;
   float beta;
-  int use_split_accumulator;  /* TENSOR on CUDA, as te_gemm; block formats always split */
-  int force_emulation;        /* 1: the emulated path even where a native one exists */
+  int use_split_accumulator; /* TENSOR on CUDA, as te_gemm; block formats always split */
+  int force_emulation;       /* 1: the emulated path even where a native one exists */
 } te_gemm_block_params;
 
 /* The path te_gemm_block takes for these parameters and the workspace bytes
@@ -152,8 +152,7 @@ TE_API te_status te_gemm_block_grouped_plan(const te_gemm_block_params* groups, 
                                             te_gemm_path* paths, size_t* workspace_bytes);
 
 TE_API te_status te_gemm_block_grouped(const te_gemm_block_params* groups, int num_groups,
-                                       te_tensor* workspace, te_gemm_path* paths,
-                                       te_stream stream);
+                                       te_tensor* workspace, te_gemm_path* paths, te_stream stream);
 
 #ifdef __cplusplus
 }

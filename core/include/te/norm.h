@@ -60,9 +60,9 @@ extern "C" {
  * \param[out]    mu          FP32, N elements (saved for backward); may be NULL.
  * \param[out]    rsigma      FP32, N elements (saved for backward); may be NULL.
  */
-TE_API te_status te_layernorm_fwd(const te_tensor* x, const te_tensor* gamma,
-                                  const te_tensor* beta, float eps, int zero_centered_gamma,
-                                  te_tensor* y, const te_tensor* y_scale, te_tensor* y_scale_inv,
+TE_API te_status te_layernorm_fwd(const te_tensor* x, const te_tensor* gamma, const te_tensor* beta,
+                                  float eps, int zero_centered_gamma, te_tensor* y,
+                                  const te_tensor* y_scale, te_tensor* y_scale_inv,
                                   te_tensor* y_amax, te_tensor* mu, te_tensor* rsigma,
                                   te_stream stream);
 

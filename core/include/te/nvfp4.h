@@ -84,8 +84,8 @@ typedef struct {
  * \param[in] input  FP32, BF16 or FP16, last dim K % 16 == 0; M % 16 == 0
  *                   when amax_columnwise is given with RHT. */
 TE_API te_status te_nvfp4_compute_amax(const te_tensor* input, te_tensor* amax_rowwise,
-                                       te_tensor* amax_columnwise,
-                                       const te_nvfp4_options* options, te_stream stream);
+                                       te_tensor* amax_columnwise, const te_nvfp4_options* options,
+                                       te_stream stream);
 
 /* Quantize input with the given global amaxes (FP32 scalars, read only).
  * Each direction's four arguments (amax, data, scale) are given together or

@@ -35,10 +35,9 @@ typedef enum { TE_AMAX_COMPUTE_MAX = 0, TE_AMAX_COMPUTE_MOST_RECENT = 1 } te_ama
  * \param[in]     margin                  the recipe margin (>= 0). */
 TE_API te_status te_delayed_scaling_update(const te_tensor* amax_reduction_buffer,
                                            te_tensor* const* amax_histories,
-                                           te_tensor* const* scales,
-                                           te_tensor* const* scale_invs, size_t num_tensors,
-                                           te_amax_compute_algo algo, te_dtype fp8_dtype,
-                                           float margin, te_stream stream);
+                                           te_tensor* const* scales, te_tensor* const* scale_invs,
+                                           size_t num_tensors, te_amax_compute_algo algo,
+                                           te_dtype fp8_dtype, float margin, te_stream stream);
 
 #ifdef __cplusplus
 }

@@ -36,8 +36,8 @@ extern "C" {
  *                         R % 4 == 0 and C % 128 == 0.
  * \param[out] output      same dtype and shape; must not overlap input.
  * \param[in]  columnwise  nonzero: the columnwise variant (see above). */
-TE_API te_status te_swizzle_block_scales(const te_tensor* input, te_tensor* output,
-                                         int columnwise, te_stream stream);
+TE_API te_status te_swizzle_block_scales(const te_tensor* input, te_tensor* output, int columnwise,
+                                         te_stream stream);
 
 /* Swizzled -> compact: the inverse of te_swizzle_block_scales (same arguments). */
 TE_API te_status te_unswizzle_block_scales(const te_tensor* input, te_tensor* output,

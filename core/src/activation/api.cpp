@@ -20,8 +20,9 @@ constexpr const char* kAnyOutputText = "float32, bfloat16, float16, float8_e4m3 
 constexpr const char* kFp8Text = "float8_e4m3 or float8_e5m2";
 
 const char* kind_name(te_activation kind) {
-  static const char* const names[] = {"gelu",  "relu",   "silu",   "qgelu",  "srelu", "geglu",
-                                      "reglu", "swiglu", "qgeglu", "sreglu", "glu",   "clamped_swiglu"};
+  static const char* const names[] = {"gelu",   "relu",   "silu",  "qgelu",
+                                      "srelu",  "geglu",  "reglu", "swiglu",
+                                      "qgeglu", "sreglu", "glu",   "clamped_swiglu"};
   return names[kind];
 }
 
@@ -63,9 +64,9 @@ void check_shape(const te_tensor& t, const char* name, const te_tensor& input, b
   for (int i = 0; same && i < t.ndim; ++i) same = t.shape[i] == expected.shape[i];
   if (same) return;
   if (halve)
-    fail(TE_ERROR_INVALID_ARGUMENT, "argument '", name, "' must have shape ", shape_string(expected),
-         " (the input ", shape_string(input), " with its last dimension halved, for ",
-         kind_name(kind), "), got ", shape_string(t));
+    fail(TE_ERROR_INVALID_ARGUMENT, "argument '", name, "' must have shape ",
+         shape_string(expected), " (the input ", shape_string(input),
+         " with its last dimension halved, for ", kind_name(kind), "), got ", shape_string(t));
   fail(TE_ERROR_INVALID_ARGUMENT, "argument '", name, "' must have the shape of 'input' ",
        shape_string(input), ", got ", shape_string(t));
 }
@@ -99,8 +100,10 @@ OutputArgs check_outputs(const te_tensor& input, te_tensor* rowwise, const char*
            "] (the '", name, "' matrix [", rows, ", ", cols, "] transposed), got ",
            shape_string(*columnwise));
     if (rowwise != nullptr && rowwise->dtype != columnwise->dtype)
-      fail(TE_ERROR_INVALID_DTYPE, "arguments '", name, "' and 'columnwise' must have the same FP8 "
-           "type, got ", dtype_name(rowwise->dtype), " and ", dtype_name(columnwise->dtype));
+      fail(TE_ERROR_INVALID_DTYPE, "arguments '", name,
+           "' and 'columnwise' must have the same FP8 "
+           "type, got ",
+           dtype_name(rowwise->dtype), " and ", dtype_name(columnwise->dtype));
     out.columnwise = static_cast<uint8_t*>(columnwise->data);
     out.fp8_dtype = columnwise->dtype;
   }
@@ -155,8 +158,8 @@ te_status te_activation_fwd(te_activation kind, const te_activation_params* para
   return guarded("te_activation_fwd", [&] {
     ForwardArgs args{};
     check_common(args, kind, params, input);
-    args.out = check_outputs(*input, output, "output", columnwise, scale, scale_inv, amax, args.rows,
-                             args.cols, is_gated(kind), kind);
+    args.out = check_outputs(*input, output, "output", columnwise, scale, scale_inv, amax,
+                             args.rows, args.cols, is_gated(kind), kind);
     if (on_cuda(*input)) use_cuda_device(input->device_index);
     TE_DISPATCH(on_cuda(*input), cpu::forward(args), cuda::forward(args, stream));
   });
@@ -191,7 +194,8 @@ te_status te_activation_bwd(te_activation kind, const te_activation_params* para
     if (needed > 0) {
       if (workspace == nullptr)
         fail(TE_ERROR_INVALID_ARGUMENT, "argument 'workspace' is required: the bias gradient on ",
-             "CUDA needs ", static_cast<int64_t>(needed), " bytes (te_activation_bwd_workspace_size)");
+             "CUDA needs ", static_cast<int64_t>(needed),
+             " bytes (te_activation_bwd_workspace_size)");
       Arg(workspace, "workspace").dtype(TE_DTYPE_BYTE).same_device(*input, "input");
       if (static_cast<size_t>(numel(*workspace)) < needed)
         fail(TE_ERROR_INVALID_ARGUMENT, "argument 'workspace' must hold at least ",

@@ -17,13 +17,13 @@ constexpr int64_t kDbiasChunkRows = 64;
 
 // Where the FP32 values v of an output matrix [rows, cols] go.
 struct OutputArgs {
-  void* rowwise;          // [rows, cols] of rowwise_dtype, or null
+  void* rowwise;           // [rows, cols] of rowwise_dtype, or null
   te_dtype rowwise_dtype;  // FP32, BF16, FP16, E4M3 or E5M2
-  uint8_t* columnwise;    // FP8 [cols, rows], or null
-  te_dtype fp8_dtype;     // of the FP8 outputs (rowwise and/or columnwise)
-  const float* scale;     // FP8 outputs only
-  float* scale_inv;       // may be null
-  float* amax;            // may be null: amax = max(amax, max|v|)
+  uint8_t* columnwise;     // FP8 [cols, rows], or null
+  te_dtype fp8_dtype;      // of the FP8 outputs (rowwise and/or columnwise)
+  const float* scale;      // FP8 outputs only
+  float* scale_inv;        // may be null
+  float* amax;             // may be null: amax = max(amax, max|v|)
 };
 
 // Forward: input [rows, in_cols] (in_cols = 2 * cols for gated kinds, else
@@ -54,7 +54,9 @@ struct BackwardArgs {
   float* workspace;  // CUDA: ceil(rows / 64) * in_cols partial sums when dbias is set
 };
 
-inline int64_t input_cols(te_activation kind, int64_t cols) { return is_gated(kind) ? 2 * cols : cols; }
+inline int64_t input_cols(te_activation kind, int64_t cols) {
+  return is_gated(kind) ? 2 * cols : cols;
+}
 
 inline int64_t dbias_chunks(int64_t rows) { return (rows + kDbiasChunkRows - 1) / kDbiasChunkRows; }
 

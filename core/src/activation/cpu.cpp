@@ -27,8 +27,12 @@ void widen(const void* base, te_dtype dtype, int64_t offset, int64_t n, float* o
 class Writer {
  public:
   Writer(const OutputArgs& out, int64_t rows, int64_t cols)
-      : out_(out), rows_(rows), cols_(cols), fmt_(fp8_format(out.fp8_dtype)),
-        scale_(out.scale ? *out.scale : 1.0f), rowwise_fp8_(is_fp8(out.rowwise_dtype)) {}
+      : out_(out),
+        rows_(rows),
+        cols_(cols),
+        fmt_(fp8_format(out.fp8_dtype)),
+        scale_(out.scale ? *out.scale : 1.0f),
+        rowwise_fp8_(is_fp8(out.rowwise_dtype)) {}
 
   // Row r of values v[0, cols); returns the row's amax (NaN skipped).
   float store_row(int64_t r, const float* v) const {
@@ -47,7 +51,8 @@ class Writer {
       }
     }
     if (out_.columnwise != nullptr) {
-      for (int64_t c = 0; c < cols_; ++c) out_.columnwise[c * rows_ + r] = float_to_fp8(v[c] * scale_, fmt_);
+      for (int64_t c = 0; c < cols_; ++c)
+        out_.columnwise[c * rows_ + r] = float_to_fp8(v[c] * scale_, fmt_);
     }
     return amax;
   }

@@ -13,8 +13,12 @@ void backward(const BackwardArgs& a, te_stream stream) {
     constexpr te_activation K = decltype(kind)::value;
     cuda_elem::dispatch_input(a.input_dtype, [&](auto in_tag) {
       using In = decltype(in_tag);
-      const Inputs<In> in{static_cast<const In*>(a.input), static_cast<const In*>(a.grad), a.rows,
-                          a.cols, in_cols, in_cols};
+      const Inputs<In> in{static_cast<const In*>(a.input),
+                          static_cast<const In*>(a.grad),
+                          a.rows,
+                          a.cols,
+                          in_cols,
+                          in_cols};
       launch<K, true, In>(in, make_outputs(a.out, partial), a.out.rowwise_dtype, a.params, s);
     });
   });

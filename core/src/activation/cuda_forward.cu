@@ -9,7 +9,7 @@ void forward(const ForwardArgs& a, te_stream stream) {
     cuda_elem::dispatch_input(a.input_dtype, [&](auto in_tag) {
       using In = decltype(in_tag);
       const Inputs<In> in{static_cast<const In*>(a.input), nullptr, a.rows, a.cols,
-                          input_cols(K, a.cols), a.cols};
+                          input_cols(K, a.cols),           a.cols};
       launch<K, false, In>(in, make_outputs(a.out, nullptr), a.out.rowwise_dtype, a.params,
                            cuda_stream(stream));
     });

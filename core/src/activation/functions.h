@@ -87,21 +87,21 @@ TE_HD float canonical(float v) {
 // Branch-free: the out-of-range cases are selected at the end.
 TE_HD float exp_nonpositive(float t) {
   constexpr float kLog2e = 1.44269504f;
-  constexpr float kLn2Hi = 0.693145751953125f;     // 0x3F317200: 15 significant bits
-  constexpr float kLn2Lo = 1.42860677e-06f;        // ln 2 - kLn2Hi
-  constexpr float kShifter = 12582912.0f;          // 1.5 * 2^23
-  constexpr uint32_t kShifterBits = 0x4B400000u;   // its bits
-  constexpr float kTwoToMinus64 = 5.42101086e-20f; // 2^-64
-  constexpr float kLowest = -104.0f;               // e^-104 < 2^-150: rounds to +0
-  const float tc = t >= kLowest ? t : kLowest;     // NaN -> kLowest (selected away below)
+  constexpr float kLn2Hi = 0.693145751953125f;        // 0x3F317200: 15 significant bits
+  constexpr float kLn2Lo = 1.42860677e-06f;           // ln 2 - kLn2Hi
+  constexpr float kShifter = 12582912.0f;             // 1.5 * 2^23
+  constexpr uint32_t kShifterBits = 0x4B400000u;      // its bits
+  constexpr float kTwoToMinus64 = 5.42101086e-20f;    // 2^-64
+  constexpr float kLowest = -104.0f;                  // e^-104 < 2^-150: rounds to +0
+  const float tc = t >= kLowest ? t : kLowest;        // NaN -> kLowest (selected away below)
   const float shifted = fmadd(tc, kLog2e, kShifter);  // 1.5 * 2^23 + n, n in [-150, 0]
   const float n = add(shifted, -kShifter);
   const float r = fmadd(-n, kLn2Lo, fmadd(-n, kLn2Hi, tc));
-  float p = 1.98412701e-4f;            // 1/7!
-  p = fmadd(p, r, 1.38888892e-3f);     // 1/6!
-  p = fmadd(p, r, 8.33333377e-3f);     // 1/5!
-  p = fmadd(p, r, 4.16666679e-2f);     // 1/4!
-  p = fmadd(p, r, 1.66666672e-1f);     // 1/3!
+  float p = 1.98412701e-4f;         // 1/7!
+  p = fmadd(p, r, 1.38888892e-3f);  // 1/6!
+  p = fmadd(p, r, 8.33333377e-3f);  // 1/5!
+  p = fmadd(p, r, 4.16666679e-2f);  // 1/4!
+  p = fmadd(p, r, 1.66666672e-1f);  // 1/3!
   p = fmadd(p, r, 0.5f);
   p = fmadd(p, r, 1.0f);
   p = fmadd(p, r, 1.0f);
@@ -189,8 +189,12 @@ struct QGelu {
   TE_HD static float df(float x, const Params&) { return dswish(mul(kAlpha, x)); }
 };
 struct SRelu {
-  TE_HD static float f(float x, const Params&) { return x > 0.0f ? mul(x, x) : (x != x ? x : 0.0f); }
-  TE_HD static float df(float x, const Params&) { return x > 0.0f ? add(x, x) : (x != x ? x : 0.0f); }
+  TE_HD static float f(float x, const Params&) {
+    return x > 0.0f ? mul(x, x) : (x != x ? x : 0.0f);
+  }
+  TE_HD static float df(float x, const Params&) {
+    return x > 0.0f ? add(x, x) : (x != x ? x : 0.0f);
+  }
 };
 struct Sigmoid {
   TE_HD static float f(float x, const Params&) { return sigmoid_pair(x).s; }
@@ -225,9 +229,9 @@ struct Kind {
               K == TE_ACTIVATION_SILU || K == TE_ACTIVATION_SWIGLU, Silu,
               std::conditional_t<
                   K == TE_ACTIVATION_QGELU || K == TE_ACTIVATION_QGEGLU, QGelu,
-                  std::conditional_t<K == TE_ACTIVATION_SRELU || K == TE_ACTIVATION_SREGLU, SRelu,
-                                     std::conditional_t<K == TE_ACTIVATION_GLU, Sigmoid,
-                                                        ClampedSwish>>>>>>;
+                  std::conditional_t<
+                      K == TE_ACTIVATION_SRELU || K == TE_ACTIVATION_SREGLU, SRelu,
+                      std::conditional_t<K == TE_ACTIVATION_GLU, Sigmoid, ClampedSwish>>>>>>;
 };
 
 constexpr bool is_gated(te_activation kind) { return kind >= TE_ACTIVATION_GEGLU; }

@@ -61,13 +61,13 @@ struct Inputs {
 };
 
 struct Outputs {
-  void* rowwise;         // [rows, out_cols] or null (tile_kernel only)
-  uint8_t* columnwise;   // FP8 [out_cols, rows] or null
-  const float* scale;    // FP8 outputs only
-  float* scale_inv;      // may be null
-  float* amax;           // may be null
+  void* rowwise;        // [rows, out_cols] or null (tile_kernel only)
+  uint8_t* columnwise;  // FP8 [out_cols, rows] or null
+  const float* scale;   // FP8 outputs only
+  float* scale_inv;     // may be null
+  float* amax;          // may be null
   bool e5m2;
-  float* partial;        // dbias partials [chunks, out_cols], or null
+  float* partial;  // dbias partials [chunks, out_cols], or null
 };
 
 __device__ __forceinline__ uint32_t fp8_pair(float lo, float hi, bool e5m2) {
@@ -248,8 +248,8 @@ __device__ __forceinline__ void finish(const Outputs& out, float amax, float sca
 struct RowwiseShape {
   int64_t rows_per_thread;  // R: a multiple of 4; 64 when out.partial is set
   int64_t vectors_per_row;
-  int64_t threads;          // ceil(rows / R) * vectors_per_row
-  bool vectorized;          // W = 16 / sizeof(In), else W = 1
+  int64_t threads;  // ceil(rows / R) * vectors_per_row
+  bool vectorized;  // W = 16 / sizeof(In), else W = 1
 };
 
 template <bool kGated, bool kBwd, class In, int W>
@@ -301,7 +301,8 @@ __device__ __forceinline__ float rowwise_run(const Inputs<In>& in, const Outputs
 #pragma unroll
     for (int part = 0; part < kParts; ++part)
 #pragma unroll
-      for (int i = 0; i < W; ++i) out.partial[t * in.out_cols + part * in.cols + j + i] = chunk[part][i];
+      for (int i = 0; i < W; ++i)
+        out.partial[t * in.out_cols + part * in.cols + j + i] = chunk[part][i];
   }
   return amax;
 }
@@ -328,8 +329,8 @@ __global__ void __launch_bounds__(kThreads, kBwd ? 2 : 3)
 // ---- tiled, with the columnwise copy ------------------------------------------
 
 struct TileShape {
-  int64_t tiles_k;         // tiles along the H columns
-  bool vector_rows;        // H % 8 == 0 and the rows' pointers 16-byte (input) / 8-byte (rowwise) aligned
+  int64_t tiles_k;   // tiles along the H columns
+  bool vector_rows;  // H % 8 == 0 and the rows' pointers 16-byte (input) / 8-byte (rowwise) aligned
   int column_store_bytes;  // tile::column_store_width
 };
 
@@ -377,7 +378,8 @@ __device__ __forceinline__ void chunk_sums(const GroupSums& group_sums, const In
     const int64_t first_row = m0 + chunk * kDbiasChunkRows;
     if (first_row >= in.rows || k0 + col >= in.cols) continue;
     float sum = 0.0f;
-    for (int grp = 0; grp < kGroups; ++grp) sum = add(sum, group_sums[part][chunk * kGroups + grp][col]);
+    for (int grp = 0; grp < kGroups; ++grp)
+      sum = add(sum, group_sums[part][chunk * kGroups + grp][col]);
     partial[(first_row / kDbiasChunkRows) * in.out_cols + part * in.cols + k0 + col] = sum;
   }
 }
@@ -390,8 +392,8 @@ __global__ void __launch_bounds__(tile::kThreads, 2)
   constexpr int kSumParts = kBwd ? kParts : 1;  // group sums are only formed in the backward
   __shared__ alignas(16) uint8_t staged[kParts][tile::kTileK * tile::kTileM];
   // The backward's 4-row group sums, [part][group of the tile][column] (padded rows).
-  __shared__ alignas(16) float group_sums[kSumParts][kBwd ? tile::kTileM / kGroupRows : 1]
-                                         [tile::kTileK + 4];
+  __shared__ alignas(
+      16) float group_sums[kSumParts][kBwd ? tile::kTileM / kGroupRows : 1][tile::kTileK + 4];
 
   const int64_t m0 = (static_cast<int64_t>(blockIdx.x) / s.tiles_k) * tile::kTileM;
   const int64_t k0 = (static_cast<int64_t>(blockIdx.x) % s.tiles_k) * tile::kTileK;
@@ -429,7 +431,8 @@ __global__ void __launch_bounds__(tile::kThreads, 2)
     // Ragged or unaligned tiles: element loads, row by row, zeros outside.
     scale = *out.scale;
 #pragma unroll
-    for (int i = 0; i < 4; ++i) compute_row(i, load_row_guarded<E::kGated, kBwd>(in, row + i, k0 + c));
+    for (int i = 0; i < 4; ++i)
+      compute_row(i, load_row_guarded<E::kGated, kBwd>(in, row + i, k0 + c));
   }
 
 #pragma unroll
@@ -472,8 +475,9 @@ __global__ void __launch_bounds__(kThreads)
 // ---- host side ----------------------------------------------------------------
 
 inline Outputs make_outputs(const OutputArgs& o, float* partial) {
-  return Outputs{o.rowwise, o.columnwise, o.scale, o.scale_inv, o.amax,
-                 o.fp8_dtype == TE_DTYPE_FLOAT8E5M2, partial};
+  return Outputs{o.rowwise,   o.columnwise, o.scale,
+                 o.scale_inv, o.amax,       o.fp8_dtype == TE_DTYPE_FLOAT8E5M2,
+                 partial};
 }
 
 // Calls f(Out{}) with the output tag of a rowwise dtype.
@@ -487,7 +491,8 @@ void dispatch_output(te_dtype dtype, F&& f) {
 }
 
 template <te_activation K, bool kBwd, class In, class Out>
-void launch_rowwise(const Inputs<In>& in, const Outputs& out, const Params& p, cudaStream_t stream) {
+void launch_rowwise(const Inputs<In>& in, const Outputs& out, const Params& p,
+                    cudaStream_t stream) {
   constexpr int N = 16 / sizeof(In);
   RowwiseShape s{};
   s.vectorized = in.cols % N == 0 && is_aligned(in.input, 16) &&
@@ -502,7 +507,8 @@ void launch_rowwise(const Inputs<In>& in, const Outputs& out, const Params& p, c
          ceil_div(in.rows, s.rows_per_thread) * s.vectors_per_row < wanted)
     s.rows_per_thread /= 2;
   s.threads = ceil_div(in.rows, s.rows_per_thread) * s.vectors_per_row;
-  const int64_t blocks = s.threads > 0 ? ceil_div(s.threads, kThreads) : 1;  // block 0 writes scale_inv
+  const int64_t blocks =
+      s.threads > 0 ? ceil_div(s.threads, kThreads) : 1;  // block 0 writes scale_inv
   rowwise_kernel<K, kBwd, In, Out><<<blocks, kThreads, 0, stream>>>(in, out, p, s);
   TE_CHECK_LAUNCH();
 }
@@ -515,8 +521,8 @@ void launch_tile(const Inputs<In>& in, const Outputs& out, const Params& p, cuda
                   (!kBwd || is_aligned(in.grad, 16)) &&
                   (out.rowwise == nullptr || is_aligned(out.rowwise, 8));
   s.column_store_bytes = tile::column_store_width(in.rows, out.columnwise);
-  tile_kernel<K, kBwd, In><<<tile::num_tiles(in.rows, in.cols), tile::kThreads, 0, stream>>>(
-      in, out, p, s);
+  tile_kernel<K, kBwd, In>
+      <<<tile::num_tiles(in.rows, in.cols), tile::kThreads, 0, stream>>>(in, out, p, s);
   TE_CHECK_LAUNCH();
 }
 

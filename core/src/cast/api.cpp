@@ -35,7 +35,9 @@ Fp8QuantizeArgs check_quantize_outputs(const te_tensor* input, te_tensor* rowwis
   args.rows = leading_rows(*input);
   args.cols = last_dim(*input);
   if (rowwise) {
-    Arg(rowwise, "rowwise").dtype_in(kFp8, kFp8Text).same_shape(*input, "input")
+    Arg(rowwise, "rowwise")
+        .dtype_in(kFp8, kFp8Text)
+        .same_shape(*input, "input")
         .same_device(*input, "input");
     args.rowwise = static_cast<uint8_t*>(rowwise->data);
     args.fp8_dtype = rowwise->dtype;
@@ -49,8 +51,10 @@ Fp8QuantizeArgs check_quantize_outputs(const te_tensor* input, te_tensor* rowwis
            args.rows, "] (the input viewed as [M, K] = [", args.rows, ", ", args.cols,
            "], transposed), got ", shape_string(*columnwise));
     if (rowwise && columnwise->dtype != rowwise->dtype)
-      fail(TE_ERROR_INVALID_DTYPE, "arguments 'rowwise' and 'columnwise' must have the same FP8 "
-           "type, got ", dtype_name(rowwise->dtype), " and ", dtype_name(columnwise->dtype));
+      fail(TE_ERROR_INVALID_DTYPE,
+           "arguments 'rowwise' and 'columnwise' must have the same FP8 "
+           "type, got ",
+           dtype_name(rowwise->dtype), " and ", dtype_name(columnwise->dtype));
     args.columnwise = static_cast<uint8_t*>(columnwise->data);
     args.fp8_dtype = columnwise->dtype;
   }
@@ -96,9 +100,8 @@ te_status te_compute_amax(const te_tensor* input, te_tensor* amax, te_stream str
   });
 }
 
-te_status te_compute_scale_from_amax(const te_tensor* amax, te_tensor* scale,
-                                     te_tensor* scale_inv, te_dtype fp8_dtype,
-                                     int force_pow2_scales, float amax_epsilon,
+te_status te_compute_scale_from_amax(const te_tensor* amax, te_tensor* scale, te_tensor* scale_inv,
+                                     te_dtype fp8_dtype, int force_pow2_scales, float amax_epsilon,
                                      te_stream stream) {
   return guarded("te_compute_scale_from_amax", [&] {
     Arg(amax, "amax").scalar_fp32();
@@ -136,13 +139,15 @@ te_status te_quantize_fp8_current_scaling(const te_tensor* input, te_tensor* row
   });
 }
 
-te_status te_dequantize_fp8(const te_tensor* input, const te_tensor* scale_inv,
-                            te_tensor* output, te_stream stream) {
+te_status te_dequantize_fp8(const te_tensor* input, const te_tensor* scale_inv, te_tensor* output,
+                            te_stream stream) {
   return guarded("te_dequantize_fp8", [&] {
     Arg(input, "input").dtype_in(kFp8, kFp8Text);
     Arg(scale_inv, "scale_inv").scalar_fp32().same_device(*input, "input");
-    Arg(output, "output").dtype_in(kHighPrecision, kHighPrecisionText)
-        .same_shape(*input, "input").same_device(*input, "input");
+    Arg(output, "output")
+        .dtype_in(kHighPrecision, kHighPrecisionText)
+        .same_shape(*input, "input")
+        .same_device(*input, "input");
     if (on_cuda(*input)) use_cuda_device(input->device_index);
     const auto* q = static_cast<const uint8_t*>(input->data);
     const auto* s = static_cast<const float*>(scale_inv->data);

@@ -35,8 +35,8 @@ void quantize_fp8_current_scaling(const Fp8QuantizeArgs& args, const CurrentScal
 void compute_amax(const void* input, te_dtype dtype, int64_t n, float* amax);
 void scale_from_amax(const float* amax, float* scale, float* scale_inv, float fp8_max,
                      bool force_pow2, float epsilon);
-void dequantize_fp8(const uint8_t* input, te_dtype fp8_dtype, const float* scale_inv,
-                    void* output, te_dtype output_dtype, int64_t n);
+void dequantize_fp8(const uint8_t* input, te_dtype fp8_dtype, const float* scale_inv, void* output,
+                    te_dtype output_dtype, int64_t n);
 }  // namespace cpu
 
 #ifdef TE_WITH_CUDA
@@ -47,8 +47,8 @@ void quantize_fp8_current_scaling(const Fp8QuantizeArgs& args, const CurrentScal
 void compute_amax(const void* input, te_dtype dtype, int64_t n, float* amax, te_stream stream);
 void scale_from_amax(const float* amax, float* scale, float* scale_inv, float fp8_max,
                      bool force_pow2, float epsilon, te_stream stream);
-void dequantize_fp8(const uint8_t* input, te_dtype fp8_dtype, const float* scale_inv,
-                    void* output, te_dtype output_dtype, int64_t n, te_stream stream);
+void dequantize_fp8(const uint8_t* input, te_dtype fp8_dtype, const float* scale_inv, void* output,
+                    te_dtype output_dtype, int64_t n, te_stream stream);
 }  // namespace cuda
 #endif
 

@@ -58,8 +58,9 @@ float quantize_typed(const Fp8QuantizeArgs& a, float scale) {
 
 float quantize_any(const Fp8QuantizeArgs& a, float scale) {
   float amax = 0.0f;
-  dispatch_float_type(a.input_dtype,
-                      [&](auto tag) { amax = quantize_typed<typename decltype(tag)::type>(a, scale); });
+  dispatch_float_type(a.input_dtype, [&](auto tag) {
+    amax = quantize_typed<typename decltype(tag)::type>(a, scale);
+  });
   return amax;
 }
 
@@ -102,16 +103,16 @@ void scale_from_amax(const float* amax, float* scale, float* scale_inv, float fp
 void quantize_fp8_current_scaling(const Fp8QuantizeArgs& args, const CurrentScaling& cs) {
   float amax = 0.0f;
   compute_amax(args.input, args.input_dtype, args.rows * args.cols, &amax);
-  const float s = te::scale_from_amax(amax, fp8_format(args.fp8_dtype).max_finite,
-                                      cs.force_pow2, cs.epsilon, cs.value_for_inf);
+  const float s = te::scale_from_amax(amax, fp8_format(args.fp8_dtype).max_finite, cs.force_pow2,
+                                      cs.epsilon, cs.value_for_inf);
   quantize_any(args, s);
   *cs.scale = s;
   if (args.scale_inv) *args.scale_inv = 1.0f / s;
   if (args.amax) *args.amax = amax;
 }
 
-void dequantize_fp8(const uint8_t* input, te_dtype fp8_dtype, const float* scale_inv,
-                    void* output, te_dtype output_dtype, int64_t n) {
+void dequantize_fp8(const uint8_t* input, te_dtype fp8_dtype, const float* scale_inv, void* output,
+                    te_dtype output_dtype, int64_t n) {
   const Fp8Format& fmt = fp8_format(fp8_dtype);
   const float s = *scale_inv;
   dispatch_float_type(output_dtype, [&](auto tag) {

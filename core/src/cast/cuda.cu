@@ -190,8 +190,8 @@ __global__ void scale_from_amax_kernel(const float* amax, float* scale, float* s
 
 template <class Out, bool kE5M2>
 __global__ void __launch_bounds__(kThreads)
-    dequantize_kernel(const uint8_t* __restrict__ in, const float* scale_inv,
-                      Out* __restrict__ out, int64_t n, bool vectorized) {
+    dequantize_kernel(const uint8_t* __restrict__ in, const float* scale_inv, Out* __restrict__ out,
+                      int64_t n, bool vectorized) {
   constexpr int N = 16 / sizeof(Out);
   const float s = *scale_inv;
   // Four vectors in flight: each load is only 4 or 8 bytes.
@@ -223,8 +223,8 @@ void launch_quantize(const Fp8QuantizeArgs& a, const ScaleSource& source, float*
     const int64_t n = a.rows * a.cols;
     const bool vectorized = is_aligned(in, 16) && is_aligned(a.rowwise, N);
     auto kernel = quantize_rowwise_kernel<In, kE5M2>;
-    const int64_t blocks =
-        persistent_blocks(reinterpret_cast<const void*>(kernel), kThreads, ceil_div(n, N * kThreads));
+    const int64_t blocks = persistent_blocks(reinterpret_cast<const void*>(kernel), kThreads,
+                                             ceil_div(n, N * kThreads));
     kernel<<<blocks, kThreads, 0, stream>>>(in, a.rowwise, n, vectorized, op);
     TE_CHECK_LAUNCH();
     return;
@@ -275,9 +275,9 @@ void quantize_fp8(const Fp8QuantizeArgs& args, const float* scale, te_stream str
 void quantize_fp8_current_scaling(const Fp8QuantizeArgs& args, const CurrentScaling& cs,
                                   te_stream stream) {
   amax_into(args.input, args.input_dtype, args.rows * args.cols, args.amax, cuda_stream(stream));
-  const ScaleSource source{nullptr,        args.amax, fp8_format(args.fp8_dtype).max_finite,
-                           cs.force_pow2,  cs.epsilon, cs.value_for_inf,
-                           cs.scale,       args.scale_inv};
+  const ScaleSource source{nullptr,       args.amax,     fp8_format(args.fp8_dtype).max_finite,
+                           cs.force_pow2, cs.epsilon,    cs.value_for_inf,
+                           cs.scale,      args.scale_inv};
   quantize(args, source, nullptr, cuda_stream(stream));
 }
 
@@ -288,12 +288,12 @@ void compute_amax(const void* input, te_dtype dtype, int64_t n, float* amax, te_
 void scale_from_amax(const float* amax, float* scale, float* scale_inv, float fp8_max,
                      bool force_pow2, float epsilon, te_stream stream) {
   scale_from_amax_kernel<<<1, 1, 0, cuda_stream(stream)>>>(amax, scale, scale_inv, fp8_max,
-                                                          force_pow2, epsilon);
+                                                           force_pow2, epsilon);
   TE_CHECK_LAUNCH();
 }
 
-void dequantize_fp8(const uint8_t* input, te_dtype fp8_dtype, const float* scale_inv,
-                    void* output, te_dtype output_dtype, int64_t n, te_stream stream) {
+void dequantize_fp8(const uint8_t* input, te_dtype fp8_dtype, const float* scale_inv, void* output,
+                    te_dtype output_dtype, int64_t n, te_stream stream) {
   dispatch_input(output_dtype, [&](auto out_tag) {
     dispatch_fp8(fp8_dtype, [&](auto e5m2) {
       using Out = decltype(out_tag);

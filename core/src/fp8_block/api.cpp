@@ -19,19 +19,22 @@ constexpr int64_t kColsMultiple = 16;
 
 void check_options(te_fp8_block_dim dim, te_fp8_block_layout layout) {
   if (dim != TE_FP8_BLOCK_1D && dim != TE_FP8_BLOCK_2D)
-    fail(TE_ERROR_INVALID_ARGUMENT, "argument 'block_dim' must be 1 (1x128 blocks) or 2 "
-         "(128x128 blocks), got ", static_cast<int>(dim));
+    fail(TE_ERROR_INVALID_ARGUMENT,
+         "argument 'block_dim' must be 1 (1x128 blocks) or 2 "
+         "(128x128 blocks), got ",
+         static_cast<int>(dim));
   if (layout != TE_FP8_BLOCK_GEMM_READY && layout != TE_FP8_BLOCK_COMPACT)
-    fail(TE_ERROR_INVALID_ARGUMENT, "argument 'layout' must be TE_FP8_BLOCK_GEMM_READY (0) or "
-         "TE_FP8_BLOCK_COMPACT (1), got ", static_cast<int>(layout));
+    fail(TE_ERROR_INVALID_ARGUMENT,
+         "argument 'layout' must be TE_FP8_BLOCK_GEMM_READY (0) or "
+         "TE_FP8_BLOCK_COMPACT (1), got ",
+         static_cast<int>(layout));
 }
 
 const char* describe(te_fp8_block_dim dim, te_fp8_block_layout layout, bool columnwise) {
-  static const char* names[2][2][2] = {
-      {{"1-D GEMM-ready rowwise", "1-D GEMM-ready columnwise"},
-       {"1-D compact rowwise", "1-D compact columnwise"}},
-      {{"2-D GEMM-ready rowwise", "2-D GEMM-ready columnwise"},
-       {"2-D compact rowwise", "2-D compact columnwise"}}};
+  static const char* names[2][2][2] = {{{"1-D GEMM-ready rowwise", "1-D GEMM-ready columnwise"},
+                                        {"1-D compact rowwise", "1-D compact columnwise"}},
+                                       {{"2-D GEMM-ready rowwise", "2-D GEMM-ready columnwise"},
+                                        {"2-D compact rowwise", "2-D compact columnwise"}}};
   return names[dim == TE_FP8_BLOCK_2D][layout == TE_FP8_BLOCK_COMPACT][columnwise];
 }
 
@@ -55,15 +58,17 @@ void check_columnwise_shape(const te_tensor* col, const te_tensor& like, const c
     Arg(col, "columnwise").same_shape(like, like_name);
   } else if (col->ndim != 2 || col->shape[0] != k || col->shape[1] != m) {
     fail(TE_ERROR_INVALID_ARGUMENT, "argument 'columnwise' must have shape [", k, ", ", m,
-         "] (GEMM-ready columnwise data is the [M, K] = [", m, ", ", k,
-         "] view transposed), got ", shape_string(*col));
+         "] (GEMM-ready columnwise data is the [M, K] = [", m, ", ", k, "] view transposed), got ",
+         shape_string(*col));
   }
 }
 
 void check_same_fp8(const te_tensor& a, const te_tensor& b) {
   if (a.dtype != b.dtype)
-    fail(TE_ERROR_INVALID_DTYPE, "arguments 'rowwise' and 'columnwise' must have the same FP8 "
-         "type, got ", dtype_name(a.dtype), " and ", dtype_name(b.dtype));
+    fail(TE_ERROR_INVALID_DTYPE,
+         "arguments 'rowwise' and 'columnwise' must have the same FP8 "
+         "type, got ",
+         dtype_name(a.dtype), " and ", dtype_name(b.dtype));
 }
 
 QuantizeArgs check_quantize(const te_tensor* input, te_tensor* rowwise, te_tensor* row_scales,
@@ -74,12 +79,15 @@ QuantizeArgs check_quantize(const te_tensor* input, te_tensor* rowwise, te_tenso
   if (!(epsilon >= 0.0f))
     fail(TE_ERROR_INVALID_ARGUMENT, "argument 'amax_epsilon' must be >= 0, got ", epsilon);
   if (input->ndim == 0)
-    fail(TE_ERROR_INVALID_ARGUMENT, "argument 'input' must have at least 1 dimension, got a "
+    fail(TE_ERROR_INVALID_ARGUMENT,
+         "argument 'input' must have at least 1 dimension, got a "
          "scalar");
   const int64_t m = leading_rows(*input), k = last_dim(*input);
   if (k % kColsMultiple != 0)
-    fail(TE_ERROR_INVALID_ARGUMENT, "FP8 block scaling needs the last dimension of 'input' "
-         "divisible by ", kColsMultiple, ", got ", k);
+    fail(TE_ERROR_INVALID_ARGUMENT,
+         "FP8 block scaling needs the last dimension of 'input' "
+         "divisible by ",
+         kColsMultiple, ", got ", k);
   if (rowwise == nullptr && columnwise == nullptr)
     fail(TE_ERROR_INVALID_ARGUMENT, "at least one of 'rowwise' and 'columnwise' must be given");
 
@@ -91,13 +99,15 @@ QuantizeArgs check_quantize(const te_tensor* input, te_tensor* rowwise, te_tenso
   args.dim = dim;
   args.layout = layout;
   if (rowwise) {
-    Arg(rowwise, "rowwise").dtype_in(kFp8, kFp8Text).same_shape(*input, "input")
+    Arg(rowwise, "rowwise")
+        .dtype_in(kFp8, kFp8Text)
+        .same_shape(*input, "input")
         .same_device(*input, "input");
     if (row_scales == nullptr)
       fail(TE_ERROR_INVALID_ARGUMENT, "argument 'rowwise_scale_inv' is required with 'rowwise'");
     args.rowwise_map = output_scale_map(m, k, dim, layout, false);
-    args.rowwise_scale_inv = check_scales(row_scales, "rowwise_scale_inv", args.rowwise_map,
-                                          *input, "input", m, k, describe(dim, layout, false));
+    args.rowwise_scale_inv = check_scales(row_scales, "rowwise_scale_inv", args.rowwise_map, *input,
+                                          "input", m, k, describe(dim, layout, false));
     args.rowwise = static_cast<uint8_t*>(rowwise->data);
     args.fp8_dtype = rowwise->dtype;
   }
@@ -106,12 +116,13 @@ QuantizeArgs check_quantize(const te_tensor* input, te_tensor* rowwise, te_tenso
     check_columnwise_shape(columnwise, *input, "input", m, k, layout);
     if (rowwise) check_same_fp8(*rowwise, *columnwise);
     if (col_scales == nullptr)
-      fail(TE_ERROR_INVALID_ARGUMENT, "argument 'columnwise_scale_inv' is required with "
+      fail(TE_ERROR_INVALID_ARGUMENT,
+           "argument 'columnwise_scale_inv' is required with "
            "'columnwise'");
     args.columnwise_map = output_scale_map(m, k, dim, layout, true);
-    args.columnwise_scale_inv = check_scales(col_scales, "columnwise_scale_inv",
-                                             args.columnwise_map, *input, "input", m, k,
-                                             describe(dim, layout, true));
+    args.columnwise_scale_inv =
+        check_scales(col_scales, "columnwise_scale_inv", args.columnwise_map, *input, "input", m, k,
+                     describe(dim, layout, true));
     args.columnwise = static_cast<uint8_t*>(columnwise->data);
     args.fp8_dtype = columnwise->dtype;
   }
@@ -163,9 +174,12 @@ te_status te_fp8_block_dequantize(const te_tensor* data, const te_tensor* scale_
     Arg(data, "data").dtype_in(kFp8, kFp8Text);
     check_options(block_dim, layout);
     if (data->ndim == 0)
-      fail(TE_ERROR_INVALID_ARGUMENT, "argument 'data' must have at least 1 dimension, got a "
+      fail(TE_ERROR_INVALID_ARGUMENT,
+           "argument 'data' must have at least 1 dimension, got a "
            "scalar");
-    Arg(output, "output").dtype_in(kHighPrecision, kHighPrecisionText).same_shape(*data, "data")
+    Arg(output, "output")
+        .dtype_in(kHighPrecision, kHighPrecisionText)
+        .same_shape(*data, "data")
         .same_device(*data, "data");
     DequantizeArgs args{};
     args.rows = leading_rows(*data);
@@ -189,7 +203,8 @@ te_status te_fp8_block_transpose_2d(const te_tensor* rowwise, const te_tensor* r
     Arg(rowwise, "rowwise").dtype_in(kFp8, kFp8Text);
     check_options(TE_FP8_BLOCK_2D, layout);
     if (rowwise->ndim == 0)
-      fail(TE_ERROR_INVALID_ARGUMENT, "argument 'rowwise' must have at least 1 dimension, got a "
+      fail(TE_ERROR_INVALID_ARGUMENT,
+           "argument 'rowwise' must have at least 1 dimension, got a "
            "scalar");
     Transpose2dArgs args{};
     args.rows = leading_rows(*rowwise);
@@ -198,9 +213,8 @@ te_status te_fp8_block_transpose_2d(const te_tensor* rowwise, const te_tensor* r
     args.rowwise_map = output_scale_map(args.rows, args.cols, TE_FP8_BLOCK_2D, layout, false);
     args.columnwise_map = output_scale_map(args.rows, args.cols, TE_FP8_BLOCK_2D, layout, true);
     args.rowwise_scale_inv =
-        check_scales(rowwise_scale_inv, "rowwise_scale_inv", args.rowwise_map, *rowwise,
-                     "rowwise", args.rows, args.cols,
-                     describe(TE_FP8_BLOCK_2D, layout, false));
+        check_scales(rowwise_scale_inv, "rowwise_scale_inv", args.rowwise_map, *rowwise, "rowwise",
+                     args.rows, args.cols, describe(TE_FP8_BLOCK_2D, layout, false));
     Arg(columnwise, "columnwise").same_device(*rowwise, "rowwise");
     check_same_fp8(*rowwise, *columnwise);
     check_columnwise_shape(columnwise, *rowwise, "rowwise", args.rows, args.cols, layout);

@@ -19,10 +19,10 @@ struct QuantizeArgs {
   te_fp8_block_dim dim;
   te_fp8_block_layout layout;
   te_dtype fp8_dtype;
-  uint8_t* rowwise;               // may be null
-  float* rowwise_scale_inv;       // non-null with rowwise
-  uint8_t* columnwise;            // may be null
-  float* columnwise_scale_inv;    // non-null with columnwise
+  uint8_t* rowwise;             // may be null
+  float* rowwise_scale_inv;     // non-null with rowwise
+  uint8_t* columnwise;          // may be null
+  float* columnwise_scale_inv;  // non-null with columnwise
   ScaleMap rowwise_map, columnwise_map;
   bool force_pow2;
   float epsilon;

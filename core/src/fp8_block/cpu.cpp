@@ -86,8 +86,8 @@ void quantize(const QuantizeArgs& a) {
   const bool two_d = a.dim == TE_FP8_BLOCK_2D;
   std::vector<Direction> directions;
   if (a.rowwise)
-    directions.push_back({two_d ? kBlock : 1, kBlock, a.rowwise, a.rowwise_scale_inv,
-                          a.rowwise_map, false});
+    directions.push_back(
+        {two_d ? kBlock : 1, kBlock, a.rowwise, a.rowwise_scale_inv, a.rowwise_map, false});
   if (a.columnwise)
     directions.push_back({kBlock, two_d ? kBlock : 1, a.columnwise, a.columnwise_scale_inv,
                           a.columnwise_map, a.layout == TE_FP8_BLOCK_GEMM_READY});
@@ -121,8 +121,8 @@ void transpose_2d(const Transpose2dArgs& a) {
   const ScaleMap& map = a.columnwise_map;
   for (int64_t i = 0; i < map.shape0; ++i)
     for (int64_t j = 0; j < map.shape1; ++j)
-      a.columnwise_scale_inv[i * map.shape1 + j] = columnwise_2d_scale(
-          a.rowwise_scale_inv, a.rowwise_map, map, gemm_ready, i, j);
+      a.columnwise_scale_inv[i * map.shape1 + j] =
+          columnwise_2d_scale(a.rowwise_scale_inv, a.rowwise_map, map, gemm_ready, i, j);
 }
 
 }  // namespace te::fp8_block::cpu

@@ -73,10 +73,10 @@ constexpr unsigned kFullMask = 0xFFFFFFFFu;
 template <class In>
 struct Shape {
   static constexpr int kVec = 16 / static_cast<int>(sizeof(In));  // 8, or 4 for FP32
-  static constexpr int kLanes = kTile / kVec;                      // threads per row: 16 or 32
-  static constexpr int kThreads = kGroups * kLanes;                // 256 or 512
-  static constexpr int kWords = kVec / 4;                          // FP8 words per row
-  static constexpr int kMinBlocks = 1024 / kThreads;               // caps registers at 64
+  static constexpr int kLanes = kTile / kVec;                     // threads per row: 16 or 32
+  static constexpr int kThreads = kGroups * kLanes;               // 256 or 512
+  static constexpr int kWords = kVec / 4;                         // FP8 words per row
+  static constexpr int kMinBlocks = 1024 / kThreads;              // caps registers at 64
 };
 
 // What one launch writes.
@@ -176,8 +176,7 @@ __device__ __forceinline__ float word_max(P x) {
 // The thread's maxima of |x|: row_max[i] over row i's vector, col_max[w]
 // over the 8 rows, per word (packed). Only what the launch needs is taken.
 template <bool kRowMax, bool kColMax, class In, int N>
-__device__ __forceinline__ void thread_maxima(const Vec<In, N> (&v)[kRows],
-                                              float (&row_max)[kRows],
+__device__ __forceinline__ void thread_maxima(const Vec<In, N> (&v)[kRows], float (&row_max)[kRows],
                                               typename PairOf<In>::type (&col_max)[4]) {
   using Pair = typename PairOf<In>::type;
 #pragma unroll
@@ -400,8 +399,8 @@ __global__ void __launch_bounds__(Shape<In>::kThreads, Shape<In>::kMinBlocks)
   using S = Shape<In>;
   constexpr int kVec = S::kVec;
   __shared__ alignas(16) uint8_t smem[M::kSmemBytes];
-  uint8_t* const staged = smem;                                  // [128 k][128 m] bytes
-  float* const partial = reinterpret_cast<float*>(smem);         // [warps][128] maxima
+  uint8_t* const staged = smem;                           // [128 k][128 m] bytes
+  float* const partial = reinterpret_cast<float*>(smem);  // [warps][128] maxima
   float* const shared_scale = reinterpret_cast<float*>(smem + M::kUnionBytes);
 
   const unsigned mb = blockIdx.x / p.tiles_k, kb = blockIdx.x % p.tiles_k;
@@ -411,8 +410,8 @@ __global__ void __launch_bounds__(Shape<In>::kThreads, Shape<In>::kMinBlocks)
 
   // How many of the thread's rows exist (none when its columns do not).
   const int rows_in = col >= p.cols || row0 >= p.rows ? 0
-                      : p.rows - row0 >= kRows       ? kRows
-                                                     : static_cast<int>(p.rows - row0);
+                      : p.rows - row0 >= kRows        ? kRows
+                                                      : static_cast<int>(p.rows - row0);
   Vec<In, kVec> v[kRows];
   load_rows(in, p, row0, col, rows_in, v);
   write_padding<M>(p, mb, kb, m0 + kTile >= p.rows, k0 + kTile >= p.cols);

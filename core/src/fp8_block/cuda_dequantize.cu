@@ -35,15 +35,15 @@ using cuda_elem::fp8x2_to_float2;
 using cuda_elem::from_float;
 
 constexpr int kThreads = 256;
-constexpr int kCodes = 16;        // codes per thread per row: one 16-byte load
+constexpr int kCodes = 16;  // codes per thread per row: one 16-byte load
 constexpr int kRowsPerThread = 4;
 
 struct DequantizeParams {
   int64_t rows, cols;
   int shift_r, shift_c;  // log2 of the block's rows / columns (0 or 7)
   int64_t stride_r, stride_c;
-  int64_t row_groups;    // cdiv(rows, kRowsPerThread)
-  bool vector_scales;    // 128x1 blocks: each row of scales is 16-byte aligned
+  int64_t row_groups;  // cdiv(rows, kRowsPerThread)
+  bool vector_scales;  // 128x1 blocks: each row of scales is 16-byte aligned
 };
 
 int log2_block(int64_t block) { return block == kBlock ? 7 : 0; }
@@ -149,8 +149,7 @@ __global__ void __launch_bounds__(kThreads)
         dequantize16<Out, kE5M2>(q[i], [&](int j) { return s[j]; }, plain, dst);
       } else {
         const float row_scale = s[i];
-        dequantize16<Out, kE5M2>(q[i], [&](int) { return row_scale; }, plain_scale(row_scale),
-                                 dst);
+        dequantize16<Out, kE5M2>(q[i], [&](int) { return row_scale; }, plain_scale(row_scale), dst);
       }
     }
   }
@@ -185,8 +184,7 @@ __global__ void transpose_2d_scales_kernel(const float* __restrict__ row_scales,
 template <class Out, bool kE5M2>
 void launch_dequantize(const DequantizeArgs& a, DequantizeParams p, cudaStream_t stream) {
   Out* out = static_cast<Out*>(a.output);
-  const bool vectorized =
-      a.cols % kCodes == 0 && is_aligned(a.data, 16) && is_aligned(out, 16);
+  const bool vectorized = a.cols % kCodes == 0 && is_aligned(a.data, 16) && is_aligned(out, 16);
   if (!vectorized) {
     auto kernel = dequantize_elementwise_kernel<Out, kE5M2>;
     const int64_t blocks =
@@ -244,9 +242,8 @@ void transpose_2d(const Transpose2dArgs& a, te_stream stream) {
   const int64_t n = a.columnwise_map.shape0 * a.columnwise_map.shape1;
   if (n == 0) return;
   const int64_t blocks = std::min<int64_t>(ceil_div(n, kThreads), 1024);
-  transpose_2d_scales_kernel<<<blocks, kThreads, 0, s>>>(a.rowwise_scale_inv, a.rowwise_map,
-                                                         a.columnwise_scale_inv, a.columnwise_map,
-                                                         gemm_ready);
+  transpose_2d_scales_kernel<<<blocks, kThreads, 0, s>>>(
+      a.rowwise_scale_inv, a.rowwise_map, a.columnwise_scale_inv, a.columnwise_map, gemm_ready);
   TE_CHECK_LAUNCH();
 }
 

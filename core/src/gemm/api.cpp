@@ -11,8 +11,9 @@
 namespace te::gemm {
 namespace {
 
-constexpr std::initializer_list<te_dtype> kInputTypes = {
-    TE_DTYPE_FLOAT32, TE_DTYPE_BFLOAT16, TE_DTYPE_FLOAT16, TE_DTYPE_FLOAT8E4M3, TE_DTYPE_FLOAT8E5M2};
+constexpr std::initializer_list<te_dtype> kInputTypes = {TE_DTYPE_FLOAT32, TE_DTYPE_BFLOAT16,
+                                                         TE_DTYPE_FLOAT16, TE_DTYPE_FLOAT8E4M3,
+                                                         TE_DTYPE_FLOAT8E5M2};
 constexpr const char* kInputText = "float32, bfloat16, float16, float8_e4m3 or float8_e5m2";
 constexpr std::initializer_list<te_dtype> kHighPrecision = {TE_DTYPE_FLOAT32, TE_DTYPE_BFLOAT16,
                                                             TE_DTYPE_FLOAT16};
@@ -64,20 +65,25 @@ void check_input_types(const te_tensor& a, const te_tensor& b) {
   Arg(&b, "b").dtype_in(kInputTypes, kInputText);
   const bool fp8_a = is_fp8(a.dtype), fp8_b = is_fp8(b.dtype);
   if (fp8_a != fp8_b)
-    fail(TE_ERROR_INVALID_DTYPE, "arguments 'a' and 'b' must both be FP8 or both high precision, "
-         "got ", dtype_name(a.dtype), " and ", dtype_name(b.dtype));
+    fail(TE_ERROR_INVALID_DTYPE,
+         "arguments 'a' and 'b' must both be FP8 or both high precision, "
+         "got ",
+         dtype_name(a.dtype), " and ", dtype_name(b.dtype));
   if (!fp8_a && a.dtype != b.dtype)
     fail(TE_ERROR_INVALID_DTYPE, "arguments 'a' and 'b' must have the same type, got ",
          dtype_name(a.dtype), " and ", dtype_name(b.dtype));
   if (a.dtype == TE_DTYPE_FLOAT8E5M2 && b.dtype == TE_DTYPE_FLOAT8E5M2)
-    fail(TE_ERROR_INVALID_DTYPE, "arguments 'a' and 'b' cannot both be float8_e5m2 (FP8 GEMMs "
+    fail(TE_ERROR_INVALID_DTYPE,
+         "arguments 'a' and 'b' cannot both be float8_e5m2 (FP8 GEMMs "
          "take E4M3 x E4M3, E4M3 x E5M2 or E5M2 x E4M3)");
 }
 
 void check_matrix_rank(const te_tensor& t, const char* name) {
   if (t.ndim < 2)
-    fail(TE_ERROR_INVALID_ARGUMENT, "argument '", name, "' must have at least 2 dims (leading dims "
-         "are folded into rows), got shape ", shape_string(t));
+    fail(TE_ERROR_INVALID_ARGUMENT, "argument '", name,
+         "' must have at least 2 dims (leading dims "
+         "are folded into rows), got shape ",
+         shape_string(t));
 }
 
 // Fills m, n, k and the operands from A and B.
@@ -93,9 +99,9 @@ void infer_dims(const te_gemm_params& p, GemmArgs& g) {
   const int64_t k_b = p.transb ? b_cols : b_rows;
   g.n = p.transb ? b_rows : b_cols;
   if (k_a != k_b)
-    fail(TE_ERROR_INVALID_ARGUMENT, "inner dimensions differ: op(A) is [", g.m, ", ", k_a,
-         "] (a ", shape_string(a), p.transa ? ", transa" : "", ") but op(B) is [", k_b, ", ", g.n,
-         "] (b ", shape_string(b), p.transb ? ", transb" : "", ")");
+    fail(TE_ERROR_INVALID_ARGUMENT, "inner dimensions differ: op(A) is [", g.m, ", ", k_a, "] (a ",
+         shape_string(a), p.transa ? ", transa" : "", ") but op(B) is [", k_b, ", ", g.n, "] (b ",
+         shape_string(b), p.transb ? ", transb" : "", ")");
   g.k = k_a;
   if (is_fp8(a.dtype) && (g.m % 16 != 0 || g.n % 16 != 0 || g.k % 16 != 0))
     fail(TE_ERROR_INVALID_ARGUMENT, "FP8 GEMM needs M, N and K divisible by 16 (got M=", g.m,
@@ -145,8 +151,10 @@ void check_c(const te_gemm_params& p, GemmArgs& g) {
   else
     c.dtype(g.d_dtype);
   if (p.c->data == p.d->data && p.c->dtype != g.d_dtype)
-    fail(TE_ERROR_INVALID_ARGUMENT, "arguments 'c' and 'd' share memory but have different "
-         "types (", dtype_name(p.c->dtype), " and ", dtype_name(g.d_dtype), ")");
+    fail(TE_ERROR_INVALID_ARGUMENT,
+         "arguments 'c' and 'd' share memory but have different "
+         "types (",
+         dtype_name(p.c->dtype), " and ", dtype_name(g.d_dtype), ")");
   // beta == 0: C is not read (so NaN or garbage in C never reaches D).
   if (p.beta != 0.0f) g.c = Optional{p.c->data, p.c->dtype};
 }
@@ -162,7 +170,8 @@ void check_epilogues(const te_gemm_params& p, GemmArgs& g) {
     g.bias = Optional{p.bias->data, p.bias->dtype};
   }
   if (optional_on_device(p.pre_gelu_out, "pre_gelu_out", a)) {
-    Arg(p.pre_gelu_out, "pre_gelu_out").dtype_in(kHighPrecision, kHighPrecisionText)
+    Arg(p.pre_gelu_out, "pre_gelu_out")
+        .dtype_in(kHighPrecision, kHighPrecisionText)
         .shape2d(g.m, g.n);
     g.pre_gelu_out = Optional{p.pre_gelu_out->data, p.pre_gelu_out->dtype};
   }
@@ -179,7 +188,8 @@ void check_epilogues(const te_gemm_params& p, GemmArgs& g) {
 
 // Everything but the workspace (declared in backend.h: te/gemm_block.h uses it too).
 GemmArgs check_params(const te_gemm_params* params, bool size_only) {
-  if (params == nullptr) fail(TE_ERROR_INVALID_ARGUMENT, "argument 'params' is required (got NULL)");
+  if (params == nullptr)
+    fail(TE_ERROR_INVALID_ARGUMENT, "argument 'params' is required (got NULL)");
   Descriptors views(size_only);
   te_gemm_params p = *params;
   p.a = views.view(p.a);
@@ -206,8 +216,8 @@ GemmArgs check_params(const te_gemm_params* params, bool size_only) {
   check_c(p, g);
   check_epilogues(p, g);
   if (!std::isfinite(p.alpha) || !std::isfinite(p.beta))
-    fail(TE_ERROR_INVALID_ARGUMENT, "arguments 'alpha' and 'beta' must be finite, got alpha=",
-         p.alpha, ", beta=", p.beta);
+    fail(TE_ERROR_INVALID_ARGUMENT,
+         "arguments 'alpha' and 'beta' must be finite, got alpha=", p.alpha, ", beta=", p.beta);
   g.alpha = p.alpha;
   g.beta = g.c.present() ? p.beta : 0.0f;
   g.use_split_accumulator = p.use_split_accumulator != 0;

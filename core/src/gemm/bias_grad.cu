@@ -69,8 +69,7 @@ __device__ __forceinline__ Vec<T, V> load_elements(const T* p) {
 }
 
 // Part `part` of output i: the final value when there is one part.
-__device__ __forceinline__ void write_sum(const BiasGradArgs& p, int64_t part, int64_t i,
-                                          float s) {
+__device__ __forceinline__ void write_sum(const BiasGradArgs& p, int64_t part, int64_t i, float s) {
   if (p.splits > 1)
     p.partials[part * p.m + i] = s;
   else
@@ -81,7 +80,7 @@ constexpr int kColThreads = 32;  // column-sum block: 32 x kRowLanes threads
 constexpr int kRowLanes = 8;
 
 template <class E, int V>
-__global__ void __launch_bounds__(kColThreads * kRowLanes)
+__global__ void __launch_bounds__(kColThreads* kRowLanes)
     column_sums_kernel(BiasGradArgs p, int64_t rows_per_part) {
   // Thread x's V sums at x * (V + 1): with the odd stride neither these stores
   // nor the column-order reads below hit one bank twice.

@@ -36,10 +36,10 @@
 namespace te::gemm::cpu {
 namespace {
 
-constexpr int kMR = 6;           // rows of a micro-tile
-constexpr int64_t kKC = 256;     // K slice: a packed B micro-panel (kKC x NR) stays in L1
-constexpr int64_t kMC = 120;     // tile rows (multiple of kMR): packed A block stays in L2
-constexpr int64_t kNC = 512;     // tile cols (multiple of every NR)
+constexpr int kMR = 6;                   // rows of a micro-tile
+constexpr int64_t kKC = 256;             // K slice: a packed B micro-panel (kKC x NR) stays in L1
+constexpr int64_t kMC = 120;             // tile rows (multiple of kMR): packed A block stays in L2
+constexpr int64_t kNC = 512;             // tile cols (multiple of every NR)
 constexpr double kFlopsPerWorker = 4e6;  // below this, one more thread costs more than it saves
 
 // ---------------------------------------------------------------------------
@@ -332,11 +332,11 @@ void run_tiles(const GemmArgs& g, const Operands& ops, const Epilogue& ep, Micro
   const PackB<NR> pack_b_fn = pack_b_for<NR>(ops.b_kind);
   const int64_t m_tiles = (g.m + kMC - 1) / kMC, n_tiles = (g.n + kNC - 1) / kNC;
   const int64_t tiles = m_tiles * n_tiles;
-  const double flops = 2.0 * static_cast<double>(g.m) * static_cast<double>(g.n) *
-                       static_cast<double>(g.k);
-  const int64_t workers = std::max<int64_t>(
-      1, std::min<int64_t>({static_cast<int64_t>(cpu_num_threads()), tiles,
-                            static_cast<int64_t>(flops / kFlopsPerWorker) + 1}));
+  const double flops =
+      2.0 * static_cast<double>(g.m) * static_cast<double>(g.n) * static_cast<double>(g.k);
+  const int64_t workers =
+      std::max<int64_t>(1, std::min<int64_t>({static_cast<int64_t>(cpu_num_threads()), tiles,
+                                              static_cast<int64_t>(flops / kFlopsPerWorker) + 1}));
   // Buffer sizes for the largest tile this problem has.
   const int64_t kc_max = std::max<int64_t>(1, std::min(kKC, g.k));
   const int64_t mc_max = std::min(kMC, round_up(g.m, kMR));

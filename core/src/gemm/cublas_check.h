@@ -9,20 +9,20 @@
 
 #include "runtime/status.h"
 
-#define TE_GEMM_CHECK_CUBLAS(expr)                                                        \
-  do {                                                                                    \
-    const cublasStatus_t te_gemm_status_ = (expr);                                        \
-    if (te_gemm_status_ != CUBLAS_STATUS_SUCCESS)                                         \
-      ::te::fail(TE_ERROR_CUBLAS, #expr " failed: ", cublasLtGetStatusName(te_gemm_status_), \
-                 " (", cublasLtGetStatusString(te_gemm_status_), ")");                    \
+#define TE_GEMM_CHECK_CUBLAS(expr)                                                                 \
+  do {                                                                                             \
+    const cublasStatus_t te_gemm_status_ = (expr);                                                 \
+    if (te_gemm_status_ != CUBLAS_STATUS_SUCCESS)                                                  \
+      ::te::fail(TE_ERROR_CUBLAS, #expr " failed: ", cublasLtGetStatusName(te_gemm_status_), " (", \
+                 cublasLtGetStatusString(te_gemm_status_), ")");                                   \
   } while (0)
 
-#define TE_GEMM_CHECK_CUDA(expr)                                                     \
-  do {                                                                               \
-    const cudaError_t te_gemm_error_ = (expr);                                       \
-    if (te_gemm_error_ != cudaSuccess)                                               \
-      ::te::fail(TE_ERROR_CUDA, #expr " failed: ", cudaGetErrorName(te_gemm_error_), \
-                 " (", cudaGetErrorString(te_gemm_error_), ")");                     \
+#define TE_GEMM_CHECK_CUDA(expr)                                                           \
+  do {                                                                                     \
+    const cudaError_t te_gemm_error_ = (expr);                                             \
+    if (te_gemm_error_ != cudaSuccess)                                                     \
+      ::te::fail(TE_ERROR_CUDA, #expr " failed: ", cudaGetErrorName(te_gemm_error_), " (", \
+                 cudaGetErrorString(te_gemm_error_), ")");                                 \
   } while (0)
 
 // After a kernel launch: reports launch-configuration errors (not asynchronous

@@ -73,7 +73,7 @@ uint32_t alignment_of(const void* p) {
 cublasLtHandle_t handle_for(int device) {
   static std::mutex mutex;
   static std::unordered_map<int, cublasLtHandle_t> handles;  // never destroyed: no
-  std::lock_guard<std::mutex> lock(mutex);                    // teardown-order issues at exit
+  std::lock_guard<std::mutex> lock(mutex);                   // teardown-order issues at exit
   auto it = handles.find(device);
   if (it != handles.end()) return it->second;
   cublasLtHandle_t handle = nullptr;
@@ -93,8 +93,8 @@ void set_pref(cublasLtMatmulPreference_t pref, cublasLtMatmulPreferenceAttribute
   TE_GEMM_CHECK_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref, attr, &value, sizeof(value)));
 }
 
-void init_layout(cublasLtMatrixLayoutOpaque_t* layout, te_dtype dtype, uint64_t rows,
-                 uint64_t cols, int64_t ld) {
+void init_layout(cublasLtMatrixLayoutOpaque_t* layout, te_dtype dtype, uint64_t rows, uint64_t cols,
+                 int64_t ld) {
   TE_GEMM_CHECK_CUBLAS(cublasLtMatrixLayoutInit(layout, cuda_type(dtype), rows, cols, ld));
 }
 
@@ -165,15 +165,36 @@ struct AlgoKeyHash {
 };
 
 AlgoKey make_key(const LtCall& c) {
-  const int64_t fields[] = {
-      c.device, static_cast<int64_t>(c.m), static_cast<int64_t>(c.n), static_cast<int64_t>(c.k),
-      c.a.dtype, c.a.trans, c.a.ld, c.b.dtype, c.b.trans, c.b.ld, c.c_dtype, c.d_dtype,
-      static_cast<int64_t>(c.epilogue), c.bias_dtype, c.set_bias_dtype, c.fp8, c.fast_accum,
-      c.d_scale != nullptr, c.d_amax != nullptr, alignment_of(c.a.data), alignment_of(c.b.data),
-      alignment_of(c.c), alignment_of(c.d), alignment_of(c.bias), alignment_of(c.aux),
-      static_cast<int64_t>(c.workspace_bytes), c.beta != 0.0f,
-      static_cast<int64_t>(c.a_scale_mode), static_cast<int64_t>(c.b_scale_mode),
-      c.device_alpha != nullptr};
+  const int64_t fields[] = {c.device,
+                            static_cast<int64_t>(c.m),
+                            static_cast<int64_t>(c.n),
+                            static_cast<int64_t>(c.k),
+                            c.a.dtype,
+                            c.a.trans,
+                            c.a.ld,
+                            c.b.dtype,
+                            c.b.trans,
+                            c.b.ld,
+                            c.c_dtype,
+                            c.d_dtype,
+                            static_cast<int64_t>(c.epilogue),
+                            c.bias_dtype,
+                            c.set_bias_dtype,
+                            c.fp8,
+                            c.fast_accum,
+                            c.d_scale != nullptr,
+                            c.d_amax != nullptr,
+                            alignment_of(c.a.data),
+                            alignment_of(c.b.data),
+                            alignment_of(c.c),
+                            alignment_of(c.d),
+                            alignment_of(c.bias),
+                            alignment_of(c.aux),
+                            static_cast<int64_t>(c.workspace_bytes),
+                            c.beta != 0.0f,
+                            static_cast<int64_t>(c.a_scale_mode),
+                            static_cast<int64_t>(c.b_scale_mode),
+                            c.device_alpha != nullptr};
   static_assert(sizeof(fields) / sizeof(fields[0]) <= 32, "AlgoKey too small");
   AlgoKey key;
   for (size_t i = 0; i < sizeof(fields) / sizeof(fields[0]); ++i) key.v[i] = fields[i];
@@ -241,10 +262,9 @@ void run_lt_matmul(const LtCall& call, const cublasLtMatmulAlgo_t& algo, cudaStr
   Descriptors desc(call);
   const void* alpha = call.device_alpha ? static_cast<const void*>(call.device_alpha) : &call.alpha;
   const void* beta = call.device_alpha ? static_cast<const void*>(call.device_beta) : &call.beta;
-  TE_GEMM_CHECK_CUBLAS(cublasLtMatmul(handle_for(call.device), &desc.op, alpha, call.a.data,
-                                      &desc.a, call.b.data, &desc.b, beta, call.c, &desc.c,
-                                      call.d, &desc.d, &algo, call.workspace, call.workspace_bytes,
-                                      stream));
+  TE_GEMM_CHECK_CUBLAS(cublasLtMatmul(
+      handle_for(call.device), &desc.op, alpha, call.a.data, &desc.a, call.b.data, &desc.b, beta,
+      call.c, &desc.c, call.d, &desc.d, &algo, call.workspace, call.workspace_bytes, stream));
 }
 
 }  // namespace te::gemm

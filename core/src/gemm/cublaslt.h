@@ -35,8 +35,8 @@ struct LtCall {
   LtEpilogue epilogue = LtEpilogue::kDefault;
   const void* bias = nullptr;  // BIAS_POINTER
   te_dtype bias_dtype = TE_DTYPE_FLOAT32;
-  bool set_bias_dtype = false;  // set BIAS_DATA_TYPE (FP8); else the default, D's type
-  void* aux = nullptr;          // GELU input (pre_gelu_out), same layout as D
+  bool set_bias_dtype = false;    // set BIAS_DATA_TYPE (FP8); else the default, D's type
+  void* aux = nullptr;            // GELU input (pre_gelu_out), same layout as D
   const void* a_scale = nullptr;  // FP8/FP4 only: the FP32 scalar, or the block scales
   const void* b_scale = nullptr;
   ScaleMode a_scale_mode = ScaleMode::kScalar;  // A_/B_SCALE_MODE (block-scaled GEMMs)

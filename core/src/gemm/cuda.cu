@@ -112,8 +112,8 @@ const char* epilogue_name(LtEpilogue e) {
   fail(TE_ERROR_CUBLAS, "cuBLASLt has no kernel for this GEMM (", cublasLtGetStatusName(status),
        "): M=", g.m, " N=", g.n, " K=", g.k, ", A ", dtype_name(g.a.dtype),
        g.a.trans ? " (transa)" : "", ", B ", dtype_name(g.b.dtype), g.b.trans ? " (transb)" : "",
-       ", D ", dtype_name(g.d_dtype), ", cuBLASLt output ", dtype_name(call.d_dtype),
-       ", epilogue ", epilogue_name(call.epilogue));
+       ", D ", dtype_name(g.d_dtype), ", cuBLASLt output ", dtype_name(call.d_dtype), ", epilogue ",
+       epilogue_name(call.epilogue));
 }
 
 // cuBLASLt needs 16-byte aligned scale pointers; a misaligned one is copied
@@ -190,8 +190,7 @@ void enqueue(const GemmArgs& g, const Choice& choice, char* ws, cudaStream_t str
     run_lt_matmul(staged, choice.algo, stream);
   }
   if (plan.amax_combine)
-    kernels::amax_combine(g.d_amax, reinterpret_cast<const float*>(ws + plan.amax_offset),
-                          stream);
+    kernels::amax_combine(g.d_amax, reinterpret_cast<const float*>(ws + plan.amax_offset), stream);
   if (plan.epilogue_kernel) {
     kernels::EpilogueArgs e;
     e.m = g.m;
@@ -237,9 +236,8 @@ void gemm(const GemmArgs& g, te_stream stream_handle) {
   if (choice.no_room)
     fail(TE_ERROR_CUBLAS, "cuBLASLt rejects the fused epilogue of this GEMM (",
          cublasLtGetStatusName(choice.fused_status), ", epilogue ",
-         epilogue_name(make_cuda_plan(g, true).lt_epilogue),
-         ") and the unfused fallback needs ", choice.plan.total_bytes,
-         " bytes of workspace, got ", g.workspace_bytes);
+         epilogue_name(make_cuda_plan(g, true).lt_epilogue), ") and the unfused fallback needs ",
+         choice.plan.total_bytes, " bytes of workspace, got ", g.workspace_bytes);
   if (choice.status != CUBLAS_STATUS_SUCCESS) fail_no_algo(g, choice.call, choice.status);
   enqueue(g, choice, ws, static_cast<cudaStream_t>(stream_handle));
 }

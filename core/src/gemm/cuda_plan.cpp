@@ -66,8 +66,8 @@ void plan_matmul(const GemmArgs& args, bool allow_fusion, CudaPlan& p) {
     p.transpose_a = args.a.trans;
     p.transpose_b = !args.b.trans;
   }
-  const bool fused = allow_fusion && native_output(args) && native_c(args) &&
-                     fusable_bias(args) && fusable_gelu(args);
+  const bool fused = allow_fusion && native_output(args) && native_c(args) && fusable_bias(args) &&
+                     fusable_gelu(args);
   if (fused) {
     p.matmul_out_dtype = args.d_dtype;
     p.matmul_applies_c = true;
@@ -90,8 +90,7 @@ void plan_matmul(const GemmArgs& args, bool allow_fusion, CudaPlan& p) {
     // C has D's type when D is FP32, so cuBLASLt can add it in place.
     p.matmul_applies_c = !p.matmul_into_tmp;
     p.c_layout_dtype = TE_DTYPE_FLOAT32;
-    p.epilogue_kernel =
-        p.matmul_into_tmp || args.bias.present() || args.pre_gelu_out.present();
+    p.epilogue_kernel = p.matmul_into_tmp || args.bias.present() || args.pre_gelu_out.present();
   }
 }
 

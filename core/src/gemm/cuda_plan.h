@@ -45,17 +45,17 @@ namespace te::gemm {
 enum class LtEpilogue { kDefault, kBias, kGeluAux, kGeluAuxBias };
 
 struct CudaPlan {
-  bool run_matmul = false;   // false when M, N or K is 0
-  bool transpose_a = false;  // FP8 A stored [K, M]: copy it to [M, K] in the workspace
-  bool transpose_b = false;  // FP8 B stored [K, N]: copy it to [N, K] in the workspace
+  bool run_matmul = false;       // false when M, N or K is 0
+  bool transpose_a = false;      // FP8 A stored [K, M]: copy it to [M, K] in the workspace
+  bool transpose_b = false;      // FP8 B stored [K, N]: copy it to [N, K] in the workspace
   bool matmul_into_tmp = false;  // cuBLASLt writes the FP32 buffer, not D
   te_dtype matmul_out_dtype = TE_DTYPE_FLOAT32;
   bool matmul_applies_c = false;  // else the epilogue kernel adds beta * C
   te_dtype c_layout_dtype = TE_DTYPE_FLOAT32;
   LtEpilogue lt_epilogue = LtEpilogue::kDefault;
   te_dtype lt_bias_dtype = TE_DTYPE_FLOAT32;  // type of BIAS_POINTER
-  bool lt_fp8_output = false;  // D_SCALE_POINTER (+ AMAX_D_POINTER) through cuBLASLt
-  bool lt_amax = false;        // cuBLASLt writes amax to the workspace slot
+  bool lt_fp8_output = false;                 // D_SCALE_POINTER (+ AMAX_D_POINTER) through cuBLASLt
+  bool lt_amax = false;                       // cuBLASLt writes amax to the workspace slot
   bool epilogue_kernel = false;   // our kernel: C, bias, GELU, conversion of the FP32 values
   bool bias_grad_kernel = false;  // our row-sum kernels for bias_grad
   int64_t bias_grad_splits = 1;   // K is cut into this many parts (> 1: partials in workspace)

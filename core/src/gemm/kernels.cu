@@ -14,8 +14,8 @@
 namespace te::gemm::kernels {
 namespace {
 
-constexpr int kTile = 32;       // transpose tile (bytes per side)
-constexpr int kTileRows = 8;    // threads per tile column
+constexpr int kTile = 32;     // transpose tile (bytes per side)
+constexpr int kTileRows = 8;  // threads per tile column
 constexpr int kMaxGridY = 65535;
 constexpr int kEpilogueThreads = 256;
 
@@ -161,9 +161,9 @@ void epilogue(const EpilogueArgs& args, cudaStream_t stream) {
                       fits(args.pre_gelu_out, args.pre_gelu_dtype) && fits(args.d, args.d_dtype);
   const int64_t elements = args.m * args.n;
   if (vector) {
-    const auto blocks = persistent_blocks(reinterpret_cast<const void*>(&epilogue_kernel<V>),
-                                          kEpilogueThreads,
-                                          ceil_div(elements / V, kEpilogueThreads));
+    const auto blocks =
+        persistent_blocks(reinterpret_cast<const void*>(&epilogue_kernel<V>), kEpilogueThreads,
+                          ceil_div(elements / V, kEpilogueThreads));
     epilogue_kernel<V><<<static_cast<unsigned int>(blocks), kEpilogueThreads, 0, stream>>>(args);
   } else {
     const auto blocks = persistent_blocks(reinterpret_cast<const void*>(&epilogue_kernel<1>),

@@ -34,14 +34,16 @@ te_gemm_path plan_path(const BlockGemm& g, size_t* bytes) {
 void check_workspace(size_t available, size_t needed, const char* what) {
   if (available < needed)
     fail(TE_ERROR_INVALID_ARGUMENT, "argument 'workspace' must hold at least ", needed,
-         " bytes for ", what, ", got ", available, " (query te_gemm_block_plan with the same "
+         " bytes for ", what, ", got ", available,
+         " (query te_gemm_block_plan with the same "
          "parameters)");
 }
 
 // NVFP4's CUDA dequantize moves 16-byte vectors.
-void check_nvfp4_alignment(const BlockOperand& op, const char* name) {
+[[maybe_unused]] void check_nvfp4_alignment(const BlockOperand& op, const char* name) {
   if (op.scaling == TE_SCALING_NVFP4 && reinterpret_cast<uintptr_t>(op.data) % 16 != 0)
-    fail(TE_ERROR_INVALID_ARGUMENT, "argument '", name, "' must be 16-byte aligned for the CUDA "
+    fail(TE_ERROR_INVALID_ARGUMENT, "argument '", name,
+         "' must be 16-byte aligned for the CUDA "
          "NVFP4 kernels");
 }
 
@@ -107,7 +109,8 @@ void check_group_list(const te_gemm_block_params* groups, int num_groups) {
 template <class T>
 void check_shared(int i, const char* what, const T& mine, const T& first) {
   if (!(mine == first))
-    fail(TE_ERROR_INVALID_ARGUMENT, "group ", i, ": ", what, " differs from group 0's; the groups "
+    fail(TE_ERROR_INVALID_ARGUMENT, "group ", i, ": ", what,
+         " differs from group 0's; the groups "
          "of a grouped GEMM share the operands' scaling modes and types, transa, transb, D's type "
          "and the device");
 }

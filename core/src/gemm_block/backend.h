@@ -23,11 +23,11 @@ struct BlockOperand {
   const void* data = nullptr;
   te_dtype dtype = TE_DTYPE_FLOAT32;
   int64_t rows = 0, cols = 0;
-  const void* scales = nullptr;  // FP32 (FP8 block), E8M0 (MXFP8) or E4M3 (NVFP4)
+  const void* scales = nullptr;            // FP32 (FP8 block), E8M0 (MXFP8) or E4M3 (NVFP4)
   int64_t scale_rows = 0, scale_cols = 0;  // the scale array's matrix shape
-  const float* amax = nullptr;   // NVFP4: the global amax of this copy
-  bool swizzled = false;         // MXFP8 / NVFP4 scales in the swizzled layout
-  bool columnwise = false;       // MXFP8: 32x1 blocks down the stored columns
+  const float* amax = nullptr;             // NVFP4: the global amax of this copy
+  bool swizzled = false;                   // MXFP8 / NVFP4 scales in the swizzled layout
+  bool columnwise = false;                 // MXFP8: 32x1 blocks down the stored columns
 };
 
 struct BlockGemm {

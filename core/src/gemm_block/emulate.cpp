@@ -51,14 +51,24 @@ mxfp8::DequantizeArgs mxfp8_args(const BlockOperand& op, void* out, te_dtype out
 
 nvfp4::DequantizeArgs nvfp4_args(const BlockOperand& op, const uint8_t* compact_scales, void* out,
                                  te_dtype out_dtype) {
-  return nvfp4::DequantizeArgs{static_cast<const uint8_t*>(op.data), compact_scales, op.rows,
-                               op.cols, op.scale_cols, op.amax, out, out_dtype};
+  return nvfp4::DequantizeArgs{static_cast<const uint8_t*>(op.data),
+                               compact_scales,
+                               op.rows,
+                               op.cols,
+                               op.scale_cols,
+                               op.amax,
+                               out,
+                               out_dtype};
 }
 
 // NVFP4 scales have blocks along the stored rows: the rowwise swizzle variant.
 swizzle::SwizzleArgs unswizzle_args(const BlockOperand& op, uint8_t* compact) {
-  return swizzle::SwizzleArgs{static_cast<const uint8_t*>(op.scales), compact, op.scale_rows,
-                              op.scale_cols, /*columnwise=*/false, /*unswizzle=*/true};
+  return swizzle::SwizzleArgs{static_cast<const uint8_t*>(op.scales),
+                              compact,
+                              op.scale_rows,
+                              op.scale_cols,
+                              /*columnwise=*/false,
+                              /*unswizzle=*/true};
 }
 
 bool needs_unswizzle(const BlockOperand& op) {
@@ -134,8 +144,7 @@ void run_cpu(const BlockGemm& g) {
 #ifdef TE_WITH_CUDA
 namespace {
 
-void dequantize_cuda(const BlockOperand& op, void* out, uint8_t* compact_scales,
-                     te_stream stream) {
+void dequantize_cuda(const BlockOperand& op, void* out, uint8_t* compact_scales, te_stream stream) {
   if (op.rows == 0 || op.cols == 0) return;
   switch (op.scaling) {
     case TE_SCALING_MXFP8:
@@ -165,7 +174,8 @@ void run_cuda(const BlockGemm& g, void* workspace, size_t workspace_bytes, te_st
   dense.a.data = base + l.a;
   dense.b.data = base + l.b;
   dense.workspace = base + l.gemm;
-  dense.workspace_bytes = workspace_bytes - static_cast<size_t>(base + l.gemm - static_cast<char*>(workspace));
+  dense.workspace_bytes =
+      workspace_bytes - static_cast<size_t>(base + l.gemm - static_cast<char*>(workspace));
   gemm::cuda::gemm(dense, stream);
 }
 #endif

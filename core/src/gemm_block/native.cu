@@ -23,7 +23,7 @@
 namespace te::gemm_block::native {
 namespace {
 
-constexpr size_t kFp8BlockMinLt = 120900;  // cuBLASLt 12.9: VEC128_32F, BLK128x128_32F
+constexpr size_t kFp8BlockMinLt = 120900;      // cuBLASLt 12.9: VEC128_32F, BLK128x128_32F
 constexpr size_t kMicroscalingMinLt = 120800;  // cuBLASLt 12.8: VEC32_UE8M0, VEC16_UE4M3
 
 gemm::ScaleMode scale_mode(te_scaling_mode s) {
@@ -49,9 +49,9 @@ constexpr size_t kAlphaSlot = kAlignment;
 // te_gemm's arguments with the stored operands and their block scales.
 gemm::GemmArgs native_args(const BlockGemm& g, const float* device_alpha_beta) {
   gemm::GemmArgs d = g.dense;
-  d.a = gemm::Operand{g.a.data, g.a.dtype, nullptr, g.dense.a.trans, scale_mode(g.a.scaling),
+  d.a = gemm::Operand{g.a.data,  g.a.dtype, nullptr, g.dense.a.trans, scale_mode(g.a.scaling),
                       g.a.scales};
-  d.b = gemm::Operand{g.b.data, g.b.dtype, nullptr, g.dense.b.trans, scale_mode(g.b.scaling),
+  d.b = gemm::Operand{g.b.data,  g.b.dtype, nullptr, g.dense.b.trans, scale_mode(g.b.scaling),
                       g.b.scales};
   d.use_split_accumulator = true;  // block-scaled kernels have no fast-accumulation mode
   d.device_alpha_beta = device_alpha_beta;
@@ -93,8 +93,7 @@ bool eligible(const BlockGemm& g) {
     case TE_SCALING_MXFP8:
       return major == 10 && lt >= kMicroscalingMinLt && g.a.swizzled && g.b.swizzled;
     case TE_SCALING_NVFP4:
-      return major == 10 && lt >= kMicroscalingMinLt && g.a.swizzled && g.b.swizzled &&
-             k % 32 == 0;
+      return major == 10 && lt >= kMicroscalingMinLt && g.a.swizzled && g.b.swizzled && k % 32 == 0;
     default: return false;
   }
 }

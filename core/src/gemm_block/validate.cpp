@@ -32,14 +32,15 @@ int family(te_scaling_mode s) { return is_fp8_block(s) ? TE_SCALING_FP8_BLOCK_1D
 // The names an operand's fields have in messages: 'a', 'a_scale_inv', 'a_amax'.
 struct Names {
   std::string data, scale, amax;
-  explicit Names(char which)
-      : data(1, which), scale(data + "_scale_inv"), amax(data + "_amax") {}
+  explicit Names(char which) : data(1, which), scale(data + "_scale_inv"), amax(data + "_amax") {}
 };
 
 void check_scaling_value(te_scaling_mode s, const Names& n) {
   if (s < TE_SCALING_NONE || s > TE_SCALING_NVFP4)
-    fail(TE_ERROR_INVALID_ARGUMENT, "argument '", n.data, ".scaling' must be a te_scaling_mode "
-         "(0 to 5), got ", static_cast<int>(s));
+    fail(TE_ERROR_INVALID_ARGUMENT, "argument '", n.data,
+         ".scaling' must be a te_scaling_mode "
+         "(0 to 5), got ",
+         static_cast<int>(s));
 }
 
 // The stored layout rule: FP8 block and NVFP4 operands come in the TN form;
@@ -51,16 +52,19 @@ void check_layout(te_scaling_mode s, const Names& n, bool is_a, bool trans, Bloc
   }
   const bool tn = is_a ? !trans : trans;
   if (!tn)
-    fail(TE_ERROR_INVALID_ARGUMENT, scaling_name(s), " GEMMs take the TN form only (transa = 0, "
-         "transb = 1: blocks run along K in the stored rows), got ", is_a ? "transa" : "transb",
-         " = ", trans ? 1 : 0, "; pass the columnwise copy of '", n.data,
-         "', which this format stores transposed");
+    fail(TE_ERROR_INVALID_ARGUMENT, scaling_name(s),
+         " GEMMs take the TN form only (transa = 0, "
+         "transb = 1: blocks run along K in the stored rows), got ",
+         is_a ? "transa" : "transb", " = ", trans ? 1 : 0, "; pass the columnwise copy of '",
+         n.data, "', which this format stores transposed");
 }
 
 void check_shape(te_scaling_mode s, const te_tensor& data, const Names& n, BlockOperand& op) {
   if (data.ndim < 2)
-    fail(TE_ERROR_INVALID_ARGUMENT, "argument '", n.data, "' must have at least 2 dims (leading "
-         "dims are folded into rows), got shape ", shape_string(data));
+    fail(TE_ERROR_INVALID_ARGUMENT, "argument '", n.data,
+         "' must have at least 2 dims (leading "
+         "dims are folded into rows), got shape ",
+         shape_string(data));
   op.rows = leading_rows(data);
   op.cols = last_dim(data);
   const int64_t block = s == TE_SCALING_MXFP8 ? mxfp8::kBlock : 16;
@@ -77,8 +81,7 @@ void expected_scales(te_scaling_mode s, BlockOperand& op, te_dtype* dtype, const
   switch (s) {
     case TE_SCALING_FP8_BLOCK_1D:
     case TE_SCALING_FP8_BLOCK_2D: {
-      const te_fp8_block_dim dim =
-          s == TE_SCALING_FP8_BLOCK_1D ? TE_FP8_BLOCK_1D : TE_FP8_BLOCK_2D;
+      const te_fp8_block_dim dim = s == TE_SCALING_FP8_BLOCK_1D ? TE_FP8_BLOCK_1D : TE_FP8_BLOCK_2D;
       const fp8_block::ScaleMap map =
           fp8_block::scale_map(op.rows, op.cols, dim, TE_FP8_BLOCK_GEMM_READY, false);
       op.scale_rows = map.shape0;
@@ -106,20 +109,20 @@ void expected_scales(te_scaling_mode s, BlockOperand& op, te_dtype* dtype, const
   }
 }
 
-void check_scales(te_scaling_mode s, const te_gemm_operand& in, const Names& n,
-                  BlockOperand& op) {
+void check_scales(te_scaling_mode s, const te_gemm_operand& in, const Names& n, BlockOperand& op) {
   if (in.scale_inv == nullptr)
-    fail(TE_ERROR_INVALID_ARGUMENT, "argument '", n.scale, "' is required for ",
-         scaling_name(s), " operands (their block scales)");
+    fail(TE_ERROR_INVALID_ARGUMENT, "argument '", n.scale, "' is required for ", scaling_name(s),
+         " operands (their block scales)");
   te_dtype dtype = TE_DTYPE_FLOAT32;
   const char* what = "";
   expected_scales(s, op, &dtype, &what);
   Arg(in.scale_inv, n.scale.c_str()).dtype(dtype).same_device(*in.data, n.data.c_str());
   const te_tensor& t = *in.scale_inv;
   // FP32 block scales accept any rank with that matrix view (as te/fp8_block.h).
-  const bool ok = is_fp8_block(s)
-                      ? t.ndim > 0 && leading_rows(t) == op.scale_rows && last_dim(t) == op.scale_cols
-                      : t.ndim == 2 && t.shape[0] == op.scale_rows && t.shape[1] == op.scale_cols;
+  const bool ok =
+      is_fp8_block(s)
+          ? t.ndim > 0 && leading_rows(t) == op.scale_rows && last_dim(t) == op.scale_cols
+          : t.ndim == 2 && t.shape[0] == op.scale_rows && t.shape[1] == op.scale_cols;
   if (!ok)
     fail(TE_ERROR_INVALID_ARGUMENT, "argument '", n.scale, "' must have shape [", op.scale_rows,
          ", ", op.scale_cols, "] (", what, " scales of '", n.data, "' stored as [", op.rows, ", ",
@@ -145,7 +148,8 @@ BlockOperand check_block_operand(const te_gemm_operand& in, char which, int tran
   check_scales(s, in, n, op);
   if (s == TE_SCALING_NVFP4) {
     if (in.amax == nullptr)
-      fail(TE_ERROR_INVALID_ARGUMENT, "argument '", n.amax, "' is required for NVFP4 operands "
+      fail(TE_ERROR_INVALID_ARGUMENT, "argument '", n.amax,
+           "' is required for NVFP4 operands "
            "(the FP32 global amax the copy was quantized with)");
     Arg(in.amax, n.amax.c_str()).scalar_fp32().same_device(*in.data, n.data.c_str());
     op.amax = static_cast<const float*>(in.amax->data);
@@ -162,11 +166,15 @@ void check_unused_fields(const te_gemm_operand& in, char which) {
     fail(TE_ERROR_INVALID_ARGUMENT, "argument '", n.amax, "' is only for NVFP4 operands, got a ",
          scaling_name(s), " '", n.data, "'; pass NULL");
   if (in.swizzled_scales != 0 && s != TE_SCALING_MXFP8 && s != TE_SCALING_NVFP4)
-    fail(TE_ERROR_INVALID_ARGUMENT, "argument '", n.data, ".swizzled_scales' is only for MXFP8 "
-         "and NVFP4 operands, got a ", scaling_name(s), " '", n.data, "'");
+    fail(TE_ERROR_INVALID_ARGUMENT, "argument '", n.data,
+         ".swizzled_scales' is only for MXFP8 "
+         "and NVFP4 operands, got a ",
+         scaling_name(s), " '", n.data, "'");
   if (s == TE_SCALING_NONE && in.scale_inv != nullptr)
-    fail(TE_ERROR_INVALID_ARGUMENT, "argument '", n.scale, "' is only for scaled operands, got a "
-         "high-precision '", n.data, "'; pass NULL");
+    fail(TE_ERROR_INVALID_ARGUMENT, "argument '", n.scale,
+         "' is only for scaled operands, got a "
+         "high-precision '",
+         n.data, "'; pass NULL");
 }
 
 // NONE / TENSOR: the operand's data type must match its declared scaling
@@ -210,7 +218,9 @@ class Dummies {
     copy.data = dummy;
     return &copy;
   }
-  te_tensor* view(te_tensor* t) { return const_cast<te_tensor*>(view(static_cast<const te_tensor*>(t))); }
+  te_tensor* view(te_tensor* t) {
+    return const_cast<te_tensor*>(view(static_cast<const te_tensor*>(t)));
+  }
 
  private:
   te_tensor storage_[12] = {};
@@ -234,7 +244,8 @@ te_gemm_block_params with_dummies(const te_gemm_block_params& p, Dummies& d) {
 }  // namespace
 
 BlockGemm validate(const te_gemm_block_params* params, bool size_only) {
-  if (params == nullptr) fail(TE_ERROR_INVALID_ARGUMENT, "argument 'params' is required (got NULL)");
+  if (params == nullptr)
+    fail(TE_ERROR_INVALID_ARGUMENT, "argument 'params' is required (got NULL)");
   Dummies dummies;
   const te_gemm_block_params p = size_only ? with_dummies(*params, dummies) : *params;
   check_scaling_value(p.a.scaling, Names('a'));

@@ -87,8 +87,10 @@ QuantizeArgs check_quantize(const te_tensor* input, te_tensor* rowwise, te_tenso
     require_fp8(Arg(columnwise, "columnwise").get(), "columnwise");
     Arg(columnwise, "columnwise").same_shape(*input, "input").same_device(*input, "input");
     if (want_row && columnwise->dtype != rowwise->dtype)
-      fail(TE_ERROR_INVALID_DTYPE, "arguments 'rowwise' and 'columnwise' must have the same FP8 "
-           "type, got ", dtype_name(rowwise->dtype), " and ", dtype_name(columnwise->dtype));
+      fail(TE_ERROR_INVALID_DTYPE,
+           "arguments 'rowwise' and 'columnwise' must have the same FP8 "
+           "type, got ",
+           dtype_name(rowwise->dtype), " and ", dtype_name(columnwise->dtype));
     columnwise_scale_shape(a.rows, a.cols, &a.col_scale_rows, &a.col_scale_cols);
     check_scales(col_scales, "columnwise_scale_inv", a.col_scale_rows, a.col_scale_cols,
                  "columnwise", *input);
@@ -137,8 +139,8 @@ extern "C" {
 
 te_status te_quantize_mxfp8(const te_tensor* input, te_tensor* rowwise,
                             te_tensor* rowwise_scale_inv, te_tensor* columnwise,
-                            te_tensor* columnwise_scale_inv, int use_2d_blocks,
-                            int swizzled_scales, te_stream stream) {
+                            te_tensor* columnwise_scale_inv, int use_2d_blocks, int swizzled_scales,
+                            te_stream stream) {
   return guarded("te_quantize_mxfp8", [&] {
     const QuantizeArgs args = check_quantize(input, rowwise, rowwise_scale_inv, columnwise,
                                              columnwise_scale_inv, use_2d_blocks, swizzled_scales);
@@ -146,9 +148,8 @@ te_status te_quantize_mxfp8(const te_tensor* input, te_tensor* rowwise,
   });
 }
 
-te_status te_dequantize_mxfp8(const te_tensor* input, const te_tensor* scale_inv,
-                              te_tensor* output, int columnwise, int swizzled_scales,
-                              te_stream stream) {
+te_status te_dequantize_mxfp8(const te_tensor* input, const te_tensor* scale_inv, te_tensor* output,
+                              int columnwise, int swizzled_scales, te_stream stream) {
   return guarded("te_dequantize_mxfp8", [&] {
     const DequantizeArgs args =
         check_dequantize(input, scale_inv, output, columnwise, swizzled_scales);

@@ -16,10 +16,10 @@ struct QuantizeArgs {
   int64_t rows, cols;
   te_dtype fp8_dtype;
   uint8_t* rowwise;
-  uint8_t* rowwise_scales;       // [row_scale_rows, row_scale_cols]
+  uint8_t* rowwise_scales;  // [row_scale_rows, row_scale_cols]
   int64_t row_scale_rows, row_scale_cols;
   uint8_t* columnwise;
-  uint8_t* columnwise_scales;    // [col_scale_rows, col_scale_cols]
+  uint8_t* columnwise_scales;  // [col_scale_rows, col_scale_cols]
   int64_t col_scale_rows, col_scale_cols;
   bool use_2d_blocks;
   bool swizzled;

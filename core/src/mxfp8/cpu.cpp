@@ -30,8 +30,11 @@ template <class T>
 class StripQuantizer {
  public:
   StripQuantizer(const QuantizeArgs& a)
-      : a_(a), in_(static_cast<const T*>(a.input)), fmt_(fp8_format(a.fp8_dtype)),
-        reciprocal_(max_reciprocal(a.fp8_dtype)), blocks_(a.cols / kBlock) {}
+      : a_(a),
+        in_(static_cast<const T*>(a.input)),
+        fmt_(fp8_format(a.fp8_dtype)),
+        reciprocal_(max_reciprocal(a.fp8_dtype)),
+        blocks_(a.cols / kBlock) {}
 
   // Quantizes rows [32 * strip, 32 * strip + 32) (fewer at the end).
   void run(int64_t strip) {
@@ -114,8 +117,7 @@ class StripQuantizer {
 void quantize(const QuantizeArgs& a) {
   // Padding bytes (and, when swizzled, the tiles' unused slots) are 0.
   if (a.rowwise_scales) std::memset(a.rowwise_scales, 0, a.row_scale_rows * a.row_scale_cols);
-  if (a.columnwise_scales)
-    std::memset(a.columnwise_scales, 0, a.col_scale_rows * a.col_scale_cols);
+  if (a.columnwise_scales) std::memset(a.columnwise_scales, 0, a.col_scale_rows * a.col_scale_cols);
   if (a.rows == 0 || a.cols == 0) return;
   const int64_t strips = (a.rows + kBlock - 1) / kBlock;
   const int64_t min_strips = std::max<int64_t>(1, (1 << 16) / (kBlock * a.cols));
@@ -134,19 +136,20 @@ void dequantize(const DequantizeArgs& a) {
     T* out = static_cast<T*>(a.output);
     parallel_for(a.rows, std::max<int64_t>(1, (1 << 16) / std::max<int64_t>(1, a.cols)),
                  [&](int64_t r0, int64_t r1) {
-      for (int64_t r = r0; r < r1; ++r) {
-        for (int64_t c = 0; c < a.cols; ++c) {
-          const int64_t s = a.columnwise
-                                ? columnwise_scale_offset(r / kBlock, c, a.scale_rows,
-                                                          a.scale_cols, a.swizzled)
-                                : rowwise_scale_offset(r, c / kBlock, a.scale_cols, a.swizzled);
-          const uint8_t code = a.input[r * a.cols + c];
-          float y = fp8_to_float(code, fmt) * dequantize_factor(a.scales[s]);
-          if (y != y) y = code & 0x80 ? -kQuietNaN : kQuietNaN;  // one NaN per sign
-          out[r * a.cols + c] = from_float<T>(y);
-        }
-      }
-    });
+                   for (int64_t r = r0; r < r1; ++r) {
+                     for (int64_t c = 0; c < a.cols; ++c) {
+                       const int64_t s =
+                           a.columnwise
+                               ? columnwise_scale_offset(r / kBlock, c, a.scale_rows, a.scale_cols,
+                                                         a.swizzled)
+                               : rowwise_scale_offset(r, c / kBlock, a.scale_cols, a.swizzled);
+                       const uint8_t code = a.input[r * a.cols + c];
+                       float y = fp8_to_float(code, fmt) * dequantize_factor(a.scales[s]);
+                       if (y != y) y = code & 0x80 ? -kQuietNaN : kQuietNaN;  // one NaN per sign
+                       out[r * a.cols + c] = from_float<T>(y);
+                     }
+                   }
+                 });
   });
 }
 

@@ -13,9 +13,9 @@
 //    block amax. Columnwise 32x1 block = the 4 row groups: butterfly over lanes
 //    8 and 16 apart, per column. A 2-D 32x32 tile is the union of both.
 //  - Each lane then casts its elements (FP32 multiply by 2^(127-e), hardware
-//    cvt.rn.satfinite, NaN patched to 0x7F: runtime/cuda_elem.cuh) and stores V bytes per row for each
-//    requested direction; the first lane of a block writes its scale byte,
-//    compact or swizzled (mxfp8/numerics.h offsets).
+//    cvt.rn.satfinite, NaN patched to 0x7F: runtime/cuda_elem.cuh) and stores V bytes per row for
+//    each requested direction; the first lane of a block writes its scale byte, compact or swizzled
+//    (mxfp8/numerics.h offsets).
 //  - Warps are independent; consecutive warps take consecutive column tiles of
 //    one 32-row strip. Scale padding, when the shape has any, is zeroed by a
 //    cudaMemsetAsync of the scale buffer before the kernel.
@@ -153,14 +153,14 @@ struct KernelArgs {
   QuantizeArgs a;
   int64_t tiles_per_strip;  // column tiles of 8V columns in a 32-row strip
   int64_t num_tiles;
-  float reciprocal;         // fl32(1 / fp8_max)
+  float reciprocal;  // fl32(1 / fp8_max)
 };
 
 // One lane's place in its warp tile.
 struct LaneTile {
-  int64_t strip;  // 32-row block index
-  int64_t row0;   // first of the lane's 8 rows
-  int64_t col0;   // first of its V columns
+  int64_t strip;            // 32-row block index
+  int64_t row0;             // first of the lane's 8 rows
+  int64_t col0;             // first of its V columns
   bool first_in_row_block;  // the lane that writes a rowwise scale
   bool first_row_group;     // the lanes that write columnwise scales
   bool active;              // its columns exist (all V or none: K % 32 == 0)
@@ -332,10 +332,11 @@ __global__ void __launch_bounds__(kThreads)
       const float2 f = fp8x2_to_float2<kE5M2>(q[i] | (uint32_t{q[i + 1]} << 8));
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const uint8_t e = a.columnwise ? __ldg(a.scales + columnwise_scale_offset(
-                                                              r / kBlock, c0 + i + h, a.scale_rows,
-                                                              a.scale_cols, a.swizzled))
-                                       : row_e;
+        const uint8_t e =
+            a.columnwise
+                ? __ldg(a.scales + columnwise_scale_offset(r / kBlock, c0 + i + h, a.scale_rows,
+                                                           a.scale_cols, a.swizzled))
+                : row_e;
         o.v[i + h] = from_float<Out>(dequant(h ? f.y : f.x, q[i + h], dequantize_factor(e)));
       }
     }
@@ -359,13 +360,19 @@ void launch_quantize(const KernelArgs& k, int64_t blocks, cudaStream_t stream) {
     TE_CHECK_LAUNCH();
   };
   if (k.a.use_2d_blocks) {
-    if (row && col) go(quantize_kernel<In, kE5M2, true, true, true, kVec>);
-    else if (row) go(quantize_kernel<In, kE5M2, true, false, true, kVec>);
-    else go(quantize_kernel<In, kE5M2, false, true, true, kVec>);
+    if (row && col)
+      go(quantize_kernel<In, kE5M2, true, true, true, kVec>);
+    else if (row)
+      go(quantize_kernel<In, kE5M2, true, false, true, kVec>);
+    else
+      go(quantize_kernel<In, kE5M2, false, true, true, kVec>);
   } else {
-    if (row && col) go(quantize_kernel<In, kE5M2, true, true, false, kVec>);
-    else if (row) go(quantize_kernel<In, kE5M2, true, false, false, kVec>);
-    else go(quantize_kernel<In, kE5M2, false, true, false, kVec>);
+    if (row && col)
+      go(quantize_kernel<In, kE5M2, true, true, false, kVec>);
+    else if (row)
+      go(quantize_kernel<In, kE5M2, true, false, false, kVec>);
+    else
+      go(quantize_kernel<In, kE5M2, false, true, false, kVec>);
   }
 }
 

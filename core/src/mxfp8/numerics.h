@@ -52,8 +52,8 @@ TE_HD float dequantize_factor(uint8_t e) {
 TE_HD int64_t rowwise_scale_offset(int64_t r, int64_t j, int64_t scale_cols, bool swizzled) {
   return swizzled ? swizzle::swizzled_offset(r, j, scale_cols) : r * scale_cols + j;
 }
-TE_HD int64_t columnwise_scale_offset(int64_t i, int64_t c, int64_t scale_rows,
-                                      int64_t scale_cols, bool swizzled) {
+TE_HD int64_t columnwise_scale_offset(int64_t i, int64_t c, int64_t scale_rows, int64_t scale_cols,
+                                      bool swizzled) {
   return swizzled ? swizzle::swizzled_offset(c, i, scale_rows) : i * scale_cols + c;
 }
 

@@ -33,7 +33,8 @@ void check_x(const te_tensor* x, int64_t* rows, int64_t* cols) {
   Arg(x, "x").dtype_in(kHighPrecision, kHighPrecisionText);
   check_element_aligned(x, "x");
   if (x->ndim < 1)
-    fail(TE_ERROR_INVALID_ARGUMENT, "argument 'x' must have at least 1 dimension (the normalized "
+    fail(TE_ERROR_INVALID_ARGUMENT,
+         "argument 'x' must have at least 1 dimension (the normalized "
          "last one), got a scalar");
   *rows = leading_rows(*x);
   *cols = last_dim(*x);
@@ -94,10 +95,12 @@ FwdArgs check_forward(const te_tensor* x, const te_tensor* gamma, float eps,
   a.eps = eps;
   a.zero_centered_gamma = zero_centered_gamma != 0;
 
-  Arg(y, "y").dtype_in({TE_DTYPE_FLOAT32, TE_DTYPE_BFLOAT16, TE_DTYPE_FLOAT16,
-                        TE_DTYPE_FLOAT8E4M3, TE_DTYPE_FLOAT8E5M2},
-                       "float32, bfloat16, float16, float8_e4m3 or float8_e5m2")
-      .same_shape(*x, "x").same_device(*x, "x");
+  Arg(y, "y")
+      .dtype_in({TE_DTYPE_FLOAT32, TE_DTYPE_BFLOAT16, TE_DTYPE_FLOAT16, TE_DTYPE_FLOAT8E4M3,
+                 TE_DTYPE_FLOAT8E5M2},
+                "float32, bfloat16, float16, float8_e4m3 or float8_e5m2")
+      .same_shape(*x, "x")
+      .same_device(*x, "x");
   check_element_aligned(y, "y");
   a.y = y->data;
   a.y_dtype = y->dtype;
@@ -119,8 +122,10 @@ FwdArgs check_forward(const te_tensor* x, const te_tensor* gamma, float eps,
       a.y_amax = static_cast<float*>(y_amax->data);
     }
   } else if (y_scale || y_scale_inv || y_amax) {
-    fail(TE_ERROR_INVALID_ARGUMENT, "arguments 'y_scale', 'y_scale_inv' and 'y_amax' are only for "
-         "an FP8 'y'; 'y' is ", dtype_name(y->dtype), " (pass NULL)");
+    fail(TE_ERROR_INVALID_ARGUMENT,
+         "arguments 'y_scale', 'y_scale_inv' and 'y_amax' are only for "
+         "an FP8 'y'; 'y' is ",
+         dtype_name(y->dtype), " (pass NULL)");
   }
   a.rsigma = optional_per_row(rsigma, "rsigma", a.rows, *x);
   if (on_cuda(*x)) use_cuda_device(x->device_index);
@@ -206,8 +211,8 @@ te_status te_layernorm_fwd(const te_tensor* x, const te_tensor* gamma, const te_
                            const te_tensor* y_scale, te_tensor* y_scale_inv, te_tensor* y_amax,
                            te_tensor* mu, te_tensor* rsigma, te_stream stream) {
   return guarded("te_layernorm_fwd", [&] {
-    FwdArgs a = check_forward(x, gamma, eps, zero_centered_gamma, y, y_scale, y_scale_inv,
-                              y_amax, rsigma);
+    FwdArgs a =
+        check_forward(x, gamma, eps, zero_centered_gamma, y, y_scale, y_scale_inv, y_amax, rsigma);
     a.layernorm = true;
     check_per_column(beta, "beta", a.cols, *x);
     check_same_type(beta, "beta", *gamma, "gamma");
@@ -222,8 +227,8 @@ te_status te_rmsnorm_fwd(const te_tensor* x, const te_tensor* gamma, float eps,
                          te_tensor* y_scale_inv, te_tensor* y_amax, te_tensor* rsigma,
                          te_stream stream) {
   return guarded("te_rmsnorm_fwd", [&] {
-    FwdArgs a = check_forward(x, gamma, eps, zero_centered_gamma, y, y_scale, y_scale_inv,
-                              y_amax, rsigma);
+    FwdArgs a =
+        check_forward(x, gamma, eps, zero_centered_gamma, y, y_scale, y_scale_inv, y_amax, rsigma);
     a.layernorm = false;
     TE_DISPATCH(on_cuda(*x), cpu::forward(a), cuda::forward(a, stream));
   });
@@ -240,12 +245,12 @@ te_status te_rmsnorm_bwd_workspace_size(const te_tensor* x, size_t* workspace_by
 }
 
 te_status te_layernorm_bwd(const te_tensor* dz, const te_tensor* x, const te_tensor* mu,
-                           const te_tensor* rsigma, const te_tensor* gamma,
-                           int zero_centered_gamma, te_tensor* dx, te_tensor* dgamma,
-                           te_tensor* dbeta, te_tensor* workspace, te_stream stream) {
+                           const te_tensor* rsigma, const te_tensor* gamma, int zero_centered_gamma,
+                           te_tensor* dx, te_tensor* dgamma, te_tensor* dbeta, te_tensor* workspace,
+                           te_stream stream) {
   return guarded("te_layernorm_bwd", [&] {
-    BwdArgs a = check_backward(true, dz, x, rsigma, gamma, zero_centered_gamma, dx, dgamma,
-                               workspace);
+    BwdArgs a =
+        check_backward(true, dz, x, rsigma, gamma, zero_centered_gamma, dx, dgamma, workspace);
     a.mu = per_row(mu, "mu", a.rows, *x);
     check_per_column(dbeta, "dbeta", a.cols, *x);
     check_same_type(dbeta, "dbeta", *gamma, "gamma");
@@ -258,8 +263,8 @@ te_status te_rmsnorm_bwd(const te_tensor* dz, const te_tensor* x, const te_tenso
                          const te_tensor* gamma, int zero_centered_gamma, te_tensor* dx,
                          te_tensor* dgamma, te_tensor* workspace, te_stream stream) {
   return guarded("te_rmsnorm_bwd", [&] {
-    BwdArgs a = check_backward(false, dz, x, rsigma, gamma, zero_centered_gamma, dx, dgamma,
-                               workspace);
+    BwdArgs a =
+        check_backward(false, dz, x, rsigma, gamma, zero_centered_gamma, dx, dgamma, workspace);
     TE_DISPATCH(on_cuda(*x), cpu::backward(a), cuda::backward(a, stream));
   });
 }

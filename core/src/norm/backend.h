@@ -22,12 +22,12 @@ struct FwdArgs {
   float eps;
   bool zero_centered_gamma;
   void* y;
-  te_dtype y_dtype;       // FP32, BF16, FP16, E4M3 or E5M2
-  const float* y_scale;   // FP8 y only
-  float* y_scale_inv;     // FP8 y only, may be null
-  float* y_amax;          // FP8 y only, may be null (max-accumulated)
-  float* mu;              // LayerNorm only, may be null
-  float* rsigma;          // may be null
+  te_dtype y_dtype;      // FP32, BF16, FP16, E4M3 or E5M2
+  const float* y_scale;  // FP8 y only
+  float* y_scale_inv;    // FP8 y only, may be null
+  float* y_amax;         // FP8 y only, may be null (max-accumulated)
+  float* mu;             // LayerNorm only, may be null
+  float* rsigma;         // may be null
 };
 
 struct BwdArgs {
@@ -41,9 +41,9 @@ struct BwdArgs {
   const void* gamma;
   te_dtype w_dtype;
   bool zero_centered_gamma;
-  void* dx;      // x's type
-  void* dgamma;  // w_dtype
-  void* dbeta;   // w_dtype, LayerNorm only
+  void* dx;         // x's type
+  void* dgamma;     // w_dtype
+  void* dbeta;      // w_dtype, LayerNorm only
   void* workspace;  // at least backward_workspace_bytes (CUDA); unused on CPU
 };
 

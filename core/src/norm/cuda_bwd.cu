@@ -40,7 +40,7 @@ __device__ __forceinline__ float dx_value(float dy, float xhat, float m1, float 
 template <class Tx>
 struct Packed {
   static constexpr int kE = 16 / static_cast<int>(sizeof(Tx));  // elements per vector
-  static constexpr int kV = kChunk / kE;                          // 1, or 2 for FP32
+  static constexpr int kV = kChunk / kE;                        // 1, or 2 for FP32
   uint32_t w[kV][4];
 
   __device__ __forceinline__ void load(const Tx* p, int left, bool vec) {
@@ -78,9 +78,8 @@ __global__ void __launch_bounds__(Shape::kBlockThreads)
   const float n = static_cast<float>(H);
   float* g_s = smem;
   float* sums_s = smem + chunks * kChunk;
-  stage_weights<kChunk>(g_s, H, [&](int i) {
-    return weight_at(a.gamma, a.w_dtype, i, a.zero_centered_gamma);
-  });
+  stage_weights<kChunk>(
+      g_s, H, [&](int i) { return weight_at(a.gamma, a.w_dtype, i, a.zero_centered_gamma); });
   __syncthreads();
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -155,7 +154,7 @@ __global__ void __launch_bounds__(Shape::kBlockThreads)
   }
 
   // The block's column sums: row groups added in group order, one row each.
-  auto write_block_sums = [&](const float(&acc)[kChunks][kChunk], float* out) {
+  auto write_block_sums = [&](const float (&acc)[kChunks][kChunk], float* out) {
     float* dst = kRows == 1 ? out : sums_s + group * H;
 #pragma unroll
     for (int k = 0; k < kChunks; ++k) {
@@ -203,7 +202,8 @@ __global__ void __launch_bounds__(kLoopThreads)
       return __fmul_rn(kLayerNorm ? __fsub_rn(xi, mu) : xi, rsigma);
     };
     auto dy_at = [&](int64_t i) {
-      return __fmul_rn(to_f32(dz[start + i]), weight_at(a.gamma, a.w_dtype, i, a.zero_centered_gamma));
+      return __fmul_rn(to_f32(dz[start + i]),
+                       weight_at(a.gamma, a.w_dtype, i, a.zero_centered_gamma));
     };
     float s1 = 0.0f, s2 = 0.0f;
     for (int64_t i = threadIdx.x; i < H; i += kLoopThreads) {
@@ -323,16 +323,16 @@ void backward(const BwdArgs& a, te_stream stream_handle) {
     // 16-byte accesses need whole chunks in every row (then every row starts as
     // aligned as its buffer) and x, dz and dx 16-byte aligned; gamma is staged
     // and the column sums are written element-wise, so their alignment is free.
-    const bool vec = a.cols % kChunk == 0 && is_aligned(a.x, 16) && is_aligned(a.dz, 16) &&
-                     is_aligned(a.dx, 16);
+    const bool vec =
+        a.cols % kChunk == 0 && is_aligned(a.x, 16) && is_aligned(a.dz, 16) && is_aligned(a.dx, 16);
     const BwdLaunch p = plan<Tx, kLayerNorm>(a.rows, a.cols, vec);
     blocks = p.grid;
     if (p.looped) {
       norm_bwd_looped_kernel<Tx, kLayerNorm><<<p.grid, p.threads, 0, stream>>>(a, partials);
     } else {
       void* args[] = {const_cast<BwdArgs*>(&a), &partials};
-      TE_CHECK_CUDA(cudaLaunchKernel(p.kernel, dim3(static_cast<unsigned>(p.grid)),
-                                     dim3(p.threads), args, p.smem, stream));
+      TE_CHECK_CUDA(cudaLaunchKernel(p.kernel, dim3(static_cast<unsigned>(p.grid)), dim3(p.threads),
+                                     args, p.smem, stream));
     }
     TE_CHECK_LAUNCH();
   });

@@ -112,7 +112,8 @@ __device__ __forceinline__ void widen_pair(uint32_t w, float& lo, float& hi, __n
 }
 __device__ __forceinline__ void widen_pair(uint32_t w, float& lo, float& hi, __half) {
   asm volatile("{ .reg .b16 l, h; mov.b32 {l, h}, %2; cvt.f32.f16 %0, l; cvt.f32.f16 %1, h; }"
-               : "=f"(lo), "=f"(hi) : "r"(w));
+               : "=f"(lo), "=f"(hi)
+               : "r"(w));
 }
 __device__ __forceinline__ void unpack(const uint32_t (&w)[4], float (&f)[4], float) {
 #pragma unroll
@@ -186,13 +187,17 @@ __device__ __forceinline__ void load_weights(const float* w_c, int part, float (
 template <class T>
 __device__ __forceinline__ T from_f32(float v);
 template <>
-__device__ __forceinline__ float from_f32<float>(float v) { return v; }
+__device__ __forceinline__ float from_f32<float>(float v) {
+  return v;
+}
 template <>
 __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float v) {
   return __float2bfloat16_rn(v);
 }
 template <>
-__device__ __forceinline__ __half from_f32<__half>(float v) { return __float2half_rn(v); }
+__device__ __forceinline__ __half from_f32<__half>(float v) {
+  return __float2half_rn(v);
+}
 
 // Rounds the 8 values of the chunk at p to T and stores those in the row
 // (`left` of them if fewer than 8): one vector store (vec: aligned, whole
@@ -251,7 +256,8 @@ struct RowReducer {
       for (int i = 0; i < kN; ++i) {
         float total = buffer[parity][group][0][i];
 #pragma unroll
-        for (int w = 1; w < Shape::kWarps; ++w) total = __fadd_rn(total, buffer[parity][group][w][i]);
+        for (int w = 1; w < Shape::kWarps; ++w)
+          total = __fadd_rn(total, buffer[parity][group][w][i]);
         v[i] = total;
       }
       parity ^= 1;

@@ -60,7 +60,7 @@ struct FwdShape {
   static constexpr int kWarps = kWarps_;
   static constexpr int kVecs = kVecs_;
   static constexpr int kE = 16 / static_cast<int>(sizeof(Tx));  // elements per chunk
-  static constexpr int kThreads = 32 * kWarps;                    // per row
+  static constexpr int kThreads = 32 * kWarps;                  // per row
   static constexpr int kBlockWarps = kWarps == 1 ? 4 : (kWarps > 8 ? kWarps : 8);
   static constexpr int kRows = kBlockWarps / kWarps;  // row groups per block
   static constexpr int kBlockThreads = 32 * kBlockWarps;
@@ -138,10 +138,10 @@ __device__ __forceinline__ YChunk<kY, kE> pack_y(const float (&y)[kE], float sca
     constexpr bool kE5M2 = kY == YKind::kE5M2;
 #pragma unroll
     for (int i = 0; i < kE / 4; ++i) {
-      const uint32_t lo = cuda_elem::fp8x2<kE5M2>(__fmul_rn(y[4 * i], scale),
-                                                  __fmul_rn(y[4 * i + 1], scale));
-      const uint32_t hi = cuda_elem::fp8x2<kE5M2>(__fmul_rn(y[4 * i + 2], scale),
-                                                  __fmul_rn(y[4 * i + 3], scale));
+      const uint32_t lo =
+          cuda_elem::fp8x2<kE5M2>(__fmul_rn(y[4 * i], scale), __fmul_rn(y[4 * i + 1], scale));
+      const uint32_t hi =
+          cuda_elem::fp8x2<kE5M2>(__fmul_rn(y[4 * i + 2], scale), __fmul_rn(y[4 * i + 3], scale));
       c.w[i] = lo | (hi << 16);
     }
   }
@@ -149,8 +149,7 @@ __device__ __forceinline__ YChunk<kY, kE> pack_y(const float (&y)[kE], float sca
 }
 
 template <YKind kY, int kE>
-__device__ __forceinline__ void store_y(uint8_t* p, int left, bool vec,
-                                        const YChunk<kY, kE>& c) {
+__device__ __forceinline__ void store_y(uint8_t* p, int left, bool vec, const YChunk<kY, kE>& c) {
   constexpr int kB = y_bytes<kY>();
   if (vec) {
     if constexpr (YChunk<kY, kE>::kWords >= 4) {
@@ -241,8 +240,7 @@ __device__ __forceinline__ void write_row(const uint32_t (&w)[S::kVecs][4], cons
                                           int part, float scale, float& amax) {
   constexpr int kE = S::kE;
   constexpr int kStride = S::kThreads * kE;
-  uint8_t* y_lane =
-      static_cast<uint8_t*>(a.y) + (row * a.cols + int64_t{t} * kE) * y_bytes<kY>();
+  uint8_t* y_lane = static_cast<uint8_t*>(a.y) + (row * a.cols + int64_t{t} * kE) * y_bytes<kY>();
   const float* g_lane = g_s + 4 * t;
   const float* b_lane = b_s + 4 * t;
 #pragma unroll
@@ -268,12 +266,11 @@ __device__ __forceinline__ void write_row(const uint32_t (&w)[S::kVecs][4], cons
 // kVec: vector accesses (see launch); a separate instantiation, so that the
 // vector kernel's register count is not that of the element-wise path.
 template <class Tx, class S, bool kLayerNorm, bool kVec>
-__global__ void __launch_bounds__(S::kBlockThreads)
-    norm_fwd_kernel(const FwdArgs a) {
+__global__ void __launch_bounds__(S::kBlockThreads) norm_fwd_kernel(const FwdArgs a) {
   constexpr bool vec = kVec;
   constexpr int kE = S::kE;
   constexpr int kVecs = S::kVecs;
-  constexpr int kStride = S::kThreads * kE;  // elements between a lane's chunks
+  constexpr int kStride = S::kThreads * kE;         // elements between a lane's chunks
   extern __shared__ __align__(16) float weights[];  // g, then beta (LayerNorm)
   __shared__ float exchange[2][S::kRows][S::kWarps];
   const int H = static_cast<int>(a.cols);  // <= kMaxResidentRow: int indices within a row
@@ -281,9 +278,8 @@ __global__ void __launch_bounds__(S::kBlockThreads)
   const int part = 4 * chunks;  // the per-chunk layout of cuda_common.cuh
   float* g_s = weights;
   float* b_s = weights + chunks * kE;
-  stage_weights<kE>(g_s, H, [&](int i) {
-    return weight_at(a.gamma, a.w_dtype, i, a.zero_centered_gamma);
-  });
+  stage_weights<kE>(g_s, H,
+                    [&](int i) { return weight_at(a.gamma, a.w_dtype, i, a.zero_centered_gamma); });
   if (kLayerNorm) stage_weights<kE>(b_s, H, [&](int i) { return load_any(a.beta, a.w_dtype, i); });
   __syncthreads();
 
@@ -373,8 +369,7 @@ __device__ __forceinline__ void store_y_element(const FwdArgs& a, int64_t i, flo
 }
 
 template <class Tx, bool kLayerNorm>
-__global__ void __launch_bounds__(kLoopThreads)
-    norm_fwd_looped_kernel(const FwdArgs a) {
+__global__ void __launch_bounds__(kLoopThreads) norm_fwd_looped_kernel(const FwdArgs a) {
   __shared__ float exchange[32];
   const int64_t H = a.cols;
   const float n = static_cast<float>(H);
@@ -420,10 +415,10 @@ void launch(const FwdArgs& a, cudaStream_t stream) {
     // chunk's bytes (16 at most). Otherwise every access is per element.
     const int y_size = is_fp8_code(a.y_dtype) ? 1 : a.y_dtype == TE_DTYPE_FLOAT32 ? 4 : 2;
     const int y_chunk = S::kE * y_size;
-    const bool vec = H % S::kE == 0 && is_aligned(a.x, 16) &&
-                     is_aligned(a.y, y_chunk < 16 ? y_chunk : 16);
-    auto kernel = vec ? norm_fwd_kernel<Tx, S, kLayerNorm, true>
-                      : norm_fwd_kernel<Tx, S, kLayerNorm, false>;
+    const bool vec =
+        H % S::kE == 0 && is_aligned(a.x, 16) && is_aligned(a.y, y_chunk < 16 ? y_chunk : 16);
+    auto kernel =
+        vec ? norm_fwd_kernel<Tx, S, kLayerNorm, true> : norm_fwd_kernel<Tx, S, kLayerNorm, false>;
     const size_t smem = sizeof(float) * ceil_div(H, S::kE) * S::kE * (kLayerNorm ? 2 : 1);
     const int64_t grid = resident_grid(reinterpret_cast<const void*>(kernel), S::kBlockThreads,
                                        smem, ceil_div(a.rows, S::kRows));

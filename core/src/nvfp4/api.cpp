@@ -22,7 +22,8 @@ struct MatrixView {
 
 MatrixView nvfp4_view(const te_tensor& t, const char* name) {
   if (t.ndim < 1)
-    fail(TE_ERROR_INVALID_ARGUMENT, "argument '", name, "' must have at least 1 dimension, got a scalar");
+    fail(TE_ERROR_INVALID_ARGUMENT, "argument '", name,
+         "' must have at least 1 dimension, got a scalar");
   const MatrixView v{leading_rows(t), last_dim(t)};
   if (v.cols % kBlock != 0)
     fail(TE_ERROR_INVALID_ARGUMENT, "NVFP4 needs the last dimension of '", name,
@@ -57,9 +58,8 @@ ScaleShape check_scale(const te_tensor* t, const char* name, int64_t rows, int64
   Arg a(t, name);
   a.dtype(TE_DTYPE_FLOAT8E4M3).same_device(device_of, device_name);
   if (t->ndim != 2 || t->shape[0] != s.rows || t->shape[1] != s.cols)
-    fail(TE_ERROR_INVALID_ARGUMENT, "argument '", name, "' must have shape [", s.rows, ", ",
-         s.cols, "] = [roundup(", rows, ", 128), roundup(", cols, "/16, 4)], got ",
-         shape_string(*t));
+    fail(TE_ERROR_INVALID_ARGUMENT, "argument '", name, "' must have shape [", s.rows, ", ", s.cols,
+         "] = [roundup(", rows, ", 128), roundup(", cols, "/16, 4)], got ", shape_string(*t));
   return s;
 }
 
@@ -140,10 +140,10 @@ te_status te_nvfp4_compute_amax(const te_tensor* input, te_tensor* amax_rowwise,
     }
     prepare_device(*input);
     if (on_cuda(*input)) check_aligned(input->data, "input");
-    TE_DISPATCH(on_cuda(*input),
-                cpu::compute_amax(input->data, input->dtype, v.rows, v.cols, row, col, opt),
-                cuda::compute_amax(input->data, input->dtype, v.rows, v.cols, row, col, opt,
-                                   stream));
+    TE_DISPATCH(
+        on_cuda(*input),
+        cpu::compute_amax(input->data, input->dtype, v.rows, v.cols, row, col, opt),
+        cuda::compute_amax(input->data, input->dtype, v.rows, v.cols, row, col, opt, stream));
   });
 }
 
@@ -171,7 +171,8 @@ te_status te_nvfp4_quantize(const te_tensor* input, const te_tensor* amax_rowwis
     if (args.options.block_2d) require_rows_multiple_of_16(v.rows, "2-D (16x16) quantization");
     if (row) {
       check_data(rowwise, "rowwise", v.rows, v.cols, *input, input);
-      const ScaleShape s = check_scale(rowwise_scale, "rowwise_scale", v.rows, v.cols, *input, "input");
+      const ScaleShape s =
+          check_scale(rowwise_scale, "rowwise_scale", v.rows, v.cols, *input, "input");
       args.rowwise = Direction{static_cast<uint8_t*>(rowwise->data),
                                static_cast<uint8_t*>(rowwise_scale->data), s.rows, s.cols,
                                check_amax(amax_rowwise, "amax_rowwise", *input)};
@@ -202,8 +203,10 @@ te_status te_nvfp4_dequantize(const te_tensor* data, const te_tensor* scale, con
     const MatrixView v = nvfp4_view(*data, "data");
     const ScaleShape s = check_scale(scale, "scale", v.rows, v.cols, *data, "data");
     Arg(amax, "amax").scalar_fp32().same_device(*data, "data");
-    Arg(output, "output").dtype_in(kHighPrecision, kHighPrecisionText)
-        .same_shape(*data, "data").same_device(*data, "data");
+    Arg(output, "output")
+        .dtype_in(kHighPrecision, kHighPrecisionText)
+        .same_shape(*data, "data")
+        .same_device(*data, "data");
     prepare_device(*data);
     if (on_cuda(*data)) {
       check_aligned(data->data, "data");
@@ -235,8 +238,8 @@ te_status te_nvfp4_transpose_2d(const te_tensor* rowwise, const te_tensor* rowwi
     if (columnwise->ndim != 2 || columnwise->shape[0] != v.cols || columnwise->shape[1] != v.rows)
       fail(TE_ERROR_INVALID_ARGUMENT, "argument 'columnwise' must have shape [", v.cols, ", ",
            v.rows, "] (rowwise viewed as [M, K], transposed), got ", shape_string(*columnwise));
-    const ScaleShape cs = check_scale(columnwise_scale, "columnwise_scale", v.cols, v.rows,
-                                      *rowwise, "rowwise");
+    const ScaleShape cs =
+        check_scale(columnwise_scale, "columnwise_scale", v.cols, v.rows, *rowwise, "rowwise");
     prepare_device(*rowwise);
     if (on_cuda(*rowwise)) {
       check_aligned(rowwise->data, "rowwise");

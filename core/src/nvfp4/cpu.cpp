@@ -46,8 +46,7 @@ void for_each_stripe(const void* input, te_dtype dtype, int64_t rows, int64_t co
 }
 
 // Column k of a full stripe (16 rows of length cols), RHT applied when asked.
-void column_block(const float* stripe, int64_t cols, int64_t k, const Options& o,
-                  float v[kBlock]) {
+void column_block(const float* stripe, int64_t cols, int64_t k, const Options& o, float v[kBlock]) {
   for (int i = 0; i < kBlock; ++i) v[i] = stripe[i * cols + k];
   if (o.random_hadamard) random_hadamard_16(v, o.rht_sign_mask);
 }
@@ -75,15 +74,15 @@ void store_packed(uint64_t packed, uint8_t* out) {
 
 // Quantizes one block and stores its 8 data bytes and its scale byte. The
 // random words (stochastic rounding) are those of first + i * stride.
-void quantize_block(float v[kBlock], float block_amax, const DirectionScales& ds,
-                    const Options& o, const RandomStream& rs, uint64_t first, uint64_t stride,
-                    uint8_t* data, uint8_t* scale) {
+void quantize_block(float v[kBlock], float block_amax, const DirectionScales& ds, const Options& o,
+                    const RandomStream& rs, uint64_t first, uint64_t stride, uint8_t* data,
+                    uint8_t* scale) {
   const uint8_t s_b = block_scale(block_amax, ds.s_enc);
   uint32_t random[kBlock];
   if (o.stochastic_rounding) rs.block_words(first, stride, random);
-  store_packed(encode_block(v, block_encode_factor(s_b, ds.s_dec),
-                            o.stochastic_rounding ? random : nullptr),
-               data);
+  store_packed(
+      encode_block(v, block_encode_factor(s_b, ds.s_dec), o.stochastic_rounding ? random : nullptr),
+      data);
   *scale = s_b;
 }
 
@@ -123,42 +122,42 @@ void quantize(const QuantizeArgs& a) {
   const int64_t M = a.rows, K = a.cols, blocks_per_row = K / kBlock;
   const uint64_t numel = static_cast<uint64_t>(M) * static_cast<uint64_t>(K);
 
-  for_each_stripe(a.input, a.input_dtype, M, K, [&](int64_t s, int64_t r0, int64_t r1,
-                                                     const float* values) {
-    // 2-D: the amax of each 16x16 tile of this stripe.
-    std::vector<float> tile_amax;
-    if (o.block_2d) {
-      tile_amax.assign(static_cast<size_t>(blocks_per_row), 0.0f);
-      for (int64_t r = 0; r < kBlock; ++r)
-        for (int64_t c = 0; c < blocks_per_row; ++c)
-          tile_amax[c] = std::fmax(tile_amax[c], block_abs_max(values + r * K + c * kBlock));
-    }
-    float v[kBlock];
-    if (rw.data) {
-      for (int64_t r = r0; r < r1; ++r) {
-        for (int64_t c = 0; c < blocks_per_row; ++c) {
-          std::memcpy(v, values + (r - r0) * K + c * kBlock, sizeof(v));
-          const float amax = o.block_2d ? tile_amax[c] : block_abs_max(v);
-          const uint64_t first = static_cast<uint64_t>(r * K + c * kBlock);
-          quantize_block(v, amax, row_scales, o, rs, first, 1, rw.data + (r * K + c * kBlock) / 2,
-                         rw.scale + r * rw.scale_cols + c);
+  for_each_stripe(
+      a.input, a.input_dtype, M, K, [&](int64_t s, int64_t r0, int64_t r1, const float* values) {
+        // 2-D: the amax of each 16x16 tile of this stripe.
+        std::vector<float> tile_amax;
+        if (o.block_2d) {
+          tile_amax.assign(static_cast<size_t>(blocks_per_row), 0.0f);
+          for (int64_t r = 0; r < kBlock; ++r)
+            for (int64_t c = 0; c < blocks_per_row; ++c)
+              tile_amax[c] = std::fmax(tile_amax[c], block_abs_max(values + r * K + c * kBlock));
         }
-      }
-    }
-    if (cw.data) {  // a full stripe: M % 16 == 0 was checked
-      for (int64_t k = 0; k < K; ++k) {
-        column_block(values, K, k, o, v);
-        const float amax = o.block_2d ? tile_amax[k / kBlock] : block_abs_max(v);
-        // 1-D: the columnwise stream continues after the rowwise one; 2-D:
-        // the input element's own word, so both outputs round alike.
-        const uint64_t first = o.block_2d ? static_cast<uint64_t>(r0 * K + k)
-                                          : numel + static_cast<uint64_t>(k * M + r0);
-        const uint64_t stride = o.block_2d ? static_cast<uint64_t>(K) : 1;
-        quantize_block(v, amax, col_scales, o, rs, first, stride, cw.data + (k * M + r0) / 2,
-                       cw.scale + k * cw.scale_cols + s);
-      }
-    }
-  });
+        float v[kBlock];
+        if (rw.data) {
+          for (int64_t r = r0; r < r1; ++r) {
+            for (int64_t c = 0; c < blocks_per_row; ++c) {
+              std::memcpy(v, values + (r - r0) * K + c * kBlock, sizeof(v));
+              const float amax = o.block_2d ? tile_amax[c] : block_abs_max(v);
+              const uint64_t first = static_cast<uint64_t>(r * K + c * kBlock);
+              quantize_block(v, amax, row_scales, o, rs, first, 1,
+                             rw.data + (r * K + c * kBlock) / 2, rw.scale + r * rw.scale_cols + c);
+            }
+          }
+        }
+        if (cw.data) {  // a full stripe: M % 16 == 0 was checked
+          for (int64_t k = 0; k < K; ++k) {
+            column_block(values, K, k, o, v);
+            const float amax = o.block_2d ? tile_amax[k / kBlock] : block_abs_max(v);
+            // 1-D: the columnwise stream continues after the rowwise one; 2-D:
+            // the input element's own word, so both outputs round alike.
+            const uint64_t first = o.block_2d ? static_cast<uint64_t>(r0 * K + k)
+                                              : numel + static_cast<uint64_t>(k * M + r0);
+            const uint64_t stride = o.block_2d ? static_cast<uint64_t>(K) : 1;
+            quantize_block(v, amax, col_scales, o, rs, first, stride, cw.data + (k * M + r0) / 2,
+                           cw.scale + k * cw.scale_cols + s);
+          }
+        }
+      });
 }
 
 void dequantize(const DequantizeArgs& a) {

@@ -25,8 +25,8 @@ namespace te::nvfp4::cuda {
 namespace {
 
 // Grid-stride over [0, n).
-#define TE_GRID_STRIDE(i, n)                                                                     \
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < (n);        \
+#define TE_GRID_STRIDE(i, n)                                                             \
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < (n); \
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
 
 // Adds the block's max into each non-null output (zeroed before the launch).
@@ -86,7 +86,9 @@ __global__ void __launch_bounds__(kThreads)
 template <class Out>
 __device__ __forceinline__ Out from_float(float v);
 template <>
-__device__ __forceinline__ float from_float<float>(float v) { return v; }
+__device__ __forceinline__ float from_float<float>(float v) {
+  return v;
+}
 template <>
 __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
   __nv_bfloat16_raw r;
@@ -238,8 +240,9 @@ void compute_amax(const void* input, te_dtype dtype, int64_t rows, int64_t cols,
     const T* in = static_cast<const T*>(input);
     if (rht) {
       const int64_t units = rows / kBlock * (cols / (8 / sizeof(T)));
-      rht_amax_kernel<T><<<grid_for(rht_amax_kernel<T>, ceil_div(units, kThreads)), kThreads, 0, s>>>(
-          in, rows, cols, options.rht_sign_mask, amax_rowwise, amax_columnwise);
+      rht_amax_kernel<T>
+          <<<grid_for(rht_amax_kernel<T>, ceil_div(units, kThreads)), kThreads, 0, s>>>(
+              in, rows, cols, options.rht_sign_mask, amax_rowwise, amax_columnwise);
     } else {
       const int64_t vectors = rows * cols / (16 / sizeof(T));
       amax_kernel<T><<<grid_for(amax_kernel<T>, ceil_div(vectors, kThreads)), kThreads, 0, s>>>(

@@ -51,11 +51,11 @@ constexpr int kEncTable = 128;  // enc_b for every s_b the quantizer writes (0x0
 
 template <class T>
 struct Tile {
-  static constexpr int kCols = kRowBytes / static_cast<int>(sizeof(T));  // 128 or 64
-  static constexpr int kBlocksPerRow = kCols / kBlock;                   // 8 or 4
+  static constexpr int kCols = kRowBytes / static_cast<int>(sizeof(T));              // 128 or 64
+  static constexpr int kBlocksPerRow = kCols / kBlock;                               // 8 or 4
   static constexpr int kChunksPerBlock = kBlock * static_cast<int>(sizeof(T)) / 16;  // 2 or 4
-  static constexpr int kWordCols = 4 / static_cast<int>(sizeof(T));     // columns per 32-bit word
-  static constexpr int kWords = kCols / kWordCols;                        // 64 words per row
+  static constexpr int kWordCols = 4 / static_cast<int>(sizeof(T));  // columns per 32-bit word
+  static constexpr int kWords = kCols / kWordCols;                   // 64 words per row
   static_assert(kWords * kRowGroups == kThreads, "one (word column, row group) per thread");
 };
 
@@ -63,17 +63,21 @@ struct SharedTile {
   alignas(16) uint8_t data[kStages][kTileRows * kRowBytes];
   alignas(16) uint8_t col_codes[kRowGroups][128 * 8];  // [row group][column]: 16 codes
   alignas(4) uint8_t col_scales[128][kRowGroups];      // [column][row group]
-  float enc[2][kEncTable];                              // [rowwise, columnwise][s_b]
+  float enc[2][kEncTable];                             // [rowwise, columnwise][s_b]
 };
 
 // Byte offset of chunk c of tile row r (XOR swizzle within each 8-chunk half row).
-__device__ __forceinline__ int chunk_offset(int r, int c) { return r * kRowBytes + ((c ^ (r & 7)) << 4); }
+__device__ __forceinline__ int chunk_offset(int r, int c) {
+  return r * kRowBytes + ((c ^ (r & 7)) << 4);
+}
 
 // 16 bytes global -> shared (a shared-window address), bypassing L1.
 __device__ __forceinline__ void copy16_async(uint32_t smem, const void* gmem) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem), "l"(gmem) : "memory");
 }
-__device__ __forceinline__ void commit_async() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void commit_async() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
 __device__ __forceinline__ void wait_async_but_one() {
   asm volatile("cp.async.wait_group 1;\n" ::: "memory");
 }
@@ -106,12 +110,16 @@ __device__ __forceinline__ void word_to_floats(uint32_t w, float* out, __half) {
   out[0] = f.x;
   out[1] = f.y;
 }
-__device__ __forceinline__ void word_to_floats(uint32_t w, float* out, float) { out[0] = __uint_as_float(w); }
+__device__ __forceinline__ void word_to_floats(uint32_t w, float* out, float) {
+  out[0] = __uint_as_float(w);
+}
 
 // The 16 codes of a block with encode factor enc (RNE, or SR with 16 words).
 template <bool kSR>
-__device__ __forceinline__ uint2 encode16(const float v[kBlock], float enc, const uint32_t* random) {
-  return make_uint2(encode8<kSR>(v, enc, random), encode8<kSR>(v + 8, enc, kSR ? random + 8 : nullptr));
+__device__ __forceinline__ uint2 encode16(const float v[kBlock], float enc,
+                                          const uint32_t* random) {
+  return make_uint2(encode8<kSR>(v, enc, random),
+                    encode8<kSR>(v + 8, enc, kSR ? random + 8 : nullptr));
 }
 
 // Transposes a 16x16 tile of nibbles held by 16 lanes (lane l of the group:
@@ -126,7 +134,10 @@ __device__ __forceinline__ uint2 transpose16_nibbles(uint2 t) {
   {
     const bool b = lane & 8;
     const uint32_t got = __shfl_xor_sync(0xFFFFFFFFu, b ? lo : hi, 8);
-    if (b) lo = got; else hi = got;
+    if (b)
+      lo = got;
+    else
+      hi = got;
   }
   // s = 4: the upper 16 bits of each half go to the partner (lane bit 2 clear),
   // or the lower ones (set).
@@ -171,13 +182,13 @@ struct DirectionScales {
 // and columns exist, and its corner in each output.
 struct TileView {
   int64_t m0, k0;
-  int rows, cols;           // min(M - m0, 64), min(K - k0, kCols)
-  const uint8_t* input;     // &input[m0][k0]
-  const uint8_t* data;      // the shared-memory stage holding it
-  uint8_t* row_data;        // &rowwise[m0][k0]
-  uint8_t* row_scale;       // &rowwise_scale[m0][k0 / 16]
-  uint8_t* col_data;        // &columnwise[k0][m0]
-  uint8_t* col_scale;       // &columnwise_scale[k0][m0 / 16]
+  int rows, cols;        // min(M - m0, 64), min(K - k0, kCols)
+  const uint8_t* input;  // &input[m0][k0]
+  const uint8_t* data;   // the shared-memory stage holding it
+  uint8_t* row_data;     // &rowwise[m0][k0]
+  uint8_t* row_scale;    // &rowwise_scale[m0][k0 / 16]
+  uint8_t* col_data;     // &columnwise[k0][m0]
+  uint8_t* col_scale;    // &columnwise_scale[k0][m0 / 16]
 };
 
 // Step 1 (rowwise blocks; with 16x16 blocks also the columnwise codes). Pass
@@ -221,7 +232,8 @@ __device__ __forceinline__ void rowwise_pass(const KernelArgs& a, SharedTile& sm
     float v[kBlock];
 #pragma unroll
     for (int q = 0; q < S::kChunksPerBlock; ++q) {
-      const uint4 chunk = *reinterpret_cast<const uint4*>(t.data + chunk_offset(r, b * S::kChunksPerBlock + q));
+      const uint4 chunk =
+          *reinterpret_cast<const uint4*>(t.data + chunk_offset(r, b * S::kChunksPerBlock + q));
       constexpr int kPer = kBlock / S::kChunksPerBlock;  // elements per chunk
       word_to_floats(chunk.x, v + q * kPer, T{});
       word_to_floats(chunk.y, v + q * kPer + kPer / 4, T{});
@@ -235,7 +247,9 @@ __device__ __forceinline__ void rowwise_pass(const KernelArgs& a, SharedTile& sm
     }
     uint32_t random[kSR ? kBlock : 1];
     if constexpr (kSR) {
-      if (valid) rs.aligned_block_words(static_cast<uint64_t>(t.m0 * a.cols + t.k0 + lane_map.word_off[p]), random);
+      if (valid)
+        rs.aligned_block_words(static_cast<uint64_t>(t.m0 * a.cols + t.k0 + lane_map.word_off[p]),
+                               random);
     }
     uint2 codes = make_uint2(0, 0);
     uint8_t s_b = 0;
@@ -266,15 +280,18 @@ __device__ __forceinline__ void rowwise_pass(const KernelArgs& a, SharedTile& sm
 
 // Step 2 with 1x16 blocks: the columnwise blocks of one word column.
 template <class T, bool kSR, bool kRHT>
-__device__ __forceinline__ void columnwise_pass(const KernelArgs& a, SharedTile& sm, const TileView& t,
-                                                const DirectionScales& cd, const RandomStream& rs) {
+__device__ __forceinline__ void columnwise_pass(const KernelArgs& a, SharedTile& sm,
+                                                const TileView& t, const DirectionScales& cd,
+                                                const RandomStream& rs) {
   using S = Tile<T>;
   const int word = threadIdx.x % S::kWords, h = threadIdx.x / S::kWords;
-  if (h * kBlock >= t.rows || word * S::kWordCols >= t.cols) return;  // whole blocks: M, K % 16 == 0
+  if (h * kBlock >= t.rows || word * S::kWordCols >= t.cols)
+    return;  // whole blocks: M, K % 16 == 0
   uint32_t w[kBlock];
 #pragma unroll
   for (int i = 0; i < kBlock; ++i)
-    w[i] = *reinterpret_cast<const uint32_t*>(t.data + chunk_offset(h * kBlock + i, word / 4) + 4 * (word % 4));
+    w[i] = *reinterpret_cast<const uint32_t*>(t.data + chunk_offset(h * kBlock + i, word / 4) +
+                                              4 * (word % 4));
   const int64_t M = a.rows;
   uint32_t packed[2 * S::kWordCols];
 #pragma unroll
@@ -405,7 +422,8 @@ __global__ void __launch_bounds__(kThreads, kSR ? 2 : 4) quantize_kernel(const K
   const int load_r = threadIdx.x / kChunks, load_c = threadIdx.x % kChunks;
   const uint64_t row_bytes = static_cast<uint64_t>(a.cols) * sizeof(T);
   const uint64_t load_off = load_r * row_bytes + load_c * 16;
-  // chunk_offset(r + 16 i, c) = chunk_offset(r, c) + 16 i * kRowBytes: the swizzle repeats every 8 rows.
+  // chunk_offset(r + 16 i, c) = chunk_offset(r, c) + 16 i * kRowBytes: the swizzle repeats every 8
+  // rows.
   const uint32_t load_dst = static_cast<uint32_t>(__cvta_generic_to_shared(sm.data[0])) +
                             static_cast<uint32_t>(chunk_offset(load_r, load_c));
   auto load_tile = [&](const TileView& t, int stage) {
@@ -417,7 +435,8 @@ __global__ void __launch_bounds__(kThreads, kSR ? 2 : 4) quantize_kernel(const K
       if (i * kLoadRows + load_r < t.rows)
         copy16_async(dst + i * kLoadRows * kRowBytes, src + i * kLoadRows * row_bytes);
   };
-  int tm = static_cast<int>(blockIdx.x) / grid.tiles_k, tk = static_cast<int>(blockIdx.x) % grid.tiles_k;
+  int tm = static_cast<int>(blockIdx.x) / grid.tiles_k,
+      tk = static_cast<int>(blockIdx.x) % grid.tiles_k;
   TileView t = grid.view(a, tm, tk);
   load_tile(t, 0);
   commit_async();
@@ -435,7 +454,8 @@ __global__ void __launch_bounds__(kThreads, kSR ? 2 : 4) quantize_kernel(const K
   const bool same_scales = has_row && row_s_enc == col_s_enc;
   RandomStream rs{0, 0};
   if constexpr (kSR)
-    rs = RandomStream{static_cast<uint64_t>(__ldg(a.rng_state)), static_cast<uint64_t>(__ldg(a.rng_state + 1))};
+    rs = RandomStream{static_cast<uint64_t>(__ldg(a.rng_state)),
+                      static_cast<uint64_t>(__ldg(a.rng_state + 1))};
   const RowwiseLane<T, k2D> row_lane(a);
 
   for (int it = 0; tm < grid.tiles_m; ++it) {
@@ -450,7 +470,8 @@ __global__ void __launch_bounds__(kThreads, kSR ? 2 : 4) quantize_kernel(const K
     wait_async_but_one();
     __syncthreads();
     t.data = sm.data[it % kStages];
-    if (has_row || (k2D && has_col)) rowwise_pass<T, kSR, k2D>(a, sm, t, row_lane, rd, cd, same_scales, rs);
+    if (has_row || (k2D && has_col))
+      rowwise_pass<T, kSR, k2D>(a, sm, t, row_lane, rd, cd, same_scales, rs);
     if (!k2D && has_col) columnwise_pass<T, kSR, kRHT>(a, sm, t, cd, rs);
     __syncthreads();  // staging written; the stage may be refilled
     if (has_col) store_columnwise<T>(a, sm, t);
@@ -472,11 +493,14 @@ void launch(const KernelArgs& k, cudaStream_t stream) {
 template <class T>
 void launch_for_options(const KernelArgs& k, const Options& o, cudaStream_t s) {
   if (o.block_2d) {
-    o.stochastic_rounding ? launch<T, true, false, true>(k, s) : launch<T, false, false, true>(k, s);
+    o.stochastic_rounding ? launch<T, true, false, true>(k, s)
+                          : launch<T, false, false, true>(k, s);
   } else if (o.random_hadamard) {
-    o.stochastic_rounding ? launch<T, true, true, false>(k, s) : launch<T, false, true, false>(k, s);
+    o.stochastic_rounding ? launch<T, true, true, false>(k, s)
+                          : launch<T, false, true, false>(k, s);
   } else {
-    o.stochastic_rounding ? launch<T, true, false, false>(k, s) : launch<T, false, false, false>(k, s);
+    o.stochastic_rounding ? launch<T, true, false, false>(k, s)
+                          : launch<T, false, false, false>(k, s);
   }
 }
 

@@ -15,9 +15,9 @@
 
 namespace te::nvfp4 {
 
-constexpr int kBlock = 16;                     // elements per block (and tile side)
+constexpr int kBlock = 16;                         // elements per block (and tile side)
 constexpr float kGlobalEncodeNumerator = 2688.0f;  // 448 (E4M3 max) * 6 (E2M1 max)
-constexpr float kRcp6 = 1.0f / 6.0f;           // the FP32 constant the reference multiplies by
+constexpr float kRcp6 = 1.0f / 6.0f;               // the FP32 constant the reference multiplies by
 
 TE_HD float fp32_div(float a, float b) {
 #ifdef __CUDA_ARCH__
@@ -94,8 +94,8 @@ constexpr uint8_t kE2M1NaNCode = 0x7;  // NaN -> +6, as cvt.rn.satfinite.e2m1x2.
 // r < ceil((a - lo) / step * 2^32), that is r < frac * 2^32 exactly.
 // Both routines equal te/nvfp4.h's definitions on all 2^32 inputs (and, for
 // stochastic rounding, every r): core/tests/nvfp4_e2m1_exhaustive.cpp.
-constexpr uint32_t kE2M1MagicBase = 0x0B400000u;              // magic bits = (e << 23) + this
-constexpr uint32_t kE2M1CodeBias = kE2M1MagicBase + 2u * 127u;  // code = biased code - this
+constexpr uint32_t kE2M1MagicBase = 0x0B400000u;                  // magic bits = (e << 23) + this
+constexpr uint32_t kE2M1CodeBias = kE2M1MagicBase + 2u * 127u;    // code = biased code - this
 constexpr uint32_t kE2M1CodeBias8 = kE2M1CodeBias * 0x11111111u;  // the bias of 8 packed codes
 
 TE_HD float e2m1_clamp_abs(float y) {
@@ -206,7 +206,8 @@ TE_HD uint32_t encode8(const float v[8], float enc_b, const uint32_t* random) {
 #endif
   for (int i = 7; i >= 0; --i) {
     const float y = v[i] * enc_b;
-    const uint32_t biased = kStochastic ? e2m1_stochastic_biased(y, random[i]) : e2m1_nearest_biased(y);
+    const uint32_t biased =
+        kStochastic ? e2m1_stochastic_biased(y, random[i]) : e2m1_nearest_biased(y);
     word += biased << (4 * i);
     signs = shift_in_top_nibble(signs, e2m1_product_sign_word(y));
   }
@@ -218,8 +219,8 @@ TE_HD float e2m1_to_float(uint8_t c) {
   const int m = c & 0x7;
   // 0, 0.5, 1, 1.5 for codes 0-3 (m / 2); 2, 3, 4, 6 for codes 4-7.
   // codes 4-7: (2 or 3) * (1 or 2), i.e. 2, 3, 4, 6
-  const float magnitude = m < 4 ? static_cast<float>(m) * 0.5f
-                                : static_cast<float>((2 + (m & 1)) << ((m >> 1) - 2));
+  const float magnitude =
+      m < 4 ? static_cast<float>(m) * 0.5f : static_cast<float>((2 + (m & 1)) << ((m >> 1) - 2));
   return (c & 0x8) ? -magnitude : magnitude;
 }
 
@@ -258,7 +259,9 @@ TE_HD uint64_t encode_block(const float v[kBlock], float enc_b, const uint32_t* 
   return (static_cast<uint64_t>(hi) << 32) | lo;
 }
 
-constexpr int64_t round_up(int64_t v, int64_t multiple) { return (v + multiple - 1) / multiple * multiple; }
+constexpr int64_t round_up(int64_t v, int64_t multiple) {
+  return (v + multiple - 1) / multiple * multiple;
+}
 
 // Padded scale-buffer shape for data [rows, cols] with blocks along cols.
 struct ScaleShape {

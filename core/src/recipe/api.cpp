@@ -40,8 +40,8 @@ extern "C" te_status te_delayed_scaling_update(const te_tensor* amax_reduction_b
       Arg h(amax_histories[k], h_name.c_str());
       h.dtype(TE_DTYPE_FLOAT32).same_device(first, "amax_histories[0]");
       if (amax_histories[k]->ndim != 2)
-        fail(TE_ERROR_INVALID_ARGUMENT, "argument '", h_name, "' must be 2-D [history_length, n], got ",
-             shape_string(*amax_histories[k]));
+        fail(TE_ERROR_INVALID_ARGUMENT, "argument '", h_name,
+             "' must be 2-D [history_length, n], got ", shape_string(*amax_histories[k]));
       const int64_t L = amax_histories[k]->shape[0], n = amax_histories[k]->shape[1];
       if (L < 1)
         fail(TE_ERROR_INVALID_ARGUMENT, "argument '", h_name, "' must have history_length >= 1");
@@ -49,10 +49,15 @@ extern "C" te_status te_delayed_scaling_update(const te_tensor* amax_reduction_b
       if (L != args.history_length)
         fail(TE_ERROR_INVALID_ARGUMENT, "all amax histories must have the same length; '", h_name,
              "' has ", L, ", amax_histories[0] has ", args.history_length);
-      Arg(scales[k], s_name.c_str()).dtype(TE_DTYPE_FLOAT32).numel(n).same_device(first, "amax_histories[0]");
+      Arg(scales[k], s_name.c_str())
+          .dtype(TE_DTYPE_FLOAT32)
+          .numel(n)
+          .same_device(first, "amax_histories[0]");
       float* inv = nullptr;
       if (scale_invs != nullptr && scale_invs[k] != nullptr) {
-        Arg(scale_invs[k], i_name.c_str()).dtype(TE_DTYPE_FLOAT32).numel(n)
+        Arg(scale_invs[k], i_name.c_str())
+            .dtype(TE_DTYPE_FLOAT32)
+            .numel(n)
             .same_device(first, "amax_histories[0]");
         inv = static_cast<float*>(scale_invs[k]->data);
       }
@@ -61,8 +66,10 @@ extern "C" te_status te_delayed_scaling_update(const te_tensor* amax_reduction_b
       total_scales += n;
     }
     if (amax_reduction_buffer != nullptr) {
-      Arg(amax_reduction_buffer, "amax_reduction_buffer").dtype(TE_DTYPE_FLOAT32)
-          .numel(total_scales).same_device(first, "amax_histories[0]");
+      Arg(amax_reduction_buffer, "amax_reduction_buffer")
+          .dtype(TE_DTYPE_FLOAT32)
+          .numel(total_scales)
+          .same_device(first, "amax_histories[0]");
       args.reduction_buffer = static_cast<const float*>(amax_reduction_buffer->data);
     }
     if (on_cuda(first)) use_cuda_device(first.device_index);

@@ -27,8 +27,8 @@ __device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
 // already multiplied by the scale.
 template <bool kE5M2>
 __device__ __forceinline__ uint32_t fp8x2(float lo, float hi) {
-  uint32_t bytes = __nv_cvt_float2_to_fp8x2(make_float2(lo, hi), __NV_SATFINITE,
-                                            kE5M2 ? __NV_E5M2 : __NV_E4M3);
+  uint32_t bytes =
+      __nv_cvt_float2_to_fp8x2(make_float2(lo, hi), __NV_SATFINITE, kE5M2 ? __NV_E5M2 : __NV_E4M3);
   // The spec's NaN is 0x7F whatever the sign and payload (numerics.h).
   if (lo != lo) bytes = (bytes & 0xFF00u) | kFp8CanonicalNaN;
   if (hi != hi) bytes = (bytes & 0x00FFu) | (uint32_t{kFp8CanonicalNaN} << 8);
@@ -48,11 +48,13 @@ __device__ __forceinline__ uint32_t fp8x4(float a, float b, float c, float d) {
   if constexpr (kE5M2) {
     asm("{\n.reg .b16 lo, hi;\ncvt.rn.satfinite.e5m2x2.f32 lo, %2, %1;\n"
         "cvt.rn.satfinite.e5m2x2.f32 hi, %4, %3;\nmov.b32 %0, {lo, hi};\n}"
-        : "=r"(w) : "f"(a), "f"(b), "f"(c), "f"(d));
+        : "=r"(w)
+        : "f"(a), "f"(b), "f"(c), "f"(d));
   } else {
     asm("{\n.reg .b16 lo, hi;\ncvt.rn.satfinite.e4m3x2.f32 lo, %2, %1;\n"
         "cvt.rn.satfinite.e4m3x2.f32 hi, %4, %3;\nmov.b32 %0, {lo, hi};\n}"
-        : "=r"(w) : "f"(a), "f"(b), "f"(c), "f"(d));
+        : "=r"(w)
+        : "f"(a), "f"(b), "f"(c), "f"(d));
   }
 #else
   constexpr __nv_fp8_interpretation_t kFormat = kE5M2 ? __NV_E5M2 : __NV_E4M3;
@@ -75,7 +77,7 @@ __device__ __forceinline__ uint32_t fp8x4(float a, float b, float c, float d) {
 #endif
   } else {
     const uint32_t nan = (low7 + 0x03030303u) & 0x80808080u;  // low 7 bits >= 0x7D
-    const uint32_t fill = nan - (nan >> 7);                     // 0x7F in those bytes
+    const uint32_t fill = nan - (nan >> 7);                   // 0x7F in those bytes
     return (w & ~(nan | fill)) | fill;
   }
 }
@@ -96,7 +98,9 @@ __device__ __forceinline__ float dequant(float qf, bool q_negative, float s) {
 template <class Out>
 __device__ __forceinline__ Out from_float(float v);
 template <>
-__device__ __forceinline__ float from_float<float>(float v) { return v; }
+__device__ __forceinline__ float from_float<float>(float v) {
+  return v;
+}
 template <>
 __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
   __nv_bfloat16_raw r;
@@ -116,7 +120,7 @@ __device__ __forceinline__ __half from_float<__half>(float v) {
 template <bool kE5M2>
 __device__ __forceinline__ float2 fp8x2_to_float2(uint32_t two_codes) {
   const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two_codes),
-                                                    kE5M2 ? __NV_E5M2 : __NV_E4M3);
+                                                   kE5M2 ? __NV_E5M2 : __NV_E4M3);
   return __half22float2(__half2(h));
 }
 

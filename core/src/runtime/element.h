@@ -26,11 +26,17 @@ inline float to_float(Fp16 v) { return fp16_to_float(v.bits); }
 template <class T>
 T from_float(float v);
 template <>
-inline float from_float<float>(float v) { return v; }
+inline float from_float<float>(float v) {
+  return v;
+}
 template <>
-inline Bf16 from_float<Bf16>(float v) { return Bf16{float_to_bf16(v)}; }
+inline Bf16 from_float<Bf16>(float v) {
+  return Bf16{float_to_bf16(v)};
+}
 template <>
-inline Fp16 from_float<Fp16>(float v) { return Fp16{float_to_fp16(v)}; }
+inline Fp16 from_float<Fp16>(float v) {
+  return Fp16{float_to_fp16(v)};
+}
 
 template <class T>
 struct TypeTag {

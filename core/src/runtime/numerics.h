@@ -29,8 +29,8 @@ TE_HD To bit_cast_value(const From& from) {
 struct Fp8Format {
   int mantissa_bits;
   int exponent_bias;
-  float max_finite;      // 448 (E4M3), 57344 (E5M2)
-  uint8_t max_code;      // byte of +max_finite
+  float max_finite;  // 448 (E4M3), 57344 (E5M2)
+  uint8_t max_code;  // byte of +max_finite
 };
 constexpr Fp8Format kE4M3{3, 7, 448.0f, 0x7E};
 constexpr Fp8Format kE5M2{2, 15, 57344.0f, 0x7B};
@@ -90,7 +90,9 @@ TE_HD uint16_t float_to_bf16(float x) {
   return static_cast<uint16_t>((u + rounding) >> 16);
 }
 
-TE_HD float bf16_to_float(uint16_t h) { return bit_cast_value<float>(static_cast<uint32_t>(h) << 16); }
+TE_HD float bf16_to_float(uint16_t h) {
+  return bit_cast_value<float>(static_cast<uint32_t>(h) << 16);
+}
 
 // FP16: round to nearest even with denormals; overflow -> inf; NaN -> 0x7FFF
 // with the sign kept.

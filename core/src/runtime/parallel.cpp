@@ -21,8 +21,7 @@ int cpu_num_threads() {
   return threads;
 }
 
-void parallel_for(int64_t n, int64_t min_chunk,
-                  const std::function<void(int64_t, int64_t)>& body) {
+void parallel_for(int64_t n, int64_t min_chunk, const std::function<void(int64_t, int64_t)>& body) {
   if (n <= 0) return;
   const int64_t max_workers = std::max<int64_t>(1, n / std::max<int64_t>(1, min_chunk));
   const int workers = static_cast<int>(std::min<int64_t>(cpu_num_threads(), max_workers));

@@ -21,9 +21,7 @@ const char* dtype_name(te_dtype dtype) {
   return "unknown dtype";
 }
 
-bool is_fp8(te_dtype dtype) {
-  return dtype == TE_DTYPE_FLOAT8E4M3 || dtype == TE_DTYPE_FLOAT8E5M2;
-}
+bool is_fp8(te_dtype dtype) { return dtype == TE_DTYPE_FLOAT8E4M3 || dtype == TE_DTYPE_FLOAT8E5M2; }
 
 bool is_high_precision_float(te_dtype dtype) {
   return dtype == TE_DTYPE_FLOAT32 || dtype == TE_DTYPE_BFLOAT16 || dtype == TE_DTYPE_FLOAT16;
@@ -133,8 +131,8 @@ const Arg& Arg::same_shape(const te_tensor& other, const char* other_name) const
 const Arg& Arg::same_device(const te_tensor& other, const char* other_name) const {
   if (t_->device_type != other.device_type ||
       (on_cuda(other) && t_->device_index != other.device_index))
-    fail(TE_ERROR_INVALID_ARGUMENT, "argument '", name_, "' must be on the device of '",
-         other_name, "' (", device_string(other), "), got ", device_string(*t_));
+    fail(TE_ERROR_INVALID_ARGUMENT, "argument '", name_, "' must be on the device of '", other_name,
+         "' (", device_string(other), "), got ", device_string(*t_));
   return *this;
 }
 

@@ -24,7 +24,9 @@ SwizzleArgs check_swizzle(const te_tensor* input, te_tensor* output, int columnw
     fail(TE_ERROR_INVALID_ARGUMENT, columnwise ? "columnwise" : "rowwise",
          " block scales must be padded to rows % ", row_multiple, " == 0 and columns % ",
          col_multiple, " == 0, got shape ", shape_string(*input));
-  Arg(output, "output").dtype(input->dtype).same_shape(*input, "input")
+  Arg(output, "output")
+      .dtype(input->dtype)
+      .same_shape(*input, "input")
       .same_device(*input, "input");
   const auto* in_bytes = static_cast<const uint8_t*>(input->data);
   auto* out_bytes = static_cast<uint8_t*>(output->data);

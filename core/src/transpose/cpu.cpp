@@ -30,7 +30,8 @@ void transpose_typed(const T* in, T* out, int64_t rows, int64_t cols) {
 void transpose(const void* input, void* output, int64_t rows, int64_t cols, int element_bytes) {
   switch (element_bytes) {
     case 1:
-      transpose_typed(static_cast<const uint8_t*>(input), static_cast<uint8_t*>(output), rows, cols);
+      transpose_typed(static_cast<const uint8_t*>(input), static_cast<uint8_t*>(output), rows,
+                      cols);
       break;
     case 2:
       transpose_typed(static_cast<const uint16_t*>(input), static_cast<uint16_t*>(output), rows,

@@ -26,7 +26,7 @@ constexpr int kTile = 32;
 constexpr int kRowsPerPass = 8;
 
 template <class T>
-__global__ void __launch_bounds__(kTile * kRowsPerPass)
+__global__ void __launch_bounds__(kTile* kRowsPerPass)
     transpose_kernel(const T* __restrict__ in, T* __restrict__ out, int64_t rows, int64_t cols,
                      int64_t tiles_k) {
   __shared__ T tile[kTile][kTile + 1];
@@ -65,7 +65,8 @@ void transpose(const void* input, void* output, int64_t rows, int64_t cols, int 
     case 1: {
       if (rows == 0 || cols == 0) return;
       const auto* in = static_cast<const uint8_t*>(input);
-      const auto args = tile::make_tile_args(in, rows, cols, nullptr, static_cast<uint8_t*>(output));
+      const auto args =
+          tile::make_tile_args(in, rows, cols, nullptr, static_cast<uint8_t*>(output));
       tile::cast_transpose_kernel<uint8_t, BytePack, false>
           <<<tile::num_tiles(rows, cols), tile::kThreads, 0, s>>>(args, BytePack{});
       TE_CHECK_LAUNCH();

@@ -37,12 +37,12 @@ constexpr int kThreads = 256;
 
 template <class In>
 struct TileArgs {
-  const In* input;       // [rows, cols]
+  const In* input;  // [rows, cols]
   int64_t rows, cols;
-  uint8_t* rowwise;      // [rows, cols] bytes, or null (then the kernel's kRowwise is false)
-  uint8_t* columnwise;   // [cols, rows] bytes
-  int64_t tiles_k;       // ceil(cols / kTileK)
-  bool vector_rows;      // rows hold whole aligned 8-element chunks (input and rowwise)
+  uint8_t* rowwise;        // [rows, cols] bytes, or null (then the kernel's kRowwise is false)
+  uint8_t* columnwise;     // [cols, rows] bytes
+  int64_t tiles_k;         // ceil(cols / kTileK)
+  bool vector_rows;        // rows hold whole aligned 8-element chunks (input and rowwise)
   int column_store_bytes;  // 16, 8, 4, 2 or 1: widest store the columnwise rows allow
 };
 

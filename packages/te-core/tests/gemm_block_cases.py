@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import numpy as np
+
 import transformer_engine.core as tec
 from transformer_engine.core import BlockOperand
 
@@ -38,11 +39,11 @@ def dequantized(op: BlockOperand, columnwise: bool = False, out_dtype=np.float32
     FP32 is what the CPU path multiplies, BF16 what the CUDA emulated path does."""
     if op.scaling in ("fp8_block_1d", "fp8_block_2d"):
         dim = 1 if op.scaling == "fp8_block_1d" else 2
-        out = tec.dequantize_fp8_block(op.data, op.scale_inv, block_dim=dim, layout="gemm_ready",
-                                       out_dtype=out_dtype)
+        out = tec.dequantize_fp8_block(op.data, op.scale_inv, block_dim=dim, layout="gemm_ready", out_dtype=out_dtype)
     elif op.scaling == "mxfp8":
-        out = tec.dequantize_mxfp8(op.data, op.scale_inv, columnwise=columnwise,
-                                   swizzled_scales=op.swizzled_scales, out_dtype=out_dtype)
+        out = tec.dequantize_mxfp8(
+            op.data, op.scale_inv, columnwise=columnwise, swizzled_scales=op.swizzled_scales, out_dtype=out_dtype
+        )
     elif op.scaling == "nvfp4":
         scales = op.scale_inv
         if op.swizzled_scales:
@@ -60,17 +61,14 @@ def _operand(fmt: str, tensor, columnwise: bool, swizzled: bool) -> BlockOperand
     return op
 
 
-def quantize(fmt: str, x: np.ndarray, *, weight: bool, weight_2d: bool, swizzled: bool,
-             rht: bool = False):
+def quantize(fmt: str, x: np.ndarray, *, weight: bool, weight_2d: bool, swizzled: bool, rht: bool = False):
     """Both copies of x in the format (weights in 2-D blocks when weight_2d)."""
     two_d = weight and weight_2d
     if fmt == "fp8_block":
         return tec.quantize_fp8_block(x, block_dim=2 if two_d else 1, rowwise=True, columnwise=True)
     if fmt == "mxfp8":
-        return tec.quantize_mxfp8(x, rowwise=True, columnwise=True, use_2d_blocks=two_d,
-                                  swizzled_scales=swizzled)
-    return tec.quantize_nvfp4(x, rowwise=True, columnwise=True, block_2d=two_d,
-                              random_hadamard=rht and not two_d)
+        return tec.quantize_mxfp8(x, rowwise=True, columnwise=True, use_2d_blocks=two_d, swizzled_scales=swizzled)
+    return tec.quantize_nvfp4(x, rowwise=True, columnwise=True, block_2d=two_d, random_hadamard=rht and not two_d)
 
 
 def linear_cases(fmt: str, x, w, dy, *, weight_2d=False, swizzled=False, rht=False) -> dict:
@@ -102,6 +100,7 @@ def linear_cases(fmt: str, x, w, dy, *, weight_2d=False, swizzled=False, rht=Fal
 def random_linear(rng, t: int, k_in: int, n_out: int, hostile=None):
     """X, W, dY as FP32 (normal values with a spread of magnitudes; `hostile`,
     a function (rng, shape) -> array, replaces them when given)."""
+
     def one(shape):
         if hostile is not None:
             return hostile(rng, shape)

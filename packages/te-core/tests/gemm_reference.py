@@ -114,7 +114,7 @@ class Reference(NamedTuple):
     v: np.ndarray  # pre-activation, float64 [M, N]
     out: np.ndarray  # gelu(v) or v
     err32: np.ndarray  # bound of the computed `out` before the output rounding (FP32 and,
-                       # when asked, the CUDA backend's terms)
+    # when asked, the CUDA backend's terms)
     k: int
 
 
@@ -134,10 +134,25 @@ def fp8_tensor_core_error(k: int, s_ab: np.ndarray, scale_block_k: int = 0) -> n
     return (steps + 1) * 2.0 ** (1 - FP8_ACCUMULATOR_BITS) * s_ab
 
 
-def reference(a, b, *, transa=False, transb=False, a_scale_inv=None, b_scale_inv=None, c=None,
-              alpha=1.0, beta=0.0, bias=None, gelu=False, extra_roundings=0,
-              tensor_core_fp8=False, rounded_before_bias=None, scale_block_k=0,
-              dequantized_fp8=False) -> Reference:
+def reference(
+    a,
+    b,
+    *,
+    transa=False,
+    transb=False,
+    a_scale_inv=None,
+    b_scale_inv=None,
+    c=None,
+    alpha=1.0,
+    beta=0.0,
+    bias=None,
+    gelu=False,
+    extra_roundings=0,
+    tensor_core_fp8=False,
+    rounded_before_bias=None,
+    scale_block_k=0,
+    dequantized_fp8=False,
+) -> Reference:
     """v = alpha op(A) op(B) + beta C + bias (gelu(v) with gelu) and its error bound.
 
     tensor_core_fp8 and rounded_before_bias add the CUDA backend's terms of
@@ -273,4 +288,3 @@ def random_scale_inv(rng: np.random.Generator, power_of_two: bool = True) -> np.
     if power_of_two:
         return np.float32(2.0 ** int(rng.integers(-4, 3)))
     return np.float32(rng.uniform(0.3, 3.0))
-

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import ml_dtypes
 import numpy as np
-
 from conftest import finfo
 
 # The shapes the norm tests run on: odd row counts, 4-D, and a long row.

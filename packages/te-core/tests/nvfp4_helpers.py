@@ -7,6 +7,7 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 from conftest import finfo
+
 from transformer_engine.core import reference_nvfp4 as ref
 
 INPUT_DTYPES = [np.float32, ml_dtypes.bfloat16, np.float16]
@@ -30,8 +31,14 @@ def hostile(rng, shape, dtype, *, with_inf=True, with_nan=True) -> np.ndarray:
     """block_scaled values with ~10% of the elements replaced by special values."""
     x = block_scaled(rng, shape, dtype).astype(np.float32).ravel()
     info = finfo(dtype)
-    pool = [0.0, -0.0, float(info.smallest_subnormal), -3 * float(info.smallest_subnormal),
-            float(info.max), -float(info.max) / 3]
+    pool = [
+        0.0,
+        -0.0,
+        float(info.smallest_subnormal),
+        -3 * float(info.smallest_subnormal),
+        float(info.max),
+        -float(info.max) / 3,
+    ]
     if with_inf:
         pool += [np.inf, -np.inf]
     if with_nan:
@@ -47,7 +54,9 @@ def assert_same_bytes(actual, expected, what=""):
     e = np.asarray(expected).view(np.uint8)
     assert a.shape == e.shape, f"{what}: shape {a.shape} != {e.shape}"
     bad = np.argwhere(a != e)
-    assert bad.size == 0, f"{what}: {len(bad)} bytes differ, first at {bad[0].tolist()}: {a[tuple(bad[0])]:#x} != {e[tuple(bad[0])]:#x}"
+    assert bad.size == 0, (
+        f"{what}: {len(bad)} bytes differ, first at {bad[0].tolist()}: {a[tuple(bad[0])]:#x} != {e[tuple(bad[0])]:#x}"
+    )
 
 
 def check_against_oracle(x, out, **options):

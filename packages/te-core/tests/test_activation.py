@@ -6,10 +6,6 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 import pytest
-
-import transformer_engine.core as tc
-from transformer_engine.core import reference_activation as ra
-
 from activation_helpers import (
     assert_close_to_oracle,
     assert_same_float_bits,
@@ -21,6 +17,9 @@ from activation_helpers import (
     staged_forward,
 )
 from conftest import INPUT_DTYPES, hostile
+
+import transformer_engine.core as tc
+from transformer_engine.core import reference_activation as ra
 
 ALL = list(ra.ACTIVATIONS)
 DEFAULTS = ra.params()
@@ -41,8 +40,12 @@ def test_forward_matches_float64_oracle(rng, kind, shape, dtype):
     assert y.dtype == np.float32
     expected_shape = shape[:-1] + (shape[-1] // 2,) if kind in ra.GATED else shape
     assert y.shape == expected_shape
-    assert_close_to_oracle(y, ra.forward(x, kind), forward_bound(kind, x, DEFAULTS),
-                           (staged_forward(kind, x, DEFAULTS), staged_forward(kind, x, DEFAULTS, True)))
+    assert_close_to_oracle(
+        y,
+        ra.forward(x, kind),
+        forward_bound(kind, x, DEFAULTS),
+        (staged_forward(kind, x, DEFAULTS), staged_forward(kind, x, DEFAULTS, True)),
+    )
 
 
 @pytest.mark.parametrize("kind,shape", list(cases()))
@@ -53,9 +56,12 @@ def test_backward_matches_analytic_derivative(rng, kind, shape, dtype):
     g = hostile(rng, out_shape, dtype)
     d = tc.activation_backward(g, x, kind, out_dtype=np.float32).grad_input
     assert d.shape == shape and d.dtype == np.float32
-    assert_close_to_oracle(d, ra.backward(g, x, kind), backward_bound(kind, g, x, DEFAULTS),
-                           (staged_backward(kind, g, x, DEFAULTS),
-                            staged_backward(kind, g, x, DEFAULTS, True)))
+    assert_close_to_oracle(
+        d,
+        ra.backward(g, x, kind),
+        backward_bound(kind, g, x, DEFAULTS),
+        (staged_backward(kind, g, x, DEFAULTS), staged_backward(kind, g, x, DEFAULTS, True)),
+    )
 
 
 @pytest.mark.parametrize("kind", ALL)
@@ -108,11 +114,14 @@ def test_low_precision_output_is_the_fp32_value_rounded_once(rng, kind, out_dtyp
 def test_low_precision_input_widens_exactly(rng, kind, dtype):
     x = hostile(rng, (5, 160), dtype)
     wide = x.astype(np.float32)
-    assert_same_float_bits(tc.activation_forward(x, kind, out_dtype=np.float32),
-                           tc.activation_forward(wide, kind, out_dtype=np.float32))
+    assert_same_float_bits(
+        tc.activation_forward(x, kind, out_dtype=np.float32), tc.activation_forward(wide, kind, out_dtype=np.float32)
+    )
     g = hostile(rng, tc.activation_forward(x, kind).shape, dtype)
-    assert_same_float_bits(tc.activation_backward(g, x, kind, out_dtype=np.float32).grad_input,
-                           tc.activation_backward(g.astype(np.float32), wide, kind).grad_input)
+    assert_same_float_bits(
+        tc.activation_backward(g, x, kind, out_dtype=np.float32).grad_input,
+        tc.activation_backward(g.astype(np.float32), wide, kind).grad_input,
+    )
 
 
 @pytest.mark.parametrize("kind", ALL)
@@ -164,20 +173,28 @@ def test_sigmoid_tails_keep_relative_accuracy():
     np.testing.assert_allclose(y[~normal], exact[~normal], rtol=0, atol=2.0**-149)
 
 
-@pytest.mark.parametrize("limit,alpha,offset", [(7.0, 1.702, 1.0), (3.0, 1.0, 0.0), (0.5, 2.5, -1.0), (np.inf, 1.702, 1.0)])
+@pytest.mark.parametrize(
+    "limit,alpha,offset", [(7.0, 1.702, 1.0), (3.0, 1.0, 0.0), (0.5, 2.5, -1.0), (np.inf, 1.702, 1.0)]
+)
 def test_clamped_swiglu_parameters(rng, limit, alpha, offset):
     p = ra.params(limit=limit, alpha=alpha, glu_linear_offset=offset)
     x = (rng.standard_normal((41, 96)) * 6).astype(np.float32)
     kwargs = dict(limit=limit, alpha=alpha, glu_linear_offset=offset)
     y = tc.activation_forward(x, "clamped_swiglu", **kwargs)
-    assert_close_to_oracle(y, ra.forward(x, "clamped_swiglu", **p), forward_bound("clamped_swiglu", x, p),
-                           (staged_forward("clamped_swiglu", x, p), staged_forward("clamped_swiglu", x, p, True)))
+    assert_close_to_oracle(
+        y,
+        ra.forward(x, "clamped_swiglu", **p),
+        forward_bound("clamped_swiglu", x, p),
+        (staged_forward("clamped_swiglu", x, p), staged_forward("clamped_swiglu", x, p, True)),
+    )
     g = rng.standard_normal(y.shape).astype(np.float32)
     d = tc.activation_backward(g, x, "clamped_swiglu", **kwargs).grad_input
-    assert_close_to_oracle(d, ra.backward(g, x, "clamped_swiglu", **p),
-                           backward_bound("clamped_swiglu", g, x, p),
-                           (staged_backward("clamped_swiglu", g, x, p),
-                            staged_backward("clamped_swiglu", g, x, p, True)))
+    assert_close_to_oracle(
+        d,
+        ra.backward(g, x, "clamped_swiglu", **p),
+        backward_bound("clamped_swiglu", g, x, p),
+        (staged_backward("clamped_swiglu", g, x, p), staged_backward("clamped_swiglu", g, x, p, True)),
+    )
 
 
 def test_clamped_swiglu_boundaries():
@@ -218,6 +235,9 @@ def test_oracle_gelu_is_the_tanh_formula():
     tanh_form = 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x**3)))
     np.testing.assert_allclose(ra.forward(x, "gelu"), tanh_form, rtol=1e-12, atol=1e-15)
     h = 1e-6
-    np.testing.assert_allclose(ra.df("gelu", x, DEFAULTS),
-                               (ra.forward(x + h, "gelu") - ra.forward(x - h, "gelu")) / (2 * h),
-                               rtol=1e-7, atol=1e-9)
+    np.testing.assert_allclose(
+        ra.df("gelu", x, DEFAULTS),
+        (ra.forward(x + h, "gelu") - ra.forward(x - h, "gelu")) / (2 * h),
+        rtol=1e-7,
+        atol=1e-9,
+    )

@@ -7,14 +7,13 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 import pytest
+from activation_helpers import assert_same_float_bits, shapes_for
+from conftest import FP8_FORMATS, INPUT_DTYPES, hostile
 
 import transformer_engine.core as tc
 from transformer_engine.core import reference as ref
 from transformer_engine.core import reference_activation as ra
 from transformer_engine.core._arrays import desc
-
-from activation_helpers import assert_same_float_bits, shapes_for
-from conftest import FP8_FORMATS, INPUT_DTYPES, hostile
 
 lib = tc.lib
 ALL = list(ra.ACTIVATIONS)
@@ -64,8 +63,9 @@ def test_fp8_forward_rounding_ties(rng, kind, fmt):
 @pytest.mark.parametrize("only", ["rowwise", "columnwise"])
 def test_fp8_forward_single_output(rng, only):
     x = hostile(rng, (70, 96), np.float32)
-    q = tc.activation_forward(x, "swiglu", out_dtype="e4m3", scale=2.0,
-                              rowwise=only == "rowwise", columnwise=only == "columnwise")
+    q = tc.activation_forward(
+        x, "swiglu", out_dtype="e4m3", scale=2.0, rowwise=only == "rowwise", columnwise=only == "columnwise"
+    )
     expected = ref.quantize_fp8(tc.activation_forward(x, "swiglu"), 2.0, "e4m3")
     if only == "rowwise":
         assert q.columnwise is None
@@ -147,6 +147,7 @@ def test_workspace_size_query():
 
 # ---- errors ---------------------------------------------------------------
 
+
 def fp32(*shape):
     return np.ones(shape, np.float32)
 
@@ -177,15 +178,20 @@ def test_wrong_input_dtype():
 
 
 def test_output_shape_message():
-    with pytest.raises(ValueError, match=r"argument 'output' must have shape \[5, 80\] \(the input \[5, 160\] "
-                                         r"with its last dimension halved, for swiglu\), got \[5, 160\]"):
+    with pytest.raises(
+        ValueError,
+        match=r"argument 'output' must have shape \[5, 80\] \(the input \[5, 160\] "
+        r"with its last dimension halved, for swiglu\), got \[5, 160\]",
+    ):
         lib.activation_fwd(code("swiglu"), desc(fp32(5, 160)), desc(fp32(5, 160)))
     with pytest.raises(ValueError, match=r"argument 'output' must have the shape of 'input' \[5, 160\], got \[5, 80\]"):
         lib.activation_fwd(code("silu"), desc(fp32(5, 160)), desc(fp32(5, 80)))
 
 
 def test_output_dtype_must_be_float_or_fp8():
-    with pytest.raises(TypeError, match="argument 'output' must be float32, bfloat16, float16, float8_e4m3 or float8_e5m2, got int32"):
+    with pytest.raises(
+        TypeError, match="argument 'output' must be float32, bfloat16, float16, float8_e4m3 or float8_e5m2, got int32"
+    ):
         lib.activation_fwd(code("relu"), desc(fp32(2, 16)), desc(np.ones((2, 16), np.int32)))
 
 
@@ -195,7 +201,9 @@ def test_grad_must_match_input():
         lib.activation_bwd(code("swiglu"), desc(np.ones((4, 16), np.float16)), desc(x), desc(fp32(4, 32)))
     with pytest.raises(ValueError, match=r"argument 'grad' must have shape \[4, 16\]"):
         lib.activation_bwd(code("swiglu"), desc(fp32(4, 32)), desc(x), desc(fp32(4, 32)))
-    with pytest.raises(ValueError, match=r"argument 'grad_input' must have the shape of 'input' \[4, 32\], got \[4, 16\]"):
+    with pytest.raises(
+        ValueError, match=r"argument 'grad_input' must have the shape of 'input' \[4, 32\], got \[4, 16\]"
+    ):
         lib.activation_bwd(code("swiglu"), desc(fp32(4, 16)), desc(x), desc(fp32(4, 16)))
 
 
@@ -206,8 +214,9 @@ def test_fp8_output_needs_scale_and_high_precision_refuses_it():
     with pytest.raises(ValueError, match="argument 'scale' is only used with an FP8 'output', which is float32"):
         lib.activation_fwd(code("gelu"), desc(fp32(2, 16)), desc(fp32(2, 16)), None, desc(fp32()))
     with pytest.raises(ValueError, match="argument 'scale_inv' is only used with an FP8 'grad_input'"):
-        lib.activation_bwd(code("gelu"), desc(fp32(2, 16)), desc(fp32(2, 16)), desc(fp32(2, 16)),
-                           None, None, desc(fp32()))
+        lib.activation_bwd(
+            code("gelu"), desc(fp32(2, 16)), desc(fp32(2, 16)), desc(fp32(2, 16)), None, None, desc(fp32())
+        )
     with pytest.raises(ValueError, match="an FP8 out_dtype needs 'scale'"):
         tc.activation_forward(fp32(2, 16), "gelu", out_dtype="e5m2")
 
@@ -215,9 +224,17 @@ def test_fp8_output_needs_scale_and_high_precision_refuses_it():
 def test_columnwise_rules():
     x = fp32(6, 32)
     col = np.zeros((16, 6), ml_dtypes.float8_e4m3fn)
-    with pytest.raises(ValueError, match=r"argument 'columnwise' must have shape \[16, 6\] \(the 'output' matrix \[6, 16\] transposed\), got \[6, 16\]"):
+    with pytest.raises(
+        ValueError,
+        match=(
+            r"argument 'columnwise' must have shape \[16, 6\] \(the 'output'"
+            r" matrix \[6, 16\] transposed\), got \[6, 16\]"
+        ),
+    ):
         lib.activation_fwd(code("swiglu"), desc(x), None, desc(col.T.copy()), desc(fp32()))
-    with pytest.raises(TypeError, match="arguments 'output' and 'columnwise' must have the same FP8 type, got float32 and float8_e4m3"):
+    with pytest.raises(
+        TypeError, match="arguments 'output' and 'columnwise' must have the same FP8 type, got float32 and float8_e4m3"
+    ):
         lib.activation_fwd(code("swiglu"), desc(x), desc(fp32(6, 16)), desc(col), desc(fp32()))
     with pytest.raises(TypeError, match="argument 'columnwise' must be float8_e4m3 or float8_e5m2, got float32"):
         lib.activation_fwd(code("swiglu"), desc(x), None, desc(fp32(16, 6)), desc(fp32()))
@@ -229,11 +246,22 @@ def test_columnwise_rules():
 
 def test_dbias_shape_and_dtype():
     x, g = fp32(4, 32), fp32(4, 16)
-    with pytest.raises(ValueError, match=r"argument 'dbias' must have shape \[32\] \(the input's last dimension\), got \[16\]"):
+    with pytest.raises(
+        ValueError, match=r"argument 'dbias' must have shape \[32\] \(the input's last dimension\), got \[16\]"
+    ):
         lib.activation_bwd(code("swiglu"), desc(g), desc(x), desc(fp32(4, 32)), None, None, None, None, desc(fp32(16)))
     with pytest.raises(TypeError, match="argument 'dbias' must be float32, bfloat16 or float16, got float8_e4m3"):
-        lib.activation_bwd(code("swiglu"), desc(g), desc(x), desc(fp32(4, 32)), None, None, None, None,
-                           desc(np.zeros(32, ml_dtypes.float8_e4m3fn)))
+        lib.activation_bwd(
+            code("swiglu"),
+            desc(g),
+            desc(x),
+            desc(fp32(4, 32)),
+            None,
+            None,
+            None,
+            None,
+            desc(np.zeros(32, ml_dtypes.float8_e4m3fn)),
+        )
 
 
 def test_kind_and_params_are_checked():

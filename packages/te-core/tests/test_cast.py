@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import FP8_FORMATS, INPUT_DTYPES, SHAPES, finfo, hostile
 
 import transformer_engine.core as tc
 from transformer_engine.core import reference as ref
-
-from conftest import FP8_FORMATS, INPUT_DTYPES, SHAPES, finfo, hostile
 
 
 def as_bytes(a: np.ndarray) -> np.ndarray:

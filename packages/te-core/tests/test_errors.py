@@ -54,8 +54,12 @@ def test_output_must_be_fp8():
 def test_mixed_fp8_outputs_rejected():
     with pytest.raises(TypeError, match="'rowwise' and 'columnwise' must have the same FP8 type"):
         lib.quantize_fp8(
-            desc(fp32(2, 16)), desc(fp32()), desc(fp8(2, 16)),
-            desc(fp8(16, 2, code=tc.DType.kFloat8E5M2)), None, None,
+            desc(fp32(2, 16)),
+            desc(fp32()),
+            desc(fp8(2, 16)),
+            desc(fp8(16, 2, code=tc.DType.kFloat8E5M2)),
+            None,
+            None,
         )
 
 

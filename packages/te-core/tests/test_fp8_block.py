@@ -5,8 +5,9 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 import pytest
-import transformer_engine.core as tc
 from conftest import FP8_FORMATS, INPUT_DTYPES, finfo, hostile
+
+import transformer_engine.core as tc
 from transformer_engine.core import reference_fp8_block as ref
 from transformer_engine.core._arrays import desc
 from transformer_engine.core.reference import FP8_MAX, FP8_NUMPY
@@ -28,8 +29,9 @@ def assert_matches_oracle(out: tc.Fp8BlockTensor, expected: dict):
             continue
         np.testing.assert_array_equal(u8(data), expected[name], err_msg=name)
         scales = getattr(out, name + "_scale_inv")
-        np.testing.assert_array_equal(scales.view(np.uint32), expected[name + "_scale_inv"].view(np.uint32),
-                                      err_msg=name + "_scale_inv")
+        np.testing.assert_array_equal(
+            scales.view(np.uint32), expected[name + "_scale_inv"].view(np.uint32), err_msg=name + "_scale_inv"
+        )
 
 
 @pytest.mark.parametrize("shape", BLOCK_SHAPES)
@@ -40,8 +42,7 @@ def assert_matches_oracle(out: tc.Fp8BlockTensor, expected: dict):
 @pytest.mark.parametrize("pow2", [True, False])
 def test_quantize_is_bit_exact(rng, shape, dtype, fmt, block_dim, layout, pow2):
     x = hostile(rng, shape, dtype, fmt)
-    out = tc.quantize_fp8_block(x, fmt, block_dim=block_dim, layout=layout, columnwise=True,
-                                force_pow2_scales=pow2)
+    out = tc.quantize_fp8_block(x, fmt, block_dim=block_dim, layout=layout, columnwise=True, force_pow2_scales=pow2)
     assert out.rowwise.shape == x.shape
     assert out.rowwise.dtype == FP8_NUMPY[fmt]
     assert_matches_oracle(out, ref.quantize(x, fmt, block_dim, layout, pow2))
@@ -52,8 +53,9 @@ def test_quantize_is_bit_exact(rng, shape, dtype, fmt, block_dim, layout, pow2):
 @pytest.mark.parametrize("which", ["rowwise", "columnwise"])
 def test_single_direction_matches_both(rng, block_dim, layout, which):
     x = hostile(rng, (260, 144), ml_dtypes.bfloat16)
-    one = tc.quantize_fp8_block(x, block_dim=block_dim, layout=layout,
-                                rowwise=which == "rowwise", columnwise=which == "columnwise")
+    one = tc.quantize_fp8_block(
+        x, block_dim=block_dim, layout=layout, rowwise=which == "rowwise", columnwise=which == "columnwise"
+    )
     both = tc.quantize_fp8_block(x, block_dim=block_dim, layout=layout, columnwise=True)
     other = "columnwise" if which == "rowwise" else "rowwise"
     assert getattr(one, other) is None and getattr(one, other + "_scale_inv") is None
@@ -189,8 +191,7 @@ def test_scale_values(rng, fmt):
 def test_amax_epsilon_floors_the_amax(rng, block_dim):
     x = (rng.standard_normal((128, 128)) * 1e-6).astype(np.float32)
     eps = 1e-3
-    out = tc.quantize_fp8_block(x, block_dim=block_dim, columnwise=True, amax_epsilon=eps,
-                                force_pow2_scales=False)
+    out = tc.quantize_fp8_block(x, block_dim=block_dim, columnwise=True, amax_epsilon=eps, force_pow2_scales=False)
     assert_matches_oracle(out, ref.quantize(x, "e4m3", block_dim, "gemm_ready", False, eps))
     expected_inv = np.float32(1) / (np.float32(448) / np.float32(eps))
     assert np.all(out.rowwise_scale_inv[out.rowwise_scale_inv != 0] == expected_inv)
@@ -207,8 +208,9 @@ def test_dequantize_is_bit_exact(rng, block_dim, layout, fmt, out_dtype, shape):
     for col in (False, True):
         data = out.columnwise if col else out.rowwise
         scales = out.columnwise_scale_inv if col else out.rowwise_scale_inv
-        got = tc.dequantize_fp8_block(data, scales, block_dim=block_dim, layout=layout, columnwise=col,
-                                      out_dtype=out_dtype)
+        got = tc.dequantize_fp8_block(
+            data, scales, block_dim=block_dim, layout=layout, columnwise=col, out_dtype=out_dtype
+        )
         want = ref.dequantize(u8(data), scales, fmt, block_dim, layout, col, out_dtype)
         assert got.shape == data.shape and got.dtype == np.dtype(out_dtype)
         # Bytes must match except for NaN payloads (the core writes BF16/FP16 NaN as 0x7FFF).
@@ -246,6 +248,7 @@ def test_empty_tensors(shape, block_dim):
 
 # ---------------------------------------------------------------- errors
 
+
 def fp8_out(*shape, code=tc.DType.kFloat8E4M3):
     return np.zeros(shape, tc.numpy_dtype(code))
 
@@ -255,7 +258,9 @@ def scales(*shape):
 
 
 def test_last_dim_must_be_multiple_of_16():
-    with pytest.raises(ValueError, match="FP8 block scaling needs the last dimension of 'input' divisible by 16, got 100"):
+    with pytest.raises(
+        ValueError, match="FP8 block scaling needs the last dimension of 'input' divisible by 16, got 100"
+    ):
         tc.quantize_fp8_block(np.ones((4, 100), np.float32))
 
 
@@ -283,16 +288,20 @@ def test_input_dtype_and_epsilon():
 
 def test_scale_shape_is_checked_with_its_layout():
     x = np.ones((130, 256), np.float32)
-    with pytest.raises(ValueError, match=r"argument 'rowwise_scale_inv' must have shape \[2, 132\] "
-                       r"\(1-D GEMM-ready rowwise scales of a \[130, 256\] tensor\), got \[2, 130\]"):
+    with pytest.raises(
+        ValueError,
+        match=r"argument 'rowwise_scale_inv' must have shape \[2, 132\] "
+        r"\(1-D GEMM-ready rowwise scales of a \[130, 256\] tensor\), got \[2, 130\]",
+    ):
         tc.lib.fp8_block_quantize(desc(x), desc(fp8_out(130, 256)), desc(scales(2, 130)), None, None, 1)
-    with pytest.raises(ValueError, match=r"argument 'columnwise_scale_inv' must have shape \[2, 2\] "
-                       r"\(2-D compact columnwise scales"):
-        tc.lib.fp8_block_quantize(desc(x), None, None, desc(fp8_out(130, 256)), desc(scales(2, 4)), 2,
-                                  layout=1)
+    with pytest.raises(
+        ValueError,
+        match=r"argument 'columnwise_scale_inv' must have shape \[2, 2\] "
+        r"\(2-D compact columnwise scales",
+    ):
+        tc.lib.fp8_block_quantize(desc(x), None, None, desc(fp8_out(130, 256)), desc(scales(2, 4)), 2, layout=1)
     with pytest.raises(TypeError, match="argument 'rowwise_scale_inv' must be float32, got float16"):
-        tc.lib.fp8_block_quantize(desc(x), desc(fp8_out(130, 256)), desc(np.zeros((2, 132), np.float16)),
-                                  None, None, 1)
+        tc.lib.fp8_block_quantize(desc(x), desc(fp8_out(130, 256)), desc(np.zeros((2, 132), np.float16)), None, None, 1)
 
 
 def test_outputs_are_checked():
@@ -304,11 +313,16 @@ def test_outputs_are_checked():
     with pytest.raises(ValueError, match=r"argument 'columnwise' must have shape \[256, 130\] \(GEMM-ready"):
         tc.lib.fp8_block_quantize(desc(x), None, None, desc(fp8_out(130, 256)), desc(scales(2, 256)), 1)
     with pytest.raises(ValueError, match=r"argument 'columnwise' must have the shape of 'input' \[130, 256\]"):
-        tc.lib.fp8_block_quantize(desc(x), None, None, desc(fp8_out(256, 130)), desc(scales(2, 256)), 1,
-                                  layout=1)
+        tc.lib.fp8_block_quantize(desc(x), None, None, desc(fp8_out(256, 130)), desc(scales(2, 256)), 1, layout=1)
     with pytest.raises(TypeError, match="'rowwise' and 'columnwise' must have the same FP8 type"):
-        tc.lib.fp8_block_quantize(desc(x), desc(fp8_out(130, 256)), desc(scales(2, 132)),
-                                  desc(fp8_out(256, 130, code=tc.DType.kFloat8E5M2)), desc(scales(2, 256)), 1)
+        tc.lib.fp8_block_quantize(
+            desc(x),
+            desc(fp8_out(130, 256)),
+            desc(scales(2, 132)),
+            desc(fp8_out(256, 130, code=tc.DType.kFloat8E5M2)),
+            desc(scales(2, 256)),
+            1,
+        )
     with pytest.raises(TypeError, match="argument 'rowwise' must be float8_e4m3 or float8_e5m2, got float32"):
         tc.lib.fp8_block_quantize(desc(x), desc(x), desc(scales(2, 132)), None, None, 1)
 
@@ -321,7 +335,9 @@ def test_dequantize_and_transpose_errors():
         tc.dequantize_fp8_block(np.ones((4, 128), np.float32), scales(1, 4))
     with pytest.raises(ValueError, match=r"argument 'output' must have the shape of 'data' \[130, 256\]"):
         tc.lib.fp8_block_dequantize(desc(q), desc(scales(2, 132)), desc(scales(256, 130)), 1)
-    with pytest.raises(ValueError, match=r"argument 'rowwise_scale_inv' must have shape \[2, 4\] \(2-D GEMM-ready rowwise"):
+    with pytest.raises(
+        ValueError, match=r"argument 'rowwise_scale_inv' must have shape \[2, 4\] \(2-D GEMM-ready rowwise"
+    ):
         tc.transpose_fp8_block_2d(q, scales(2, 2))
     with pytest.raises(ValueError, match=r"argument 'columnwise' must have shape \[256, 130\]"):
         tc.lib.fp8_block_transpose_2d(desc(q), desc(scales(2, 4)), desc(fp8_out(130, 256)), desc(scales(2, 4)))
@@ -330,6 +346,7 @@ def test_dequantize_and_transpose_errors():
 @pytest.mark.skipif(tc.built_with_cuda(), reason="checks the CPU-only build's message")
 def test_cuda_descriptor_without_cuda_backend():
     x = np.ones((4, 128), np.float32)
+
     def on_gpu(a):
         return tc.lib.TensorDesc(a.ctypes.data, int(tc.te_dtype(a.dtype)), list(a.shape), 1, 0)
 

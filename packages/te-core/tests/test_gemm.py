@@ -15,7 +15,6 @@ import secrets
 import ml_dtypes
 import numpy as np
 import pytest
-import transformer_engine.core as tec
 from gemm_reference import (
     assert_amax_close,
     assert_close,
@@ -26,6 +25,8 @@ from gemm_reference import (
     random_scale_inv,
     reference,
 )
+
+import transformer_engine.core as tec
 from transformer_engine.core import lib
 from transformer_engine.core._arrays import desc
 
@@ -47,7 +48,6 @@ def rng():
     seed = secrets.randbits(64)
     print(f"gemm test seed: {seed}")
     return np.random.default_rng(seed)
-
 
 
 # ---------------------------------------------------------------------------
@@ -75,8 +75,7 @@ def test_fp8_product(rng, a_dtype, b_dtype, transa, transb, shape, out_dtype):
     m, n, k = shape
     a, b = random_operands(rng, m, n, k, transa, transb, a_dtype, b_dtype)
     sa, sb = random_scale_inv(rng), random_scale_inv(rng, power_of_two=False)
-    r = tec.gemm(a, b, transa=transa, transb=transb, a_scale_inv=sa, b_scale_inv=sb,
-                 out_dtype=out_dtype)
+    r = tec.gemm(a, b, transa=transa, transb=transb, a_scale_inv=sa, b_scale_inv=sb, out_dtype=out_dtype)
     ref = reference(a, b, transa=transa, transb=transb, a_scale_inv=sa, b_scale_inv=sb)
     assert_close(r.out, ref.out, ref.err32, "D")
 
@@ -127,8 +126,7 @@ def test_fp8_inputs_accumulate_into_c(rng, out_dtype):
     m, n, k = 64, 48, 80
     a, b = random_operands(rng, m, n, k, False, True, E4M3, E4M3)
     c = random_operand(rng, (m, n), out_dtype)
-    r = tec.gemm(a, b, transb=True, a_scale_inv=0.5, b_scale_inv=2.0, c=c, beta=1.0,
-                 out_dtype=out_dtype)
+    r = tec.gemm(a, b, transb=True, a_scale_inv=0.5, b_scale_inv=2.0, c=c, beta=1.0, out_dtype=out_dtype)
     ref = reference(a, b, transb=True, a_scale_inv=0.5, b_scale_inv=2.0, c=c, beta=1.0)
     assert_close(r.out, ref.out, ref.err32, "D")
 
@@ -167,8 +165,7 @@ def test_gelu_stores_pre_activation(rng, dtype, with_bias, pre_gelu_dtype):
     m, n, k = 33, 64, 17
     a, b = random_operands(rng, m, n, k, False, True, dtype, dtype)
     bias = random_operand(rng, (n,), dtype) if with_bias else None
-    r = tec.gemm(a, b, transb=True, bias=bias, gelu=True, out_dtype=dtype,
-                 pre_gelu_dtype=pre_gelu_dtype)
+    r = tec.gemm(a, b, transb=True, bias=bias, gelu=True, out_dtype=dtype, pre_gelu_dtype=pre_gelu_dtype)
     ref = reference(a, b, transb=True, bias=bias, gelu=True)
     pre = reference(a, b, transb=True, bias=bias)
     assert r.pre_gelu_out.dtype == (dtype if pre_gelu_dtype is None else pre_gelu_dtype)
@@ -181,8 +178,7 @@ def test_fp8_gelu_bias(rng):
     m, n, k = 64, 48, 80
     a, b = random_operands(rng, m, n, k, False, True, E4M3, E4M3)
     bias = random_operand(rng, (n,), BF16)
-    r = tec.gemm(a, b, transb=True, a_scale_inv=0.25, b_scale_inv=0.5, bias=bias, gelu=True,
-                 out_dtype=BF16)
+    r = tec.gemm(a, b, transb=True, a_scale_inv=0.25, b_scale_inv=0.5, bias=bias, gelu=True, out_dtype=BF16)
     ref = reference(a, b, transb=True, a_scale_inv=0.25, b_scale_inv=0.5, bias=bias, gelu=True)
     assert_close(r.out, ref.out, ref.err32, "D = gelu")
 
@@ -204,8 +200,7 @@ def test_bias_grad(rng, dtype, transa):
 def test_fp8_bias_grad(rng, transa):
     m, n, k = 64, 48, 80
     a, b = random_operands(rng, m, n, k, transa, False, E5M2, E4M3)
-    r = tec.gemm(a, b, transa=transa, a_scale_inv=0.5, b_scale_inv=1.0, bias_grad=True,
-                 bias_grad_dtype=BF16)
+    r = tec.gemm(a, b, transa=transa, a_scale_inv=0.5, b_scale_inv=1.0, bias_grad=True, bias_grad_dtype=BF16)
     expected, err = bias_grad_reference(a, 0.5, transa=transa)
     assert_close(r.bias_grad, expected, err, "bias_grad")
 
@@ -220,8 +215,9 @@ def test_fp8_output(rng, d_dtype, transa, transb):
     m, n, k = 64, 48, 80
     a, b = random_operands(rng, m, n, k, transa, transb, E4M3, E5M2)
     d_scale = float(rng.uniform(0.5, 4.0))
-    r = tec.gemm(a, b, transa=transa, transb=transb, a_scale_inv=0.125, b_scale_inv=0.5,
-                 out_dtype=d_dtype, d_scale=d_scale)
+    r = tec.gemm(
+        a, b, transa=transa, transb=transb, a_scale_inv=0.125, b_scale_inv=0.5, out_dtype=d_dtype, d_scale=d_scale
+    )
     ref = reference(a, b, transa=transa, transb=transb, a_scale_inv=0.125, b_scale_inv=0.5)
     assert_fp8_close(r.out, ref, d_scale)
     assert_amax_close(r.amax, ref)
@@ -239,14 +235,24 @@ def test_fp8_output_with_c_bias_gelu(rng):
     a, b = random_operands(rng, m, n, k, False, True, E4M3, E4M3)
     c = random_operand(rng, (m, n), BF16)
     bias = random_operand(rng, (n,), BF16)
-    r = tec.gemm(a, b, transb=True, a_scale_inv=0.25, b_scale_inv=0.25, c=c, beta=0.5, bias=bias,
-                 gelu=True, pre_gelu_dtype=BF16, out_dtype=E4M3, d_scale=2.0)
-    ref = reference(a, b, transb=True, a_scale_inv=0.25, b_scale_inv=0.25, c=c, beta=0.5,
-                    bias=bias, gelu=True)
+    r = tec.gemm(
+        a,
+        b,
+        transb=True,
+        a_scale_inv=0.25,
+        b_scale_inv=0.25,
+        c=c,
+        beta=0.5,
+        bias=bias,
+        gelu=True,
+        pre_gelu_dtype=BF16,
+        out_dtype=E4M3,
+        d_scale=2.0,
+    )
+    ref = reference(a, b, transb=True, a_scale_inv=0.25, b_scale_inv=0.25, c=c, beta=0.5, bias=bias, gelu=True)
     assert_fp8_close(r.out, ref, 2.0)
     assert_amax_close(r.amax, ref)
-    pre = reference(a, b, transb=True, a_scale_inv=0.25, b_scale_inv=0.25, c=c, beta=0.5,
-                    bias=bias)
+    pre = reference(a, b, transb=True, a_scale_inv=0.25, b_scale_inv=0.25, c=c, beta=0.5, bias=bias)
     assert_close(r.pre_gelu_out, pre.out, pre.err32, "pre_gelu_out")
 
 
@@ -257,8 +263,16 @@ def test_d_amax_is_max_accumulated(rng):
     one = np.ones((), np.float32)
     for start in (0.0, 1e9):
         amax = np.array(start, np.float32)
-        lib.gemm(desc(a), desc(b), desc(d), a_scale_inv=desc(one), b_scale_inv=desc(one),
-                 d_scale=desc(one), d_amax=desc(amax), transb=True)
+        lib.gemm(
+            desc(a),
+            desc(b),
+            desc(d),
+            a_scale_inv=desc(one),
+            b_scale_inv=desc(one),
+            d_scale=desc(one),
+            d_amax=desc(amax),
+            transb=True,
+        )
         assert_amax_close(amax, ref, start)
 
 
@@ -306,15 +320,18 @@ def test_cpu_needs_no_workspace(rng):
     a, b = random_operands(rng, 64, 48, 80, False, True, E4M3, E4M3)
     d = np.empty((64, 48), np.float32)
     one = np.ones((), np.float32)
-    assert lib.gemm_workspace_size(desc(a), desc(b), desc(d), a_scale_inv=desc(one),
-                                   b_scale_inv=desc(one), transb=True) == 0
+    assert (
+        lib.gemm_workspace_size(desc(a), desc(b), desc(d), a_scale_inv=desc(one), b_scale_inv=desc(one), transb=True)
+        == 0
+    )
     # Descriptors without data are fine for the size query.
     a_shape = lib.TensorDesc(0, int(tec.DType.kFloat8E4M3), [64, 80])
     b_shape = lib.TensorDesc(0, int(tec.DType.kFloat8E4M3), [48, 80])
     d_shape = lib.TensorDesc(0, int(tec.DType.kFloat32), [64, 48])
     s_shape = lib.TensorDesc(0, int(tec.DType.kFloat32), [])
-    assert lib.gemm_workspace_size(a_shape, b_shape, d_shape, a_scale_inv=s_shape,
-                                   b_scale_inv=s_shape, transb=True) == 0
+    assert (
+        lib.gemm_workspace_size(a_shape, b_shape, d_shape, a_scale_inv=s_shape, b_scale_inv=s_shape, transb=True) == 0
+    )
 
 
 # ---------------------------------------------------------------------------

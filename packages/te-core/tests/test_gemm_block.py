@@ -16,10 +16,11 @@ import secrets
 import ml_dtypes
 import numpy as np
 import pytest
-import transformer_engine.core as tec
 from conftest import hostile
 from gemm_block_cases import FORMATS, dequantized, linear_cases, random_linear, same_bits
 from gemm_reference import assert_close, random_operand, reference
+
+import transformer_engine.core as tec
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 F16 = np.dtype(np.float16)
@@ -123,11 +124,9 @@ def test_alpha_beta_c_bias(rng, fmt, out_dtype):
     alpha, beta = float(rng.uniform(-2, 2)), float(rng.uniform(-2, 2))
     if out_dtype == F16:  # rows of magnitude ~30 give sums near FP16's 65504
         alpha /= 64
-    r = tec.gemm_block(case.a, case.b, c=c, alpha=alpha, beta=beta, bias=bias,
-                       out_dtype=out_dtype, **case.kwargs())
+    r = tec.gemm_block(case.a, case.b, c=c, alpha=alpha, beta=beta, bias=bias, out_dtype=out_dtype, **case.kwargs())
     assert r.out.dtype == out_dtype and r.out.shape == (m, n)
-    check(case, r, f"{fmt} epilogue", c=c, alpha=alpha, beta=beta, bias=bias,
-          out_dtype=out_dtype)
+    check(case, r, f"{fmt} epilogue", c=c, alpha=alpha, beta=beta, bias=bias, out_dtype=out_dtype)
 
 
 def test_beta_zero_does_not_read_c(rng):
@@ -157,8 +156,9 @@ def test_per_tensor_fp8_is_te_gemm(rng):
     qx = tec.quantize_fp8_current_scaling(x, "e4m3")
     qw = tec.quantize_fp8_current_scaling(w, "e4m3")
     r = tec.gemm_block(qx, qw, out_dtype=BF16)
-    twin = tec.gemm(qx.rowwise, qw.rowwise, transb=True, a_scale_inv=qx.scale_inv,
-                    b_scale_inv=qw.scale_inv, out_dtype=BF16)
+    twin = tec.gemm(
+        qx.rowwise, qw.rowwise, transb=True, a_scale_inv=qx.scale_inv, b_scale_inv=qw.scale_inv, out_dtype=BF16
+    )
     assert r.path == "native" and same_bits(r.out, twin.out)
 
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 import pytest
-import transformer_engine.core as tec
 from gemm_block_cases import linear_cases, random_linear
+
+import transformer_engine.core as tec
 from transformer_engine.core import BlockOperand, lib
 from transformer_engine.core._arrays import desc
 from transformer_engine.core.gemm_block import _DEFAULTS, _prepare
@@ -21,8 +22,11 @@ def cases():
 
 def test_fp8_block_needs_the_tn_form(cases):
     case = cases["fp8_block"]["fprop"]
-    with pytest.raises(ValueError, match=r"FP8 block \(1x128\) GEMMs take the TN form only .* "
-                                         r"got transa = 1; pass the columnwise copy of 'a'"):
+    with pytest.raises(
+        ValueError,
+        match=r"FP8 block \(1x128\) GEMMs take the TN form only .* "
+        r"got transa = 1; pass the columnwise copy of 'a'",
+    ):
         tec.gemm_block(case.a, case.b, transa=True)
 
 
@@ -33,8 +37,9 @@ def test_nvfp4_needs_the_tn_form(cases):
 
 
 def test_operands_from_one_family(cases):
-    with pytest.raises(ValueError, match="operands 'a' and 'b' must use one family of scaling, "
-                                         "got FP8 block \\(1x128\\) and MXFP8"):
+    with pytest.raises(
+        ValueError, match="operands 'a' and 'b' must use one family of scaling, got FP8 block \\(1x128\\) and MXFP8"
+    ):
         tec.gemm_block(cases["fp8_block"]["fprop"].a, cases["mxfp8"]["fprop"].b)
 
 
@@ -47,8 +52,11 @@ def test_block_scales_are_required(cases):
 def test_scale_shape_is_checked(cases):
     case = cases["fp8_block"]["fprop"]
     b = case.b._replace(scale_inv=case.b.scale_inv[:, :1].copy())
-    with pytest.raises(ValueError, match=r"argument 'b_scale_inv' must have shape \[1, 96\] "
-                                         r"\(FP32 GEMM-ready 1-D scales of 'b' stored as \[96, 64\]\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"argument 'b_scale_inv' must have shape \[1, 96\] "
+        r"\(FP32 GEMM-ready 1-D scales of 'b' stored as \[96, 64\]\)",
+    ):
         tec.gemm_block(case.a, b)
 
 
@@ -86,8 +94,9 @@ def test_mxfp8_columnwise_rows(cases):
 
 
 def test_last_dimension_rule(cases):
-    op = BlockOperand(np.zeros((32, 40), ml_dtypes.float8_e4m3fn), "mxfp8",
-                      np.zeros((128, 4), ml_dtypes.float8_e8m0fnu))
+    op = BlockOperand(
+        np.zeros((32, 40), ml_dtypes.float8_e4m3fn), "mxfp8", np.zeros((128, 4), ml_dtypes.float8_e8m0fnu)
+    )
     with pytest.raises(ValueError, match="MXFP8 needs the last dimension of 'a' divisible by 32, got 40"):
         tec.gemm_block(op, op)
 
@@ -100,15 +109,17 @@ def test_inner_dimensions_must_agree(cases):
 
 def test_output_must_be_high_precision(cases):
     case = cases["fp8_block"]["fprop"]
-    with pytest.raises(TypeError, match="argument 'd' must be float32, bfloat16 or float16 "
-                                        "\\(te_gemm_block writes high precision\\)"):
+    with pytest.raises(
+        TypeError, match="argument 'd' must be float32, bfloat16 or float16 \\(te_gemm_block writes high precision\\)"
+    ):
         tec.gemm_block(case.a, case.b, out_dtype=ml_dtypes.float8_e4m3fn)
 
 
 def test_declared_scaling_must_match_the_data():
     fp8 = np.zeros((16, 16), ml_dtypes.float8_e4m3fn)
-    with pytest.raises(TypeError, match="argument 'a' must be float32, bfloat16 or float16 "
-                                        "\\(TE_SCALING_NONE\\), got float8_e4m3"):
+    with pytest.raises(
+        TypeError, match="argument 'a' must be float32, bfloat16 or float16 \\(TE_SCALING_NONE\\), got float8_e4m3"
+    ):
         tec.gemm_block(BlockOperand(fp8, "none"), np.zeros((16, 16), np.float32))
 
 
@@ -134,8 +145,9 @@ def test_grouped_names_the_group(cases):
 
 def test_grouped_groups_share_formats(cases):
     fp8, mx = cases["fp8_block"]["fprop"], cases["mxfp8"]["fprop"]
-    with pytest.raises(ValueError, match="group 1: a.scaling differs from group 0's; the groups of "
-                                         "a grouped GEMM share"):
+    with pytest.raises(
+        ValueError, match="group 1: a.scaling differs from group 0's; the groups of a grouped GEMM share"
+    ):
         tec.gemm_block_grouped([fp8.a, mx.a], [fp8.b, mx.b])
 
 
@@ -158,7 +170,6 @@ def test_cuda_operands_without_cuda_backend():
     x = np.zeros((16, 16), np.float32)
     cuda = lib.TensorDesc(x.ctypes.data, int(tec.DType.kFloat32), [16, 16], 1, 0)
     a = lib.GemmOperandDesc(cuda, 0)
-    params = lib.GemmBlockParams(a, a, lib.TensorDesc(x.ctypes.data, int(tec.DType.kFloat32),
-                                                      [16, 16], 1, 0))
+    params = lib.GemmBlockParams(a, a, lib.TensorDesc(x.ctypes.data, int(tec.DType.kFloat32), [16, 16], 1, 0))
     with pytest.raises((NotImplementedError, RuntimeError, ValueError), match="CUDA"):
         lib.gemm_block_plan(params)

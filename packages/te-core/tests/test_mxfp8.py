@@ -6,13 +6,12 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 import pytest
+from conftest import FP8_FORMATS, INPUT_DTYPES, finfo, hostile
 
 import transformer_engine.core as tc
 from transformer_engine.core import reference_mxfp8 as ref
 from transformer_engine.core._arrays import desc
 from transformer_engine.core.reference import FP8_MAX, FP8_NUMPY
-
-from conftest import FP8_FORMATS, INPUT_DTYPES, finfo, hostile
 
 lib = tc.lib
 E8M0 = ml_dtypes.float8_e8m0fnu
@@ -84,10 +83,13 @@ def mxfp8_hostile(rng, shape, dtype, fmt: str) -> np.ndarray:
 
 def check_quantize(x, fmt, mode, swizzled):
     rowwise, columnwise, use_2d = MODES[mode]
-    out = tc.quantize_mxfp8(x, fmt, rowwise=rowwise, columnwise=columnwise, use_2d_blocks=use_2d,
-                            swizzled_scales=swizzled)
-    for wanted, is_col, data, scales in ((rowwise, False, out.rowwise, out.rowwise_scale_inv),
-                                         (columnwise, True, out.columnwise, out.columnwise_scale_inv)):
+    out = tc.quantize_mxfp8(
+        x, fmt, rowwise=rowwise, columnwise=columnwise, use_2d_blocks=use_2d, swizzled_scales=swizzled
+    )
+    for wanted, is_col, data, scales in (
+        (rowwise, False, out.rowwise, out.rowwise_scale_inv),
+        (columnwise, True, out.columnwise, out.columnwise_scale_inv),
+    ):
         if not wanted:
             assert data is None and scales is None
             continue
@@ -122,10 +124,21 @@ def test_e8m0_round_up_rule_by_hand():
     """The oracle's E8M0 rule on hand-picked values (te/mxfp8.h)."""
     tiny = np.float32(2.0**-127)  # subnormal, mantissa 0x400000
     cases = [
-        (0.0, 0), (2.0**-149, 0), (tiny, 0), (next_up(tiny), 1), (2.0**-126, 1),
-        (0.75, 127), (1.0, 127), (next_up(1.0), 128), (2.0, 128), (3.0, 129),
-        (2.0**127, 254), (1.5 * 2.0**127, 254), (np.finfo(np.float32).max, 254),
-        (np.inf, 254), (np.nan, 255),
+        (0.0, 0),
+        (2.0**-149, 0),
+        (tiny, 0),
+        (next_up(tiny), 1),
+        (2.0**-126, 1),
+        (0.75, 127),
+        (1.0, 127),
+        (next_up(1.0), 128),
+        (2.0, 128),
+        (3.0, 129),
+        (2.0**127, 254),
+        (1.5 * 2.0**127, 254),
+        (np.finfo(np.float32).max, 254),
+        (np.inf, 254),
+        (np.nan, 255),
     ]
     values = np.array([v for v, _ in cases], np.float32)
     np.testing.assert_array_equal(ref.e8m0_round_up(values), [e for _, e in cases])
@@ -158,8 +171,13 @@ def test_hostile_blocks_by_hand(rng, fmt):
     x[1, :32] = np.where(np.arange(32) % 2, -0.0, 0.0)
     x[2, :32] = 1.0
     x[2, :4] = [np.inf, -np.inf, 3e38, -1.0]
-    rows = {3: fp8_max * 8, 4: next_up(fp8_max, -1) * 8, 5: next_up(fp8_max) * 8,
-            6: fp8_max * np.float32(2.0**-127), 7: np.float32(2.0**-149)}
+    rows = {
+        3: fp8_max * 8,
+        4: next_up(fp8_max, -1) * 8,
+        5: next_up(fp8_max) * 8,
+        6: fp8_max * np.float32(2.0**-127),
+        7: np.float32(2.0**-149),
+    }
     for r, amax in rows.items():
         x[r, :32] = amax / 4
         x[r, 5] = amax
@@ -216,6 +234,7 @@ def test_padding_is_written_as_zero(rng, shape, mode, swizzled):
 
 # ---- swizzle -----------------------------------------------------------------
 
+
 def test_swizzle_hand_example_rowwise():
     s = ((np.arange(256)[:, None] * 4 + np.arange(8)) % 251).astype(np.uint8)  # [256, 8]
     out = tc.swizzle_block_scales(s).reshape(-1)
@@ -254,13 +273,16 @@ def test_swizzled_quantize_equals_swizzle_of_compact(rng, shape):
     swizzled = tc.quantize_mxfp8(x, columnwise=True, swizzled_scales=True)
     np.testing.assert_array_equal(u8(swizzled.rowwise), u8(compact.rowwise))
     np.testing.assert_array_equal(u8(swizzled.columnwise), u8(compact.columnwise))
-    np.testing.assert_array_equal(u8(swizzled.rowwise_scale_inv), u8(tc.swizzle_block_scales(compact.rowwise_scale_inv)))
+    np.testing.assert_array_equal(
+        u8(swizzled.rowwise_scale_inv), u8(tc.swizzle_block_scales(compact.rowwise_scale_inv))
+    )
     np.testing.assert_array_equal(
         u8(swizzled.columnwise_scale_inv), u8(tc.swizzle_block_scales(compact.columnwise_scale_inv, columnwise=True))
     )
 
 
 # ---- dequantize --------------------------------------------------------------
+
 
 @pytest.mark.parametrize("swizzled", [False, True])
 @pytest.mark.parametrize("columnwise", [False, True])
@@ -310,6 +332,7 @@ def test_round_trip_error_bound(rng, fmt, columnwise):
 
 # ---- errors ------------------------------------------------------------------
 
+
 def e8m0(*shape):
     return np.zeros(shape, E8M0)
 
@@ -328,10 +351,13 @@ def test_input_needs_two_dims():
         tc.quantize_mxfp8(np.ones(64, np.float32))
 
 
-@pytest.mark.parametrize("kwargs,what", [({"columnwise": True}, r"columnwise \(32x1\)"),
-                                         ({"use_2d_blocks": True}, r"2-D \(32x32\)")])
+@pytest.mark.parametrize(
+    "kwargs,what", [({"columnwise": True}, r"columnwise \(32x1\)"), ({"use_2d_blocks": True}, r"2-D \(32x32\)")]
+)
 def test_rows_must_be_divisible_by_32_for_columnwise_and_2d(kwargs, what):
-    with pytest.raises(ValueError, match=f"MXFP8 {what} blocks need the product of the leading dimensions divisible by 32, got 40"):
+    with pytest.raises(
+        ValueError, match=f"MXFP8 {what} blocks need the product of the leading dimensions divisible by 32, got 40"
+    ):
         tc.quantize_mxfp8(np.ones((4, 10, 64), np.float32), **kwargs)
 
 
@@ -352,16 +378,18 @@ def test_data_and_scales_come_in_pairs():
     with pytest.raises(ValueError, match="at least one of 'rowwise' and 'columnwise' must be given"):
         lib.quantize_mxfp8(desc(x), None, None, None, None)
     with pytest.raises(TypeError, match="'rowwise' and 'columnwise' must have the same FP8 type"):
-        lib.quantize_mxfp8(desc(x), desc(fp8(32, 64)), desc(e8m0(128, 4)), desc(fp8(32, 64, fmt="e5m2")),
-                           desc(e8m0(4, 128)))
+        lib.quantize_mxfp8(
+            desc(x), desc(fp8(32, 64)), desc(e8m0(128, 4)), desc(fp8(32, 64, fmt="e5m2")), desc(e8m0(4, 128))
+        )
 
 
 def test_bad_types_are_type_errors():
     with pytest.raises(TypeError, match="argument 'x' must be float32, bfloat16 or float16, got float64"):
         tc.quantize_mxfp8(np.ones((32, 64)))
     with pytest.raises(TypeError, match="argument 'rowwise' must be float8_e4m3 or float8_e5m2, got float32"):
-        lib.quantize_mxfp8(desc(np.ones((32, 64), np.float32)), desc(np.ones((32, 64), np.float32)),
-                           desc(e8m0(128, 4)), None, None)
+        lib.quantize_mxfp8(
+            desc(np.ones((32, 64), np.float32)), desc(np.ones((32, 64), np.float32)), desc(e8m0(128, 4)), None, None
+        )
 
 
 def test_dequantize_errors():
@@ -376,9 +404,14 @@ def test_dequantize_errors():
 
 
 def test_swizzle_errors():
-    with pytest.raises(ValueError, match=r"rowwise block scales must be padded to rows % 128 == 0 and columns % 4 == 0, got shape \[100, 4\]"):
+    with pytest.raises(
+        ValueError,
+        match=r"rowwise block scales must be padded to rows % 128 == 0 and columns % 4 == 0, got shape \[100, 4\]",
+    ):
         tc.swizzle_block_scales(e8m0(100, 4))
-    with pytest.raises(ValueError, match=r"columnwise block scales must be padded to rows % 4 == 0 and columns % 128 == 0"):
+    with pytest.raises(
+        ValueError, match=r"columnwise block scales must be padded to rows % 4 == 0 and columns % 128 == 0"
+    ):
         tc.swizzle_block_scales(e8m0(128, 4), columnwise=True)
     with pytest.raises(ValueError, match="argument 'input' must be a 2-D scale matrix"):
         tc.unswizzle_block_scales(e8m0(512))

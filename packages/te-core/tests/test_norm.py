@@ -14,12 +14,11 @@ import sys
 
 import numpy as np
 import pytest
+from norm_inputs import FLOAT_DTYPES, NORM_SHAPES, grad_input, norm_input, weights
 
 import transformer_engine.core as tc
 from transformer_engine.core import norm_reference as nref
 from transformer_engine.core import reference as ref
-
-from norm_inputs import FLOAT_DTYPES, NORM_SHAPES, grad_input, norm_input, weights
 
 DTYPE_COMBOS = list(itertools.product(FLOAT_DTYPES, FLOAT_DTYPES, FLOAT_DTYPES))  # x, gamma, y
 NAMES = {np.dtype(d): np.dtype(d).name for d in FLOAT_DTYPES}
@@ -73,8 +72,9 @@ def test_zero_centered_gamma_and_eps(rng, layernorm, dtype, eps):
     out = run_forward(layernorm, x, gamma, beta, eps, True)
     check_forward(layernorm, x, gamma, beta, eps, True, out, dtype)
     # Zero-centred gamma is the plain norm with weight 1 + gamma (exact in FP32 here).
-    plain = run_forward(layernorm, x, 1.0 + gamma.astype(np.float32), beta.astype(np.float32),
-                        eps, False, out_dtype=dtype)
+    plain = run_forward(
+        layernorm, x, 1.0 + gamma.astype(np.float32), beta.astype(np.float32), eps, False, out_dtype=dtype
+    )
     np.testing.assert_array_equal(out.y.view(np.uint8), plain.y.view(np.uint8))
 
 
@@ -100,8 +100,7 @@ def test_fused_fp8_equals_quantize_of_fp32_output(rng, layernorm, x_dtype, fmt, 
     scale = np.float32(rng.choice([1.0, 37.5, 300.0, 2.0**-3]))
     old_amax = np.float32(rng.choice([0.0, 1e4]))
     y32 = run_forward(layernorm, x, gamma, beta, 1e-5, zcg, out_dtype=np.float32)
-    fused = run_forward(layernorm, x, gamma, beta, 1e-5, zcg, out_dtype=fmt, scale=scale,
-                        amax=old_amax)
+    fused = run_forward(layernorm, x, gamma, beta, 1e-5, zcg, out_dtype=fmt, scale=scale, amax=old_amax)
     expected = tc.quantize_fp8(y32.y, scale, fmt, amax=old_amax)
     np.testing.assert_array_equal(fused.y.view(np.uint8), expected.rowwise.view(np.uint8))
     np.testing.assert_array_equal(fused.y.view(np.uint8), ref.quantize_fp8(y32.y, scale, fmt))
@@ -143,8 +142,9 @@ def check_backward(layernorm, dz, x, fwd, gamma, zcg, grads):
         e_dx, e_dg, e_db = nref.layernorm_bwd(dz, x, fwd.mu, fwd.rsigma, gamma, zcg)
     else:
         (e_dx, e_dg), e_db = nref.rmsnorm_bwd(dz, x, fwd.rsigma, gamma, zcg), None
-    b_dx, b_dg, b_db = nref.backward_bounds(layernorm, dz, x, fwd.mu, fwd.rsigma, gamma, zcg, e_dx,
-                                            x.dtype, gamma.dtype)
+    b_dx, b_dg, b_db = nref.backward_bounds(
+        layernorm, dz, x, fwd.mu, fwd.rsigma, gamma, zcg, e_dx, x.dtype, gamma.dtype
+    )
     assert dx.dtype == x.dtype and dx.shape == x.shape
     assert dgamma.dtype == gamma.dtype and dgamma.shape == gamma.shape
     nref.assert_within(dx, e_dx, b_dx, "dx")
@@ -156,8 +156,9 @@ def check_backward(layernorm, dz, x, fwd, gamma, zcg, grads):
 
 @pytest.mark.parametrize("layernorm", [True, False], ids=["layernorm", "rmsnorm"])
 @pytest.mark.parametrize("zcg", [False, True], ids=["gamma", "zero_centered"])
-@pytest.mark.parametrize("x_dtype,w_dtype", list(itertools.product(FLOAT_DTYPES, FLOAT_DTYPES)),
-                         ids=lambda d: NAMES[np.dtype(d)])
+@pytest.mark.parametrize(
+    "x_dtype,w_dtype", list(itertools.product(FLOAT_DTYPES, FLOAT_DTYPES)), ids=lambda d: NAMES[np.dtype(d)]
+)
 @pytest.mark.parametrize("shape", NORM_SHAPES)
 def test_backward_within_bounds(rng, layernorm, zcg, x_dtype, w_dtype, shape):
     x = norm_input(rng, shape, x_dtype, specials=False)
@@ -179,8 +180,7 @@ def test_reference_backward_matches_finite_differences(rng, layernorm, zcg):
     eps, h = 1e-3, 1e-6
 
     def loss(x_, g_, b_):
-        y = (nref.layernorm_fwd(x_, g_, b_, eps, zcg)[0] if layernorm
-             else nref.rmsnorm_fwd(x_, g_, eps, zcg)[0])
+        y = nref.layernorm_fwd(x_, g_, b_, eps, zcg)[0] if layernorm else nref.rmsnorm_fwd(x_, g_, eps, zcg)[0]
         return float((dz * y).sum())
 
     def numeric(arg):
@@ -248,8 +248,7 @@ def test_results_do_not_depend_on_thread_count(rng, tmp_path):
     for threads in ("1", "3"):
         out = tmp_path / f"out{threads}.npz"
         env = dict(os.environ, TE_NUM_THREADS=threads)
-        subprocess.run([sys.executable, "-c", script, str(tmp_path / "in.npz"), str(out)],
-                       env=env, check=True)
+        subprocess.run([sys.executable, "-c", script, str(tmp_path / "in.npz"), str(out)], env=env, check=True)
         results.append(np.load(out))
     for key in ("y", "dx", "dgamma", "dbeta"):
         np.testing.assert_array_equal(results[0][key], results[1][key])
@@ -275,13 +274,17 @@ def ln_fwd(x=None, gamma=None, beta=None, eps=1e-5, y=None, y_scale=None, mu=Non
     beta = f32(16) if beta is None else beta
     y = f32(*x.shape) if y is None else y
     opt = lambda a: None if a is None else desc(a)  # noqa: E731
-    lib.layernorm_fwd(desc(x), desc(gamma), desc(beta), eps, False, desc(y), opt(y_scale), None,
-                      None, opt(mu), opt(rsigma))
+    lib.layernorm_fwd(
+        desc(x), desc(gamma), desc(beta), eps, False, desc(y), opt(y_scale), None, None, opt(mu), opt(rsigma)
+    )
 
 
 def test_gamma_shape_must_match_last_dim():
-    with pytest.raises(ValueError, match=r"argument 'gamma' must have 16 elements \(the last dimension "
-                       r"of 'x'\), got shape \[15\]"):
+    with pytest.raises(
+        ValueError,
+        match=r"argument 'gamma' must have 16 elements \(the last dimension "
+        r"of 'x'\), got shape \[15\]",
+    ):
         ln_fwd(gamma=f32(15))
     with pytest.raises(ValueError, match="argument 'beta' must have 16 elements"):
         ln_fwd(beta=f32(17))
@@ -296,8 +299,9 @@ def test_wrong_dtypes_are_type_errors():
         ln_fwd(gamma=np.ones(16, np.int32))
     with pytest.raises(TypeError, match=r"argument 'beta' must have the type of 'gamma' \(float32\), got float16"):
         ln_fwd(beta=np.ones(16, np.float16))
-    with pytest.raises(TypeError, match="argument 'y' must be float32, bfloat16, float16, float8_e4m3 or "
-                       "float8_e5m2, got int16"):
+    with pytest.raises(
+        TypeError, match="argument 'y' must be float32, bfloat16, float16, float8_e4m3 or float8_e5m2, got int16"
+    ):
         ln_fwd(y=np.ones((4, 16), np.int16))
     with pytest.raises(TypeError, match="argument 'mu' must be float32, got float16"):
         ln_fwd(mu=np.ones(4, np.float16))
@@ -344,11 +348,13 @@ def test_backward_argument_checks():
     with pytest.raises(ValueError, match="argument 'gamma' must have 16 elements"):
         tc.rmsnorm_bwd(x, x, rsigma, f32(4))
     with pytest.raises(TypeError, match=r"argument 'dgamma' must have the type of 'gamma' \(float32\), got float16"):
-        lib.rmsnorm_bwd(desc(x), desc(x), desc(rsigma), desc(gamma), False, desc(f32(4, 16)),
-                        desc(np.ones(16, np.float16)), None)
+        lib.rmsnorm_bwd(
+            desc(x), desc(x), desc(rsigma), desc(gamma), False, desc(f32(4, 16)), desc(np.ones(16, np.float16)), None
+        )
     with pytest.raises(TypeError, match="argument 'workspace' must be byte, got float32"):
-        lib.rmsnorm_bwd(desc(x), desc(x), desc(rsigma), desc(gamma), False, desc(f32(4, 16)),
-                        desc(f32(16)), desc(f32(8)))
+        lib.rmsnorm_bwd(
+            desc(x), desc(x), desc(rsigma), desc(gamma), False, desc(f32(4, 16)), desc(f32(16)), desc(f32(8))
+        )
     assert lib.layernorm_bwd_workspace_size(desc(x)) == 0  # the CPU backend needs none
 
 
@@ -361,23 +367,32 @@ def test_buffers_must_be_aligned_to_their_element_size():
         return lib.TensorDesc(ptr, int(tc.te_dtype(dtype)), list(shape), 0, 0)
 
     x, gamma, beta, y = f32(4, 16), f32(16), f32(16), f32(4, 16)
-    with pytest.raises(ValueError, match=r"argument 'x' must be aligned to its element size \(4 bytes "
-                       r"for float32\), got an address 2 bytes past a multiple of 4"):
-        lib.layernorm_fwd(at(2, np.float32, (4, 16), 4), desc(gamma), desc(beta), 1e-5, False,
-                          desc(y), None, None, None, None, None)
+    with pytest.raises(
+        ValueError,
+        match=r"argument 'x' must be aligned to its element size \(4 bytes "
+        r"for float32\), got an address 2 bytes past a multiple of 4",
+    ):
+        lib.layernorm_fwd(
+            at(2, np.float32, (4, 16), 4), desc(gamma), desc(beta), 1e-5, False, desc(y), None, None, None, None, None
+        )
     bf16 = tc.numpy_dtype(tc.DType.kBFloat16)
-    with pytest.raises(ValueError, match=r"argument 'y' must be aligned to its element size \(2 bytes "
-                       r"for bfloat16\), got an address 1 bytes past a multiple of 2"):
-        lib.rmsnorm_fwd(desc(x), desc(gamma), 1e-5, False, at(1, bf16, (4, 16), 2), None, None,
-                        None, None)
+    with pytest.raises(
+        ValueError,
+        match=r"argument 'y' must be aligned to its element size \(2 bytes "
+        r"for bfloat16\), got an address 1 bytes past a multiple of 2",
+    ):
+        lib.rmsnorm_fwd(desc(x), desc(gamma), 1e-5, False, at(1, bf16, (4, 16), 2), None, None, None, None)
     with pytest.raises(ValueError, match="argument 'beta' must be aligned to its element size"):
-        lib.layernorm_fwd(desc(x), desc(gamma), at(3, np.float32, (16,), 4), 1e-5, False, desc(y),
-                          None, None, None, None, None)
+        lib.layernorm_fwd(
+            desc(x), desc(gamma), at(3, np.float32, (16,), 4), 1e-5, False, desc(y), None, None, None, None, None
+        )
     rsigma = f32(4)
     with pytest.raises(ValueError, match="argument 'dx' must be aligned to its element size"):
-        lib.rmsnorm_bwd(desc(x), desc(x), desc(rsigma), desc(gamma), False,
-                        at(2, np.float32, (4, 16), 4), desc(f32(16)), None)
+        lib.rmsnorm_bwd(
+            desc(x), desc(x), desc(rsigma), desc(gamma), False, at(2, np.float32, (4, 16), 4), desc(f32(16)), None
+        )
     # One byte per element: any address will do.
     y8 = lib.TensorDesc(base + 1, int(tc.DType.kFloat8E4M3), [4, 16], 0, 0)
-    lib.layernorm_fwd(desc(x), desc(gamma), desc(beta), 1e-5, False, y8, desc(np.array(1.0, np.float32)),
-                      None, None, None, None)
+    lib.layernorm_fwd(
+        desc(x), desc(gamma), desc(beta), 1e-5, False, y8, desc(np.array(1.0, np.float32)), None, None, None, None
+    )

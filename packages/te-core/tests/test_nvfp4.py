@@ -7,7 +7,6 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 import pytest
-import transformer_engine.core as tc
 from nvfp4_helpers import (
     COLUMNWISE_SHAPES,
     INPUT_DTYPES,
@@ -16,6 +15,8 @@ from nvfp4_helpers import (
     check_against_oracle,
     hostile,
 )
+
+import transformer_engine.core as tc
 from transformer_engine.core import reference_nvfp4 as ref
 
 
@@ -113,8 +114,9 @@ def test_e2m1_rounding_of_many_values(rng):
     for _ in range(3):  # three floats on each side of each threshold
         below, above = np.nextafter(below, np.float32(0)), np.nextafter(above, np.float32(7))
         near += [below, above]
-    values = np.concatenate(near + [rng.uniform(0, 6, 20000).astype(np.float32),
-                                    (2.0 ** rng.uniform(-40, 2.5, 5000)).astype(np.float32)])
+    values = np.concatenate(
+        near + [rng.uniform(0, 6, 20000).astype(np.float32), (2.0 ** rng.uniform(-40, 2.5, 5000)).astype(np.float32)]
+    )
     values = np.concatenate([values, -values])
     values = np.concatenate([values, np.zeros((-values.size) % 15, np.float32)]).reshape(-1, 15)
     x = np.concatenate([np.full((values.shape[0], 1), 6.0, np.float32), values], axis=1)  # [n, 16]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 import pytest
+
 import transformer_engine.core as tc
 from transformer_engine.core._arrays import desc
 from transformer_engine.core.nvfp4 import _fp4_desc, scale_shape
@@ -37,7 +38,13 @@ def test_last_dim_must_be_multiple_of_16():
 
 
 def test_columnwise_needs_rows_multiple_of_16():
-    with pytest.raises(ValueError, match=r"NVFP4 columnwise quantization needs the rows \(the product of the leading dimensions\) divisible by 16, got 5"):
+    with pytest.raises(
+        ValueError,
+        match=(
+            r"NVFP4 columnwise quantization needs the rows \(the product of"
+            r" the leading dimensions\) divisible by 16, got 5"
+        ),
+    ):
         tc.quantize_nvfp4(fp32(5, 32), columnwise=True)
 
 
@@ -83,7 +90,13 @@ def test_sign_mask_must_fit_16_bits():
 def test_scale_shape_is_padded():
     amax, data, _ = rowwise_args(16, 64)
     wrong = np.zeros((16, 4), ml_dtypes.float8_e4m3fn)
-    with pytest.raises(ValueError, match=r"argument 'rowwise_scale' must have shape \[128, 4\] = \[roundup\(16, 128\), roundup\(64/16, 4\)\], got \[16, 4\]"):
+    with pytest.raises(
+        ValueError,
+        match=(
+            r"argument 'rowwise_scale' must have shape \[128, 4\] ="
+            r" \[roundup\(16, 128\), roundup\(64/16, 4\)\], got \[16, 4\]"
+        ),
+    ):
         quantize(fp32(16, 64), (amax, data, desc(wrong)))
 
 
@@ -97,7 +110,9 @@ def test_data_must_be_fp4_of_the_input_shape():
     amax, _, s = rowwise_args(16, 64)
     with pytest.raises(TypeError, match="argument 'rowwise' must be float4_e2m1, got byte"):
         quantize(fp32(16, 64), (amax, desc(np.zeros((16, 32), np.uint8)), s))
-    with pytest.raises(ValueError, match=r"argument 'rowwise' must have the shape of 'input' \[16, 64\], got \[16, 32\]"):
+    with pytest.raises(
+        ValueError, match=r"argument 'rowwise' must have the shape of 'input' \[16, 64\], got \[16, 32\]"
+    ):
         quantize(fp32(16, 64), (amax, _fp4_desc(np.zeros((16, 16), np.uint8)), s))
 
 
@@ -151,5 +166,9 @@ def test_transpose_checks():
     with pytest.raises(ValueError, match=r"NVFP4 2-D \(16x16\) data transpose needs the rows .* got 8"):
         tc.transpose_nvfp4_2d(np.zeros((8, 16), np.uint8), scale(8, 32))
     with pytest.raises(ValueError, match=r"argument 'columnwise' must have shape \[32, 16\]"):
-        lib.nvfp4_transpose_2d(_fp4_desc(np.zeros((16, 16), np.uint8)), desc(scale(16, 32)),
-                               _fp4_desc(np.zeros((16, 16), np.uint8)), desc(scale(32, 16)))
+        lib.nvfp4_transpose_2d(
+            _fp4_desc(np.zeros((16, 16), np.uint8)),
+            desc(scale(16, 32)),
+            _fp4_desc(np.zeros((16, 16), np.uint8)),
+            desc(scale(32, 16)),
+        )

@@ -7,7 +7,6 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 import pytest
-import transformer_engine.core as tc
 from nvfp4_helpers import (
     COLUMNWISE_SHAPES,
     INPUT_DTYPES,
@@ -16,6 +15,8 @@ from nvfp4_helpers import (
     check_against_oracle,
     hostile,
 )
+
+import transformer_engine.core as tc
 from transformer_engine.core import reference_nvfp4 as ref
 from transformer_engine.core.nvfp4 import RHT_SIGN_MASK
 
@@ -23,8 +24,11 @@ from transformer_engine.core.nvfp4 import RHT_SIGN_MASK
 PHILOX_KAT = [
     ((0, 0, 0, 0), (0, 0), (0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8)),
     ((0xFFFFFFFF,) * 4, (0xFFFFFFFF,) * 2, (0x408F276D, 0x41C83B0E, 0xA20BC7C6, 0x6D5451FD)),
-    ((0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344), (0xA4093822, 0x299F31D0),
-     (0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1)),
+    (
+        (0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344),
+        (0xA4093822, 0x299F31D0),
+        (0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1),
+    ),
 ]
 
 
@@ -150,8 +154,13 @@ def test_rht_columnwise_is_bit_exact(rng, shape, dtype, stochastic):
     x = hostile(rng, shape, dtype)
     mask = int(rng.choice([0, RHT_SIGN_MASK, int(rng.integers(0, 1 << 16))]))
     seed = seeds(rng)[0]
-    opts = {"columnwise": True, "random_hadamard": True, "rht_sign_mask": mask,
-            "stochastic_rounding": stochastic, "seed": seed}
+    opts = {
+        "columnwise": True,
+        "random_hadamard": True,
+        "rht_sign_mask": mask,
+        "stochastic_rounding": stochastic,
+        "seed": seed,
+    }
     out = tc.quantize_nvfp4(x, **opts)
     m, k = x.size // shape[-1], shape[-1]
     expected_amax = ref.amax(ref.columnwise_values(x.astype(np.float32).reshape(m, k), True, mask))

@@ -7,6 +7,7 @@ import pickle
 from pathlib import Path
 
 import pytest
+
 from transformer_engine.common import _env, recipe
 from transformer_engine.common.recipe import (
     CustomRecipe,
@@ -37,8 +38,14 @@ def qfactory(role):
     return None
 
 
-RECIPE_CLASSES = [DelayedScaling, Float8CurrentScaling, Float8BlockScaling, MXFP8BlockScaling,
-                  NVFP4BlockScaling, CustomRecipe]
+RECIPE_CLASSES = [
+    DelayedScaling,
+    Float8CurrentScaling,
+    Float8BlockScaling,
+    MXFP8BlockScaling,
+    NVFP4BlockScaling,
+    CustomRecipe,
+]
 
 
 def make(cls):
@@ -60,10 +67,15 @@ CHANGE = {
 # ---------------------------------------------------------------- formats ---
 
 
-@pytest.mark.parametrize("fmt, fwd, bwd", [
-    (Format.E2M1, 6, 6), (Format.E4M3, 448, 448), (Format.E5M2, 57344, 57344),
-    (Format.HYBRID, 448, 57344),
-])
+@pytest.mark.parametrize(
+    "fmt, fwd, bwd",
+    [
+        (Format.E2M1, 6, 6),
+        (Format.E4M3, 448, 448),
+        (Format.E5M2, 57344, 57344),
+        (Format.HYBRID, 448, 57344),
+    ],
+)
 def test_format_values(fmt, fwd, bwd):
     assert (fmt.value.max_fwd, fmt.value.max_bwd) == (fwd, bwd)
     assert fmt.value == (fwd, bwd)
@@ -79,8 +91,7 @@ def test_format_members():
 
 def test_delayed_scaling_defaults():
     r = DelayedScaling()
-    assert (r.margin, r.fp8_format, r.amax_history_len, r.amax_compute_algo) == (
-        0, Format.HYBRID, 1024, "max")
+    assert (r.margin, r.fp8_format, r.amax_history_len, r.amax_compute_algo) == (0, Format.HYBRID, 1024, "max")
     assert r.scaling_factor_compute_algo is None
     assert (r.reduce_amax, r.fp8_dpa, r.fp8_mha, r.backward_override) == (True, False, False, None)
 
@@ -100,35 +111,36 @@ def test_block_scaling_defaults():
     assert r.use_f32_scales is False and r.fp8_format is Format.E4M3
     assert (r.x_block_scaling_dim, r.w_block_scaling_dim, r.grad_block_scaling_dim) == (1, 2, 1)
     assert r.fp8_quant_fwd_inp == QParams(power_2_scale=True)
-    assert all(getattr(r, g).use_split_accumulator for g in
-               ("fp8_gemm_fprop", "fp8_gemm_dgrad", "fp8_gemm_wgrad"))
+    assert all(getattr(r, g).use_split_accumulator for g in ("fp8_gemm_fprop", "fp8_gemm_dgrad", "fp8_gemm_wgrad"))
 
 
 def test_mxfp8_defaults():
     r = MXFP8BlockScaling()
-    assert (r.margin, r.fp8_format, r.fp8_dpa, r.fp8_mha, r.backward_override,
-            r.enable_2d_quantization) == (0, Format.E4M3, False, False, None, False)
+    assert (r.margin, r.fp8_format, r.fp8_dpa, r.fp8_mha, r.backward_override, r.enable_2d_quantization) == (
+        0,
+        Format.E4M3,
+        False,
+        False,
+        None,
+        False,
+    )
 
 
 def test_nvfp4_defaults_and_derived_qparams():
     r = NVFP4BlockScaling()
     assert (r.fp4_format, r.fp8_format) == (Format.E2M1, Format.E4M3)
-    assert not (r.disable_rht or r.disable_stochastic_rounding or r.disable_2d_quantization
-                or r.row_scaled_activation)
-    assert (r.nvfp4_4over6, r.nvfp4_4over6_e4m3_use_256, r.nvfp4_4over6_err_mode) == (
-        "none", "all", "MAE")
+    assert not (r.disable_rht or r.disable_stochastic_rounding or r.disable_2d_quantization or r.row_scaled_activation)
+    assert (r.nvfp4_4over6, r.nvfp4_4over6_e4m3_use_256, r.nvfp4_4over6_err_mode) == ("none", "all", "MAE")
     assert r.fp4_quant_fwd_inp == QParams(random_hadamard_transform=True)
     assert r.fp4_quant_fwd_weight == QParams(fp4_2d_quantization=True)
     assert r.fp4_quant_bwd_grad == QParams(random_hadamard_transform=True, stochastic_rounding=True)
-    off = NVFP4BlockScaling(disable_rht=True, disable_stochastic_rounding=True,
-                            disable_2d_quantization=True)
+    off = NVFP4BlockScaling(disable_rht=True, disable_stochastic_rounding=True, disable_2d_quantization=True)
     assert off.fp4_quant_fwd_inp == off.fp4_quant_fwd_weight == off.fp4_quant_bwd_grad == QParams()
 
 
 def test_custom_recipe_and_role():
     r = CustomRecipe(qfactory=qfactory)
-    assert (r.fp8_format, r.quantization_alignment, r.backward_override) == (
-        Format.HYBRID, 128, None)
+    assert (r.fp8_format, r.quantization_alignment, r.backward_override) == (Format.HYBRID, 128, None)
     assert QuantizerRole() == QuantizerRole("", "", "")
     role = QuantizerRole(module_type="linear", tensor_type="weight", name="fc1")
     assert {role: 1}[QuantizerRole("linear", "weight", "fc1")] == 1
@@ -163,11 +175,14 @@ def test_env_read_at_construction_not_import(monkeypatch):
     assert Float8BlockScaling(use_f32_scales=False).use_f32_scales is False
 
 
-@pytest.mark.parametrize("var, attr", [
-    ("NVTE_NVFP4_DISABLE_RHT", "disable_rht"),
-    ("NVTE_NVFP4_DISABLE_STOCHASTIC_ROUNDING", "disable_stochastic_rounding"),
-    ("NVTE_NVFP4_DISABLE_2D_QUANTIZATION", "disable_2d_quantization"),
-])
+@pytest.mark.parametrize(
+    "var, attr",
+    [
+        ("NVTE_NVFP4_DISABLE_RHT", "disable_rht"),
+        ("NVTE_NVFP4_DISABLE_STOCHASTIC_ROUNDING", "disable_stochastic_rounding"),
+        ("NVTE_NVFP4_DISABLE_2D_QUANTIZATION", "disable_2d_quantization"),
+    ],
+)
 def test_env_nvfp4_flags(monkeypatch, var, attr):
     monkeypatch.setenv(var, "1")
     assert getattr(NVFP4BlockScaling(), attr) is True
@@ -183,8 +198,7 @@ def test_env_nvfp4_row_scaled_and_4over6(monkeypatch):
     assert (r.nvfp4_4over6, r.nvfp4_4over6_err_mode) == ("weights", "MSE")
 
 
-@pytest.mark.parametrize("cls", [Float8CurrentScaling, Float8BlockScaling, MXFP8BlockScaling,
-                                 NVFP4BlockScaling])
+@pytest.mark.parametrize("cls", [Float8CurrentScaling, Float8BlockScaling, MXFP8BlockScaling, NVFP4BlockScaling])
 @pytest.mark.parametrize("value", ["high_precision", "dequantized"])
 def test_env_backward_override(monkeypatch, cls, value):
     monkeypatch.setenv("NVTE_BACKWARD_OVERRIDE", value)
@@ -194,16 +208,18 @@ def test_env_backward_override(monkeypatch, cls, value):
 
 def test_env_backward_override_rejected_by_delayed_scaling(monkeypatch):
     monkeypatch.setenv("NVTE_BACKWARD_OVERRIDE", "high_precision")
-    with pytest.raises(RecipeValidationError, match="backward_override must be None.*"
-                                                    "NVTE_BACKWARD_OVERRIDE"):
+    with pytest.raises(RecipeValidationError, match="backward_override must be None.*NVTE_BACKWARD_OVERRIDE"):
         DelayedScaling()
 
 
 def test_env_backward_override_bad_value(monkeypatch):
     monkeypatch.setenv("NVTE_BACKWARD_OVERRIDE", "fp32")
-    with pytest.raises(RecipeValidationError, match=r"Float8CurrentScaling: backward_override "
-                                                    r"must be one of None, 'high_precision', "
-                                                    r"'dequantized' .*NVTE_BACKWARD_OVERRIDE.*'fp32'"):
+    with pytest.raises(
+        RecipeValidationError,
+        match=r"Float8CurrentScaling: backward_override "
+        r"must be one of None, 'high_precision', "
+        r"'dequantized' .*NVTE_BACKWARD_OVERRIDE.*'fp32'",
+    ):
         Float8CurrentScaling()
 
 
@@ -218,39 +234,43 @@ def test_envvars_documented():
 # ------------------------------------------------------------- validation ---
 
 
-@pytest.mark.parametrize("cls", [DelayedScaling, Float8CurrentScaling, Float8BlockScaling,
-                                 MXFP8BlockScaling])
+@pytest.mark.parametrize("cls", [DelayedScaling, Float8CurrentScaling, Float8BlockScaling, MXFP8BlockScaling])
 def test_pure_e5m2_rejected(cls):
     with pytest.raises(RecipeValidationError, match="Pure E5M2 training is not supported"):
         cls(fp8_format=Format.E5M2)
     with pytest.raises(AssertionError):  # what the reference library raises
         cls(fp8_format=Format.E5M2)
-    with pytest.raises(RecipeValidationError, match="fp8_format must be Format.E4M3 or "
-                                                    "Format.HYBRID, got Format.E2M1"):
+    with pytest.raises(RecipeValidationError, match="fp8_format must be Format.E4M3 or Format.HYBRID, got Format.E2M1"):
         cls(fp8_format=Format.E2M1)
     assert cls(fp8_format=Format.E4M3).fp8_format is Format.E4M3
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"margin": -1}, "DelayedScaling: margin must be finite and >= 0, got -1"),
-    ({"margin": float("nan")}, "margin must be finite"),
-    ({"amax_history_len": 0}, "DelayedScaling: amax_history_len must be >= 1, got 0"),
-    ({"amax_compute_algo": "mean"}, "amax_compute_algo must be 'max', 'most_recent' or a callable"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"margin": -1}, "DelayedScaling: margin must be finite and >= 0, got -1"),
+        ({"margin": float("nan")}, "margin must be finite"),
+        ({"amax_history_len": 0}, "DelayedScaling: amax_history_len must be >= 1, got 0"),
+        ({"amax_compute_algo": "mean"}, "amax_compute_algo must be 'max', 'most_recent' or a callable"),
+    ],
+)
 def test_delayed_scaling_values(kwargs, message):
     with pytest.raises(RecipeValidationError, match=message):
         DelayedScaling(**kwargs)
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"margin": "0"}, "margin must be a real number"),
-    ({"amax_history_len": 2.0}, "amax_history_len must be an int"),
-    ({"amax_history_len": True}, "amax_history_len must be an int"),
-    ({"fp8_format": "HYBRID"}, "fp8_format must be a transformer_engine.common.recipe.Format"),
-    ({"scaling_factor_compute_algo": 1.0}, "scaling_factor_compute_algo must be None or a callable"),
-    ({"reduce_amax": "yes"}, "reduce_amax must be a bool"),
-    ({"fp8_dpa": 2}, "fp8_dpa must be a bool"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"margin": "0"}, "margin must be a real number"),
+        ({"amax_history_len": 2.0}, "amax_history_len must be an int"),
+        ({"amax_history_len": True}, "amax_history_len must be an int"),
+        ({"fp8_format": "HYBRID"}, "fp8_format must be a transformer_engine.common.recipe.Format"),
+        ({"scaling_factor_compute_algo": 1.0}, "scaling_factor_compute_algo must be None or a callable"),
+        ({"reduce_amax": "yes"}, "reduce_amax must be a bool"),
+        ({"fp8_dpa": 2}, "fp8_dpa must be a bool"),
+    ],
+)
 def test_delayed_scaling_types(kwargs, message):
     with pytest.raises(TypeError, match=message):
         DelayedScaling(**kwargs)
@@ -267,16 +287,23 @@ def test_delayed_scaling_accepts():
     assert DelayedScaling(margin=0.5).margin == 0.5
 
 
-@pytest.mark.parametrize("dims, message", [
-    ({"x_block_scaling_dim": 3}, "x_block_scaling_dim must be 1 or 2 .*got 3"),
-    ({"w_block_scaling_dim": 0}, "w_block_scaling_dim must be 1 or 2"),
-    ({"grad_block_scaling_dim": True}, "grad_block_scaling_dim must be 1 or 2"),
-    ({"x_block_scaling_dim": 2}, ("2D by 2D block GEMMs are not supported: x_block_scaling_dim=2 "
-                                 "and w_block_scaling_dim=2")),
-    ({"w_block_scaling_dim": 1, "x_block_scaling_dim": 2, "grad_block_scaling_dim": 2},
-     "x_block_scaling_dim=2 and grad_block_scaling_dim=2"),
-    ({"grad_block_scaling_dim": 2}, "w_block_scaling_dim=2 and grad_block_scaling_dim=2"),
-])
+@pytest.mark.parametrize(
+    "dims, message",
+    [
+        ({"x_block_scaling_dim": 3}, "x_block_scaling_dim must be 1 or 2 .*got 3"),
+        ({"w_block_scaling_dim": 0}, "w_block_scaling_dim must be 1 or 2"),
+        ({"grad_block_scaling_dim": True}, "grad_block_scaling_dim must be 1 or 2"),
+        (
+            {"x_block_scaling_dim": 2},
+            ("2D by 2D block GEMMs are not supported: x_block_scaling_dim=2 and w_block_scaling_dim=2"),
+        ),
+        (
+            {"w_block_scaling_dim": 1, "x_block_scaling_dim": 2, "grad_block_scaling_dim": 2},
+            "x_block_scaling_dim=2 and grad_block_scaling_dim=2",
+        ),
+        ({"grad_block_scaling_dim": 2}, "w_block_scaling_dim=2 and grad_block_scaling_dim=2"),
+    ],
+)
 def test_block_scaling_dims(dims, message):
     with pytest.raises(RecipeValidationError, match=message):
         Float8BlockScaling(**dims)
@@ -301,16 +328,21 @@ def test_block_scaling_no_fp8_attention(flag):
         Float8BlockScaling(**{flag: True})
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"fp4_format": Format.E4M3}, "fp4_format must be Format.E2M1, got Format.E4M3"),
-    ({"fp8_format": Format.HYBRID}, "fp8_format must be Format.E4M3, got Format.HYBRID"),
-    ({"nvfp4_4over6": "some"}, ("nvfp4_4over6 must be one of 'none', 'weights', 'activations', "
-                               "'all' .*NVTE_NVFP4_4OVER6.*'some'")),
-    ({"nvfp4_4over6_e4m3_use_256": "x"}, "nvfp4_4over6_e4m3_use_256 must be one of"),
-    ({"nvfp4_4over6_err_mode": "L1"}, "nvfp4_4over6_err_mode must be one of 'MAE', 'MSE'"),
-    ({"row_scaled_activation": True}, "row_scaled_activation=True requires backward_override"),
-    ({"backward_override": "fast"}, "backward_override must be one of"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"fp4_format": Format.E4M3}, "fp4_format must be Format.E2M1, got Format.E4M3"),
+        ({"fp8_format": Format.HYBRID}, "fp8_format must be Format.E4M3, got Format.HYBRID"),
+        (
+            {"nvfp4_4over6": "some"},
+            ("nvfp4_4over6 must be one of 'none', 'weights', 'activations', 'all' .*NVTE_NVFP4_4OVER6.*'some'"),
+        ),
+        ({"nvfp4_4over6_e4m3_use_256": "x"}, "nvfp4_4over6_e4m3_use_256 must be one of"),
+        ({"nvfp4_4over6_err_mode": "L1"}, "nvfp4_4over6_err_mode must be one of 'MAE', 'MSE'"),
+        ({"row_scaled_activation": True}, "row_scaled_activation=True requires backward_override"),
+        ({"backward_override": "fast"}, "backward_override must be one of"),
+    ],
+)
 def test_nvfp4_validation(kwargs, message):
     with pytest.raises(RecipeValidationError, match=message):
         NVFP4BlockScaling(**kwargs)
@@ -341,8 +373,7 @@ def test_qparams_validation():
 def test_frozen(cls):
     r = make(cls)
     name, value = CHANGE[cls]
-    with pytest.raises(dataclasses.FrozenInstanceError, match=f"is frozen: cannot set '{name}'.*"
-                                                              "dataclasses.replace"):
+    with pytest.raises(dataclasses.FrozenInstanceError, match=f"is frozen: cannot set '{name}'.*dataclasses.replace"):
         setattr(r, name, value)
     with pytest.raises(AttributeError):
         delattr(r, name)
@@ -386,28 +417,34 @@ def test_pickles_name_public_module():
 def test_repr_delayed_scaling():
     assert repr(DelayedScaling()) == (
         "recipe_type=DelayedScaling, margin=0, format=HYBRID, amax_history_len=1024, "
-        "reduce_amax=True, fp8_dpa=False, fp8_mha=False, backward_override=None")
-    assert str(DelayedScaling(fp8_format=Format.E4M3)).startswith(
-        "recipe_type=DelayedScaling, margin=0, format=E4M3,")
+        "reduce_amax=True, fp8_dpa=False, fp8_mha=False, backward_override=None"
+    )
+    assert str(DelayedScaling(fp8_format=Format.E4M3)).startswith("recipe_type=DelayedScaling, margin=0, format=E4M3,")
 
 
 def test_repr_other_recipes():
     assert repr(MXFP8BlockScaling()) == (
-        "recipe_type=MXFP8BlockScaling, margin=0, format=E4M3, enable_2d_quantization=False, "
-        "backward_override=None")
+        "recipe_type=MXFP8BlockScaling, margin=0, format=E4M3, enable_2d_quantization=False, backward_override=None"
+    )
     text = repr(Float8CurrentScaling())
     assert text.startswith("recipe_type=Float8CurrentScaling, format=HYBRID, fp8_quant_fwd_inp=QParams(")
     assert "fp8_gemm_fprop=MMParams(use_split_accumulator=False)" in text
     assert "x_block_scaling_dim=1, w_block_scaling_dim=2" in repr(Float8BlockScaling())
-    assert repr(NVFP4BlockScaling()).startswith(
-        "recipe_type=NVFP4BlockScaling, fp4_format=E2M1, fp8_format=E4M3,")
+    assert repr(NVFP4BlockScaling()).startswith("recipe_type=NVFP4BlockScaling, fp4_format=E2M1, fp8_format=E4M3,")
     assert repr(CustomRecipe(qfactory)).startswith("recipe_type=CustomRecipe, qfactory=<function")
 
 
 # ------------------------------------------------------------- predicates ---
 
-PREDICATES = ["delayed", "float8_current_scaling", "float8_per_tensor_scaling",
-              "float8_block_scaling", "mxfp8", "nvfp4", "custom"]
+PREDICATES = [
+    "delayed",
+    "float8_current_scaling",
+    "float8_per_tensor_scaling",
+    "float8_block_scaling",
+    "mxfp8",
+    "nvfp4",
+    "custom",
+]
 EXPECTED = {
     DelayedScaling: {"delayed", "float8_per_tensor_scaling"},
     Float8CurrentScaling: {"float8_current_scaling", "float8_per_tensor_scaling"},
@@ -441,7 +478,17 @@ def test_public_names():
     from transformer_engine.common import recipe as imported
 
     assert imported is recipe
-    for name in ["Format", "MMParams", "QParams", "Recipe", "DelayedScaling",
-                 "Float8CurrentScaling", "Float8BlockScaling", "MXFP8BlockScaling",
-                 "NVFP4BlockScaling", "CustomRecipe", "QuantizerRole"]:
+    for name in [
+        "Format",
+        "MMParams",
+        "QParams",
+        "Recipe",
+        "DelayedScaling",
+        "Float8CurrentScaling",
+        "Float8BlockScaling",
+        "MXFP8BlockScaling",
+        "NVFP4BlockScaling",
+        "CustomRecipe",
+        "QuantizerRole",
+    ]:
         assert name in recipe.__all__ and hasattr(recipe, name)

@@ -5,11 +5,10 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 import pytest
+from conftest import SHAPES
 
 import transformer_engine.core as tc
 from transformer_engine.core import reference as ref
-
-from conftest import SHAPES
 
 
 @pytest.mark.parametrize("shape", SHAPES)
@@ -17,7 +16,9 @@ from conftest import SHAPES
 def test_transpose_matches_numpy(rng, shape, dtype):
     x = rng.integers(0, 255, size=shape).astype(np.uint8).astype(dtype)
     k = shape[-1]
-    np.testing.assert_array_equal(tc.transpose(x).view(np.uint8), np.ascontiguousarray(x.reshape(-1, k).T).view(np.uint8))
+    np.testing.assert_array_equal(
+        tc.transpose(x).view(np.uint8), np.ascontiguousarray(x.reshape(-1, k).T).view(np.uint8)
+    )
 
 
 def random_history(rng, length, n):

@@ -23,6 +23,7 @@ import random
 import pytest
 import torch
 from pt_helpers import cuda_ready
+
 from transformer_engine.pytorch import FP8GlobalStateManager
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]

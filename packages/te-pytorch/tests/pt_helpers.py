@@ -7,12 +7,14 @@ te-pytorch suites in one session and same-named modules would collide.)
 from __future__ import annotations
 
 import torch
+
 import transformer_engine.core as te_core
 
 
 def cuda_ready() -> bool:
     """A CUDA device visible to torch and a te-core build with the CUDA backend."""
     return torch.cuda.is_available() and te_core.built_with_cuda()
+
 
 FP8_MAX = {"e4m3": 448.0, "e5m2": 57344.0}
 # Largest FP8 value below the first normal, spaced like the subnormals.
@@ -29,8 +31,22 @@ def hostile(shape, dtype=torch.float32, device="cpu", fmt="e4m3"):
     scales = torch.tensor([1e-3, 1.0, 30.0, 1e3])[torch.randint(0, 4, (n,))]
     x = torch.randn(n) * scales
     tiny = torch.finfo(dtype).smallest_normal / 4
-    specials = torch.tensor([0.0, -0.0, tiny, -tiny, float("inf"), float("-inf"), float("nan"),
-                             1e5, -7e4, 449.0, -460.0, FP8_MAX[fmt] * 1.5])
+    specials = torch.tensor(
+        [
+            0.0,
+            -0.0,
+            tiny,
+            -tiny,
+            float("inf"),
+            float("-inf"),
+            float("nan"),
+            1e5,
+            -7e4,
+            449.0,
+            -460.0,
+            FP8_MAX[fmt] * 1.5,
+        ]
+    )
     mask = torch.rand(n) < 0.25
     x[mask] = specials[torch.randint(0, len(specials), (int(mask.sum()),))]
     return x.to(dtype).reshape(shape).to(device)
@@ -84,6 +100,8 @@ def assert_within(actual, expected, bound, what: str) -> None:
     bad = err > bound.double()
     if bad.any():
         i = int(bad.flatten().nonzero()[0])
-        raise AssertionError(f"{what}: {int(bad.sum())} of {err.numel()} elements outside the "
-                             f"bound; first at flat index {i}: |err| = {err.flatten()[i].item():.3e}"
-                             f" > bound {bound.flatten()[i].item():.3e}")
+        raise AssertionError(
+            f"{what}: {int(bad.sum())} of {err.numel()} elements outside the "
+            f"bound; first at flat index {i}: |err| = {err.flatten()[i].item():.3e}"
+            f" > bound {bound.flatten()[i].item():.3e}"
+        )

@@ -8,8 +8,9 @@ import warnings
 import numpy as np
 import pytest
 import torch
-import transformer_engine.pytorch as te
 from pt_helpers import accumulation_u, assert_within, matmul_bound
+
+import transformer_engine.pytorch as te
 from transformer_engine.common import recipe
 from transformer_engine.core import reference
 from transformer_engine.pytorch import quantization
@@ -34,8 +35,7 @@ def _oracle_quantized(x, scale, fmt):
 @pytest.mark.parametrize("is_first_microbatch", [None, True, False])
 def test_scale_update_with_linear_module(device, history_len, algo, is_first_microbatch):
     margin = 2
-    fp8_recipe = recipe.DelayedScaling(margin=margin, amax_history_len=history_len,
-                                       amax_compute_algo=algo)
+    fp8_recipe = recipe.DelayedScaling(margin=margin, amax_history_len=history_len, amax_compute_algo=algo)
     layer = te.Linear(32, 48, device=device)
     hist_f = np.zeros((history_len, 3), np.float32)
     scale_f = np.ones(3, np.float32)
@@ -43,7 +43,7 @@ def test_scale_update_with_linear_module(device, history_len, algo, is_first_mic
     scale_b = np.ones(2, np.float32)
     for step in range(6):
         x = (torch.randn(16, 32, device=device) * float(2.0 ** (step - 2))).requires_grad_()
-        dy = torch.randn(16, 48, device=device) * float(3.0 ** -step)
+        dy = torch.randn(16, 48, device=device) * float(3.0**-step)
         with te.autocast(recipe=fp8_recipe):
             y = layer(x, is_first_microbatch=is_first_microbatch)
         # The forward used the scales from before this step.
@@ -52,8 +52,17 @@ def test_scale_update_with_linear_module(device, history_len, algo, is_first_mic
             w_hat = _oracle_quantized(layer.weight, scale_f[1], "e4m3").double()
         expected = x_hat @ w_hat.T + layer.bias.detach().double().cpu()
         # DelayedScaling's fprop uses fast accumulation (split accumulator off).
-        bound = matmul_bound(x_hat, w_hat, torch.zeros_like(x_hat), torch.zeros_like(w_hat),
-                             torch.float32, accumulation_u(device, False)) + 2.0**-24 * expected.abs()
+        bound = (
+            matmul_bound(
+                x_hat,
+                w_hat,
+                torch.zeros_like(x_hat),
+                torch.zeros_like(w_hat),
+                torch.float32,
+                accumulation_u(device, False),
+            )
+            + 2.0**-24 * expected.abs()
+        )
         assert_within(y.cpu(), expected, bound, f"step {step} output")
         y.backward(dy)
         # Forward staging: input and weight amaxes (the weight only when it was quantized).
@@ -112,15 +121,19 @@ def test_amax_reduction_runs_over_the_group(gloo_world, monkeypatch):
     for a, b in zip(layers, plain):
         b.load_state_dict(a.state_dict())
     x = torch.randn(16, 16, requires_grad=True)
-    for model, group, fp8_recipe in ((layers, gloo_world, recipe.DelayedScaling()),
-                                     (plain, None, recipe.DelayedScaling(reduce_amax=False))):
+    for model, group, fp8_recipe in (
+        (layers, gloo_world, recipe.DelayedScaling()),
+        (plain, None, recipe.DelayedScaling(reduce_amax=False)),
+    ):
         for _ in range(2):
             with te.autocast(recipe=fp8_recipe, amax_reduction_group=group):
                 y = model[1](model[0](x))
             y.sum().backward()
     # Per step: one forward reduction of 2 x 3 amaxes and one backward of 2 x 2.
-    assert [(n, op) for n, op, _ in calls] == [(6, torch.distributed.ReduceOp.MAX),
-                                               (4, torch.distributed.ReduceOp.MAX)] * 2
+    assert [(n, op) for n, op, _ in calls] == [
+        (6, torch.distributed.ReduceOp.MAX),
+        (4, torch.distributed.ReduceOp.MAX),
+    ] * 2
     assert all(group is gloo_world for _, _, group in calls)
     for a, b in zip(layers, plain):
         for key in ("scaling_fwd", "scaling_bwd"):
@@ -132,12 +145,10 @@ def test_amax_reduction_runs_over_the_group(gloo_world, monkeypatch):
 @pytest.mark.parametrize("fmt", [recipe.Format.E4M3, recipe.Format.HYBRID])
 def test_scale_update_numeric_scenarios(fused, fmt):
     """amax zero / inf / nan keep the scale, tiny gives FLT_MAX, normal fp8_max / amax."""
-    scenarios = {"zero": 0.0, "tiny": 448.0 / FLT_MAX / 8, "normal": 3.25, "inf": float("inf"),
-                 "nan": float("nan")}
+    scenarios = {"zero": 0.0, "tiny": 448.0 / FLT_MAX / 8, "normal": 3.25, "inf": float("inf"), "nan": float("nan")}
     algo = "max" if fused else (lambda history: history.max(dim=0).values)
     fp8_recipe = recipe.DelayedScaling(fp8_format=fmt, amax_history_len=1, amax_compute_algo=algo)
-    state = te.recipe_state.RecipeState.create(fp8_recipe, mode="backward",
-                                               num_quantizers=len(scenarios), device="cpu")
+    state = te.recipe_state.RecipeState.create(fp8_recipe, mode="backward", num_quantizers=len(scenarios), device="cpu")
     state.amax_history[0] = torch.tensor(list(scenarios.values()))
     quantization._reduce_and_update(fp8_recipe, None, [state])
     fp8_max = 57344.0 if fmt is recipe.Format.HYBRID else 448.0
@@ -155,8 +166,9 @@ def test_callable_algorithms_use_the_unfused_path():
     def sf_algo(amax, scale, fp8_max, fp8_recipe):
         return torch.where(amax > 0, fp8_max / amax / 4, scale)
 
-    fp8_recipe = recipe.DelayedScaling(amax_history_len=4, amax_compute_algo=amax_algo,
-                                       scaling_factor_compute_algo=sf_algo)
+    fp8_recipe = recipe.DelayedScaling(
+        amax_history_len=4, amax_compute_algo=amax_algo, scaling_factor_compute_algo=sf_algo
+    )
     layer = te.Linear(16, 16, device="cpu")
     x = torch.randn(16, 16, requires_grad=True)
     with te.autocast(recipe=fp8_recipe):
@@ -176,8 +188,7 @@ def test_calibration_records_amaxes_in_high_precision():
         y = layer(x)
     assert torch.equal(y, plain)
     meta = layer.fp8_meta["scaling_fwd"]
-    assert meta.amax_history[-1, 0] == x.abs().max() and meta.amax_history[-1, 1] == \
-        layer.weight.abs().max()
+    assert meta.amax_history[-1, 0] == x.abs().max() and meta.amax_history[-1, 1] == layer.weight.abs().max()
     assert meta.scale[0] == torch.tensor(448.0) / x.abs().max()
 
 
@@ -186,12 +197,16 @@ def test_recipe_change_warnings():
     x = torch.randn(16, 16)
     with te.autocast(recipe=recipe.Float8CurrentScaling()):
         layer(x)
-    with (pytest.warns(UserWarning, match="Recipe type changed"),
-          te.autocast(recipe=recipe.DelayedScaling(amax_history_len=8))):
+    with (
+        pytest.warns(UserWarning, match="Recipe type changed"),
+        te.autocast(recipe=recipe.DelayedScaling(amax_history_len=8)),
+    ):
         layer(x)
     old_history = layer.fp8_meta["scaling_fwd"].amax_history.clone()
-    with (pytest.warns(UserWarning, match="Quantizer is being updated, this may affect model"),
-          te.autocast(recipe=recipe.DelayedScaling(amax_history_len=4))):
+    with (
+        pytest.warns(UserWarning, match="Quantizer is being updated, this may affect model"),
+        te.autocast(recipe=recipe.DelayedScaling(amax_history_len=4)),
+    ):
         layer(x)
     history = layer.fp8_meta["scaling_fwd"].amax_history
     assert history.shape == (4, 3)
@@ -223,16 +238,23 @@ def test_autocast_api():
         assert default.recipe is None and te.FP8GlobalStateManager.fp8_recipe is not None
 
 
-@pytest.mark.parametrize("block_recipe, name", [
-    (recipe.MXFP8BlockScaling, "MXFP8BlockScaling"),
-    (recipe.Float8BlockScaling, "Float8BlockScaling"),
-    (recipe.NVFP4BlockScaling, "NVFP4BlockScaling"),
-])
+@pytest.mark.parametrize(
+    "block_recipe, name",
+    [
+        (recipe.MXFP8BlockScaling, "MXFP8BlockScaling"),
+        (recipe.Float8BlockScaling, "Float8BlockScaling"),
+        (recipe.NVFP4BlockScaling, "NVFP4BlockScaling"),
+    ],
+)
 def test_block_recipes_say_they_are_coming(block_recipe, name):
-    with (pytest.raises(NotImplementedError, match=f"{name} is not supported .* coming"),
-          te.autocast(recipe=block_recipe())):
+    with (
+        pytest.raises(NotImplementedError, match=f"{name} is not supported .* coming"),
+        te.autocast(recipe=block_recipe()),
+    ):
         pass
     assert te.FP8GlobalStateManager.autocast_depth == 0
-    with (pytest.raises(TypeError, match="must be a transformer_engine.common.recipe.Recipe"),
-          te.autocast(recipe="delayed")):
+    with (
+        pytest.raises(TypeError, match="must be a transformer_engine.common.recipe.Recipe"),
+        te.autocast(recipe="delayed"),
+    ):
         pass

@@ -8,6 +8,7 @@ import warnings
 
 import pytest
 import torch
+
 import transformer_engine.pytorch as te
 from transformer_engine.common import recipe
 from transformer_engine.pytorch.module._extra_state import UNSAFE_PICKLE_EXTRA_STATE_ENV
@@ -81,10 +82,14 @@ def test_reference_pickled_extra_state_needs_opt_in(monkeypatch):
     x, dy = torch.randn(16, 16), torch.randn(16, 16)
     _step(source, x, dy, recipe.DelayedScaling(amax_history_len=4))
     meta = source.fp8_meta
-    payload = {"recipe": meta["recipe"], "scale_fwd": meta["scaling_fwd"].scale,
-               "amax_history_fwd": meta["scaling_fwd"].amax_history,
-               "scale_bwd": meta["scaling_bwd"].scale,
-               "amax_history_bwd": meta["scaling_bwd"].amax_history, "extra_fp8_variables": {}}
+    payload = {
+        "recipe": meta["recipe"],
+        "scale_fwd": meta["scaling_fwd"].scale,
+        "amax_history_fwd": meta["scaling_fwd"].amax_history,
+        "scale_bwd": meta["scaling_bwd"].scale,
+        "amax_history_bwd": meta["scaling_bwd"].amax_history,
+        "extra_fp8_variables": {},
+    }
     pickled = torch.frombuffer(bytearray(pickle.dumps(payload)), dtype=torch.uint8)
     state = {"weight": source.weight, "bias": source.bias, "_extra_state": pickled}
     target = te.Linear(16, 16, device="cpu")
@@ -94,8 +99,7 @@ def test_reference_pickled_extra_state_needs_opt_in(monkeypatch):
     assert target.fp8_meta["recipe"] is None
     monkeypatch.setenv(UNSAFE_PICKLE_EXTRA_STATE_ENV, "1")
     target.load_state_dict(state)
-    assert torch.equal(target.fp8_meta["scaling_fwd"].amax_history,
-                       meta["scaling_fwd"].amax_history)
+    assert torch.equal(target.fp8_meta["scaling_fwd"].amax_history, meta["scaling_fwd"].amax_history)
 
 
 def test_unrecognised_extra_state_is_an_error():

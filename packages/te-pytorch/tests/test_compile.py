@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 import transformer_engine.pytorch as te
 from transformer_engine.common import recipe
 
@@ -27,8 +28,12 @@ def _fresh_dynamo():
 
 def _model(device):
     return torch.nn.Sequential(
-        te.LayerNorm(32, device=device), te.Linear(32, 64, device=device), torch.nn.GELU(),
-        te.Linear(64, 32, device=device), te.RMSNorm(32, device=device))
+        te.LayerNorm(32, device=device),
+        te.Linear(32, 64, device=device),
+        torch.nn.GELU(),
+        te.Linear(64, 32, device=device),
+        te.RMSNorm(32, device=device),
+    )
 
 
 def _step(model, x, fp8_recipe):
@@ -41,9 +46,11 @@ def _step(model, x, fp8_recipe):
     return [y.detach(), x.grad] + [p.grad for p in model.parameters()]
 
 
-@pytest.mark.parametrize("fp8_recipe", [None, recipe.Float8CurrentScaling(),
-                                        recipe.Float8CurrentScaling(use_power_2_scales=True)],
-                         ids=["high_precision", "current", "current_pow2"])
+@pytest.mark.parametrize(
+    "fp8_recipe",
+    [None, recipe.Float8CurrentScaling(), recipe.Float8CurrentScaling(use_power_2_scales=True)],
+    ids=["high_precision", "current", "current_pow2"],
+)
 def test_fullgraph_matches_eager(device, fp8_recipe):
     model = _model(device)
     x = torch.randn(2, 16, 32, device=device)
@@ -82,8 +89,10 @@ def test_inductor_backend():
 def test_delayed_scaling_is_refused_with_a_clear_message():
     model = _model("cpu")
     compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
-    with (pytest.raises(RuntimeError, match="DelayedScaling cannot run under torch.compile"),
-          te.autocast(recipe=recipe.DelayedScaling())):
+    with (
+        pytest.raises(RuntimeError, match="DelayedScaling cannot run under torch.compile"),
+        te.autocast(recipe=recipe.DelayedScaling()),
+    ):
         compiled(torch.randn(16, 32))
 
 
@@ -91,8 +100,7 @@ def test_recipe_change_recompiles():
     model = _model("cpu")
     compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
     x = torch.randn(16, 32)
-    for fp8_recipe in (recipe.Float8CurrentScaling(),
-                       recipe.Float8CurrentScaling(use_power_2_scales=True)):
+    for fp8_recipe in (recipe.Float8CurrentScaling(), recipe.Float8CurrentScaling(use_power_2_scales=True)):
         with te.autocast(recipe=fp8_recipe):
             got = compiled(x)
         assert model[1].fp8_meta["recipe"] == fp8_recipe

@@ -8,8 +8,9 @@ import io
 import numpy as np
 import pytest
 import torch
-import transformer_engine.pytorch as te
 from pt_helpers import hostile
+
+import transformer_engine.pytorch as te
 from transformer_engine.core import reference
 
 pytest_plugins = ["pt_fixtures"]
@@ -27,8 +28,7 @@ def _oracle_values(x: torch.Tensor, scale: float, fmt: str) -> np.ndarray:
 
 
 def _delayed(device, scale=1.0, fp8_dtype=E4M3):
-    return te.Float8Quantizer(torch.tensor([scale], device=device), torch.zeros(1, device=device),
-                              fp8_dtype)
+    return te.Float8Quantizer(torch.tensor([scale], device=device), torch.zeros(1, device=device), fp8_dtype)
 
 
 @pytest.mark.parametrize("scale", [0.375, 1.0, 3.5])
@@ -52,8 +52,7 @@ def test_quantize_dequantize_delayed(device, scale, dims, fp8_dtype):
 @pytest.mark.parametrize("eps", [0.0, 1e-6])
 def test_current_scaling_bit_exact(device, dims, dtype, pow2, eps):
     x = hostile(dims, dtype, device)
-    quantizer = te.Float8CurrentScalingQuantizer(E4M3, device, force_pow_2_scales=pow2,
-                                                 amax_epsilon=eps)
+    quantizer = te.Float8CurrentScalingQuantizer(E4M3, device, force_pow_2_scales=pow2, amax_epsilon=eps)
     t = quantizer(x)
     amax = reference.amax(x.float().cpu().numpy())
     scale = reference.scale_from_amax(amax, "e4m3", pow2, eps, value_for_inf=torch.finfo(dtype).max)
@@ -69,8 +68,7 @@ def test_constructor_and_columnwise_only(device):
     full = te.Float8CurrentScalingQuantizer(E4M3, device)(x)
     t = te.Float8Tensor(full.shape, torch.bfloat16, full._data, full._scale_inv, E4M3)
     assert t.dtype == torch.bfloat16 and t._transpose is None and t._transpose_invalid
-    only_col = te.Float8Tensor(full.shape, torch.float32, None, full._scale_inv, E4M3,
-                               data_transpose=full._transpose)
+    only_col = te.Float8Tensor(full.shape, torch.float32, None, full._scale_inv, E4M3, data_transpose=full._transpose)
     assert torch.equal(only_col.dequantize(), full.dequantize())
     with pytest.raises(TypeError, match="fp8_dtype must be"):
         te.Float8Tensor(full.shape, torch.float32, full._data, full._scale_inv, te.DType.kFloat32)
@@ -91,12 +89,10 @@ def test_exact_ops(device):
     assert isinstance(same_rows, te.Float8Tensor) and same_rows._transpose is t._transpose
     other_rows = t.reshape(32, 16)
     assert isinstance(other_rows, te.Float8Tensor) and other_rows._transpose is None
-    torch.testing.assert_close(other_rows.dequantize(), value.reshape(32, 16), rtol=0, atol=0,
-                               equal_nan=True)
+    torch.testing.assert_close(other_rows.dequantize(), value.reshape(32, 16), rtol=0, atol=0, equal_nan=True)
     pieces = t.chunk(4)
     assert all(isinstance(p, te.Float8Tensor) and p.shape == (4, 32) for p in pieces)
-    torch.testing.assert_close(torch.cat([p.dequantize() for p in pieces]), value, rtol=0, atol=0,
-                               equal_nan=True)
+    torch.testing.assert_close(torch.cat([p.dequantize() for p in pieces]), value, rtol=0, atol=0, equal_nan=True)
     clone = t.clone()
     assert clone._data.data_ptr() != t._data.data_ptr() and torch.equal(clone._data, t._data)
 
@@ -106,8 +102,13 @@ def test_fallback_ops_run_on_dequantized_values(device):
     t = te.Float8CurrentScalingQuantizer(E4M3, device)(x)
     value = t.dequantize()
     y = torch.randn_like(x)
-    for result, expected in ((t + y, value + y), (t * 3, value * 3), (torch.sin(t), value.sin()),
-                             (t @ y.T, value @ y.T), (t.sum(), value.sum())):
+    for result, expected in (
+        (t + y, value + y),
+        (t * 3, value * 3),
+        (torch.sin(t), value.sin()),
+        (t @ y.T, value @ y.T),
+        (t.sum(), value.sum()),
+    ):
         assert type(result) is torch.Tensor
         assert torch.equal(result, expected)
     assert type(t.to(torch.bfloat16)) is torch.Tensor
@@ -148,8 +149,7 @@ def test_quantize_noop_flag(device):
 @pytest.mark.parametrize("current", [True, False])
 def test_save_load_exact(device, weights_only, current):
     x = hostile((24, 48), torch.bfloat16, device)
-    quantizer = (te.Float8CurrentScalingQuantizer(E5M2, device) if current
-                 else _delayed(device, 0.25, E5M2))
+    quantizer = te.Float8CurrentScalingQuantizer(E5M2, device) if current else _delayed(device, 0.25, E5M2)
     t = quantizer(x)
     t.requires_grad_(True)
     buffer = io.BytesIO()
@@ -167,8 +167,7 @@ def test_device_moves_keep_bytes(device):
     t = te.Float8CurrentScalingQuantizer(E4M3, device)(torch.randn(16, 32, device=device))
     moved = t.cpu()
     assert isinstance(moved, te.Float8Tensor) and moved.device.type == "cpu"
-    assert torch.equal(moved._data, t._data.cpu()) and torch.equal(moved.dequantize(),
-                                                                    t.dequantize().cpu())
+    assert torch.equal(moved._data, t._data.cpu()) and torch.equal(moved.dequantize(), t.dequantize().cpu())
 
 
 def test_usage_make_empty_calibrate(device):
@@ -195,8 +194,8 @@ def test_current_scaling_with_amax_reduction(gloo_world):
     """The all-reduce path (amax, reduce, scale, quantize) equals the fused one."""
     x = hostile((32, 64), torch.float32)
     fused = te.Float8CurrentScalingQuantizer(E4M3, "cpu")(x)
-    reduced = te.Float8CurrentScalingQuantizer(E4M3, "cpu", with_amax_reduction=True,
-                                               amax_reduction_group=gloo_world)(x)
-    assert torch.equal(fused._data, reduced._data) and torch.equal(fused._transpose,
-                                                                   reduced._transpose)
+    reduced = te.Float8CurrentScalingQuantizer(E4M3, "cpu", with_amax_reduction=True, amax_reduction_group=gloo_world)(
+        x
+    )
+    assert torch.equal(fused._data, reduced._data) and torch.equal(fused._transpose, reduced._transpose)
     assert torch.equal(fused._scale_inv, reduced._scale_inv)

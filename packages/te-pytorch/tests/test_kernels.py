@@ -20,6 +20,7 @@ from pt_helpers import (
     hostile,
     matmul_bound,
 )
+
 from transformer_engine.core import reference
 from transformer_engine.pytorch import kernels
 
@@ -99,9 +100,17 @@ def test_fp8_gemm_tn(device, m, n, k, a_fmt, b_fmt, out_dtype):
     bias = torch.randn(n, device=device)
     qa = kernels.quantize_fp8_current_scaling(a, CODE[a_fmt], True, False)
     qb = kernels.quantize_fp8_current_scaling(b, CODE[b_fmt], True, False)
-    y, _, _ = kernels.gemm(qa[0], qb[0], a_dtype=CODE[a_fmt], a_scale_inv=qa[2][1:2],
-                           b_dtype=CODE[b_fmt], b_scale_inv=qb[2][1:2], transb=True,
-                           out_dtype=out_dtype, bias=bias)
+    y, _, _ = kernels.gemm(
+        qa[0],
+        qb[0],
+        a_dtype=CODE[a_fmt],
+        a_scale_inv=qa[2][1:2],
+        b_dtype=CODE[b_fmt],
+        b_scale_inv=qb[2][1:2],
+        transb=True,
+        out_dtype=out_dtype,
+        bias=bias,
+    )
     # Exact operands: the dequantized FP8 values; FP32 accumulation and output rounding only.
     a_hat = kernels.dequantize_fp8(qa[0], qa[2][1:2], CODE[a_fmt]).double()
     b_hat = kernels.dequantize_fp8(qb[0], qb[2][1:2], CODE[b_fmt]).double()
@@ -113,25 +122,21 @@ def test_fp8_gemm_tn(device, m, n, k, a_fmt, b_fmt, out_dtype):
     # Against the unquantized operands: the per-format bound of pt_helpers.fp8_error.
     scale_a = FP8_MAX[a_fmt] / a.abs().max().item()
     scale_b = FP8_MAX[b_fmt] / b.abs().max().item()
-    bound = matmul_bound(a, b, fp8_error(a, a_fmt, scale_a), fp8_error(b, b_fmt, scale_b),
-                         out_dtype)
+    bound = matmul_bound(a, b, fp8_error(a, a_fmt, scale_a), fp8_error(b, b_fmt, scale_b), out_dtype)
     bound += 2.0**-8 * bias.double().abs()
     assert_within(y, a.double() @ b.double().T + bias.double(), bound, "FP8 GEMM vs float64")
 
 
-@pytest.mark.parametrize("transa, transb", [(False, False), (False, True), (True, False),
-                                            (True, True)])
+@pytest.mark.parametrize("transa, transb", [(False, False), (False, True), (True, False), (True, True)])
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_high_precision_gemm_layouts(device, transa, transb, dtype):
     m, n, k = 19, 23, 37
     a = torch.randn((k, m) if transa else (m, k), device=device).to(dtype)
     b = torch.randn((n, k) if transb else (k, n), device=device).to(dtype)
-    y, _, grad = kernels.gemm(a, b, transa=transa, transb=transb, out_dtype=torch.float32,
-                              bias_grad=True)
+    y, _, grad = kernels.gemm(a, b, transa=transa, transb=transb, out_dtype=torch.float32, bias_grad=True)
     op_a = (a.T if transa else a).double()
     op_b = (b.T if transb else b).double()
-    bound = matmul_bound(op_a, op_b.T, torch.zeros_like(op_a), torch.zeros_like(op_b.T),
-                         torch.float32)
+    bound = matmul_bound(op_a, op_b.T, torch.zeros_like(op_a), torch.zeros_like(op_b.T), torch.float32)
     assert_within(y, op_a @ op_b, bound, "GEMM")
     torch.testing.assert_close(grad.double(), op_a.sum(dim=1), rtol=k * 2.0**-23, atol=1e-5)
 
@@ -181,8 +186,7 @@ def test_norm_fused_fp8_output_is_quantize_of_fp32_y(device, fmt):
     gamma, beta = torch.randn(64, device=device), torch.randn(64, device=device)
     scale = torch.tensor([3.5], device=device)
     amax = torch.zeros(1, device=device)
-    y8, _, _, scale_inv = kernels.norm_fwd(x, gamma, beta, 1e-5, fp8_dtype=CODE[fmt],
-                                           scale=scale, amax=amax)
+    y8, _, _, scale_inv = kernels.norm_fwd(x, gamma, beta, 1e-5, fp8_dtype=CODE[fmt], scale=scale, amax=amax)
     y32, _, _, _ = kernels.norm_fwd(x, gamma, beta, 1e-5)
     q, _, q_inv = kernels.quantize_fp8(y32, scale, None, CODE[fmt])
     assert torch.equal(y8, q) and torch.equal(scale_inv, q_inv)
@@ -204,12 +208,13 @@ def test_delayed_scaling_update_matches_oracle(device, algo, fmt, reduce):
     buffer = torch.cat(buffers).to(device) if reduce else None
     expected, offset = [], 0
     for h, s, b in zip(histories, scales, buffers):
-        expected.append(reference.delayed_scaling_update(
-            _np(h), _np(s), fmt, margin=1.0, algo=algo,
-            reduced_amax=b.numpy() if reduce else None))
+        expected.append(
+            reference.delayed_scaling_update(
+                _np(h), _np(s), fmt, margin=1.0, algo=algo, reduced_amax=b.numpy() if reduce else None
+            )
+        )
         offset += h.shape[1]
-    kernels.delayed_scaling_update(buffer, histories, scales, algo=algo, fp8_dtype=CODE[fmt],
-                                   margin=1.0)
+    kernels.delayed_scaling_update(buffer, histories, scales, algo=algo, fp8_dtype=CODE[fmt], margin=1.0)
     for h, s, (eh, es) in zip(histories, scales, expected):
         np.testing.assert_array_equal(_np(h), eh)
         np.testing.assert_array_equal(_np(s), es)
@@ -221,9 +226,10 @@ def test_registered_ops_match_direct_calls():
     direct = kernels.quantize_fp8_current_scaling(x, 7, True, True)
     op = torch.ops.te.quantize_fp8_current_scaling(x, 7, True, True, False, 0.0)
     assert all(torch.equal(a, b) for a, b in zip(direct, op))
-    assert torch.equal(kernels.gemm(x, w, transb=True)[0],
-                       torch.ops.te.gemm(x, w, -1, None, -1, None, False, True, torch.float32,
-                                         None, False, False, True, 1.0)[0])
+    assert torch.equal(
+        kernels.gemm(x, w, transb=True)[0],
+        torch.ops.te.gemm(x, w, -1, None, -1, None, False, True, torch.float32, None, False, False, True, 1.0)[0],
+    )
 
 
 def _opcheck_cases():
@@ -240,20 +246,23 @@ def _opcheck_cases():
         (torch.ops.te.dequantize_fp8, (q, one, 7, torch.bfloat16)),
         (torch.ops.te.compute_amax, (x,)),
         (torch.ops.te.compute_scale_from_amax, (torch.tensor([3.0]), 7, False, 0.0)),
-        (torch.ops.te.gemm, (x, w, -1, None, -1, None, False, True, torch.float32, gamma[:16],
-                             False, False, True, 1.0)),
-        (torch.ops.te.gemm, (q[:, :32], q8[:16, :32], 7, one, 8, one, False, True, torch.bfloat16,
-                             None, True, False, False, 1.0)),
-        (torch.ops.te.gemm_accumulate, (x, w.T.contiguous(), -1, None, -1, None, False, False,
-                                        torch.zeros(32, 16), 1.0, True, True)),
-        (torch.ops.te.layernorm_fwd, (x, gamma, beta, 1e-5, False, torch.float32, -1, None,
-                                      None)),
-        (torch.ops.te.rmsnorm_fwd, (x, gamma, 1e-5, True, torch.float32, 7, one,
-                                    torch.zeros(1))),
+        (
+            torch.ops.te.gemm,
+            (x, w, -1, None, -1, None, False, True, torch.float32, gamma[:16], False, False, True, 1.0),
+        ),
+        (
+            torch.ops.te.gemm,
+            (q[:, :32], q8[:16, :32], 7, one, 8, one, False, True, torch.bfloat16, None, True, False, False, 1.0),
+        ),
+        (
+            torch.ops.te.gemm_accumulate,
+            (x, w.T.contiguous(), -1, None, -1, None, False, False, torch.zeros(32, 16), 1.0, True, True),
+        ),
+        (torch.ops.te.layernorm_fwd, (x, gamma, beta, 1e-5, False, torch.float32, -1, None, None)),
+        (torch.ops.te.rmsnorm_fwd, (x, gamma, 1e-5, True, torch.float32, 7, one, torch.zeros(1))),
         (torch.ops.te.layernorm_bwd, (torch.randn(32, 48), x, mu, rsigma, gamma, False)),
         (torch.ops.te.rmsnorm_bwd, (torch.randn(32, 48), x, rsigma, gamma, False)),
-        (torch.ops.te.delayed_scaling_update, (None, [torch.rand(4, 3)], [torch.ones(3)], "max",
-                                               7, 0.0)),
+        (torch.ops.te.delayed_scaling_update, (None, [torch.rand(4, 3)], [torch.ones(3)], "max", 7, 0.0)),
     ]
 
 
@@ -273,8 +282,7 @@ def test_errors_name_the_argument():
         kernels.quantize_fp8_current_scaling(x, 7, False, False)
     q = kernels.quantize_fp8_current_scaling(torch.randn(24, 40), 7)
     with pytest.raises(ValueError, match="divisible by 16.*pad"):
-        kernels.gemm(q[0], q[0], a_dtype=7, a_scale_inv=q[2][1:2], b_dtype=7,
-                     b_scale_inv=q[2][1:2], transb=True)
+        kernels.gemm(q[0], q[0], a_dtype=7, a_scale_inv=q[2][1:2], b_dtype=7, b_scale_inv=q[2][1:2], transb=True)
     with pytest.raises(TypeError, match="argument 'a' must be"):
         kernels.gemm(x.double(), x, transb=True)
     with pytest.raises(TypeError, match="argument 'data' must hold FP8 bytes"):

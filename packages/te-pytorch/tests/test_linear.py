@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-import transformer_engine.pytorch as te
 from pt_helpers import (
     accumulation_u,
     assert_within,
@@ -20,6 +19,8 @@ from pt_helpers import (
     fp8_error,
     matmul_bound,
 )
+
+import transformer_engine.pytorch as te
 from transformer_engine.common import recipe
 from transformer_engine.pytorch.module import base
 
@@ -58,10 +59,8 @@ def test_high_precision_matches_float64(device, dtype, bias):
     b = layer.bias.double() if bias else torch.zeros(23, dtype=torch.float64, device=device)
     bound = matmul_bound(x2, w, _zero(x2), _zero(w), dtype) + U_OUT[dtype] * b.abs()
     assert_within(y.reshape(-1, 23), x2 @ w.T + b, bound, "y")
-    assert_within(dx.reshape(-1, 37), dy2 @ w,
-                  matmul_bound(dy2, w.T, _zero(dy2), _zero(w.T), dtype), "dx")
-    assert_within(layer.weight.grad, dy2.T @ x2,
-                  matmul_bound(dy2.T, x2.T, _zero(dy2.T), _zero(x2.T), dtype), "dW")
+    assert_within(dx.reshape(-1, 37), dy2 @ w, matmul_bound(dy2, w.T, _zero(dy2), _zero(w.T), dtype), "dx")
+    assert_within(layer.weight.grad, dy2.T @ x2, matmul_bound(dy2.T, x2.T, _zero(dy2.T), _zero(x2.T), dtype), "dW")
     if bias:
         db_bound = 15 * 2.0**-24 * dy2.abs().sum(0) + U_OUT[dtype] * dy2.sum(0).abs()
         assert_within(layer.bias.grad, dy2.sum(0), db_bound, "db")
@@ -72,12 +71,12 @@ def _fp8_scales(layer, fp8_recipe, x, w, dy):
     if fp8_recipe.delayed():
         fwd, bwd = layer.fp8_meta["scaling_fwd"].scale, layer.fp8_meta["scaling_bwd"].scale
         return fwd[0].item(), fwd[1].item(), bwd[0].item()
-    return (448.0 / x.abs().max().item(), 448.0 / w.abs().max().item(),
-            57344.0 / dy.abs().max().item())
+    return (448.0 / x.abs().max().item(), 448.0 / w.abs().max().item(), 57344.0 / dy.abs().max().item())
 
 
-@pytest.mark.parametrize("fp8_recipe", [recipe.Float8CurrentScaling(), recipe.DelayedScaling()],
-                         ids=["current", "delayed"])
+@pytest.mark.parametrize(
+    "fp8_recipe", [recipe.Float8CurrentScaling(), recipe.DelayedScaling()], ids=["current", "delayed"]
+)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_fp8_matches_float64_within_format_bounds(device, fp8_recipe, dtype):
     layer = te.Linear(48, 64, params_dtype=dtype, device=device)
@@ -91,16 +90,14 @@ def test_fp8_matches_float64_within_format_bounds(device, fp8_recipe, dtype):
     x2, w, dy2 = x.reshape(-1, 48).double(), layer.weight.double(), dy.reshape(-1, 64).double()
     s_x, s_w, s_dy = _fp8_scales(layer, fp8_recipe, x2, w, dy2)
     y, dx = _run(layer, x, dy, fp8_recipe)
-    e_x, e_w, e_dy = fp8_error(x2, "e4m3", s_x), fp8_error(w, "e4m3", s_w), fp8_error(dy2, "e5m2",
-                                                                                       s_dy)
+    e_x, e_w, e_dy = fp8_error(x2, "e4m3", s_x), fp8_error(w, "e4m3", s_w), fp8_error(dy2, "e5m2", s_dy)
     b = layer.bias.double()
     acc_u = accumulation_u(device, False)  # both recipes' fprop: split accumulator off
-    assert_within(y.reshape(-1, 64), x2 @ w.T + b,
-                  matmul_bound(x2, w, e_x, e_w, dtype, acc_u) + U_OUT[dtype] * b.abs(), "FP8 y")
-    assert_within(dx.reshape(-1, 48), dy2 @ w, matmul_bound(dy2, w.T, e_dy, e_w.T, dtype),
-                  "FP8 dx")
-    assert_within(layer.weight.grad, dy2.T @ x2, matmul_bound(dy2.T, x2.T, e_dy.T, e_x.T, dtype),
-                  "FP8 dW")
+    assert_within(
+        y.reshape(-1, 64), x2 @ w.T + b, matmul_bound(x2, w, e_x, e_w, dtype, acc_u) + U_OUT[dtype] * b.abs(), "FP8 y"
+    )
+    assert_within(dx.reshape(-1, 48), dy2 @ w, matmul_bound(dy2, w.T, e_dy, e_w.T, dtype), "FP8 dx")
+    assert_within(layer.weight.grad, dy2.T @ x2, matmul_bound(dy2.T, x2.T, e_dy.T, e_x.T, dtype), "FP8 dW")
     # The bias gradient is summed from the high-precision dy.
     db_bound = 50 * 2.0**-24 * dy2.abs().sum(0) + U_OUT[dtype] * dy2.sum(0).abs()
     assert_within(layer.bias.grad, dy2.sum(0), db_bound, "db")
@@ -110,8 +107,10 @@ def test_backward_saves_fp8_bytes_not_the_input():
     layer = te.Linear(64, 32, device="cpu")
     x = torch.randn(16, 64, requires_grad=True)
     saved = []
-    with (torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t),
-          te.autocast(recipe=recipe.Float8CurrentScaling())):
+    with (
+        torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t),
+        te.autocast(recipe=recipe.Float8CurrentScaling()),
+    ):
         layer(x)
     assert saved, "nothing saved for backward"
     for t in saved:
@@ -120,8 +119,9 @@ def test_backward_saves_fp8_bytes_not_the_input():
     assert sorted(tuple(t.shape) for t in saved if t.dtype == torch.uint8) == [(64, 16), (64, 32)]
 
 
-@pytest.mark.parametrize("fp8_recipe", [recipe.Float8CurrentScaling(), recipe.DelayedScaling()],
-                         ids=["current", "delayed"])
+@pytest.mark.parametrize(
+    "fp8_recipe", [recipe.Float8CurrentScaling(), recipe.DelayedScaling()], ids=["current", "delayed"]
+)
 def test_frozen_weight_and_bias_only_gradients(device, fp8_recipe):
     layer = te.Linear(32, 16, device=device)
     layer.weight.requires_grad_(False)
@@ -148,13 +148,11 @@ def test_return_bias_and_no_bias(device):
     assert no_bias.bias is None and "bias" not in dict(no_bias.named_parameters())
 
 
-@pytest.mark.parametrize("split", [("query_", "key_", "value_"),
-                                   {"query": 24, "key": 16, "value": 8}])
+@pytest.mark.parametrize("split", [("query_", "key_", "value_"), {"query": 24, "key": 16, "value": 8}])
 def test_parameters_split(device, split):
     layer = te.Linear(16, 48, parameters_split=split, device=device)
     names = [n for n, _ in layer.named_parameters()]
-    assert names == ["query_weight", "query_bias", "key_weight", "key_bias", "value_weight",
-                     "value_bias"]
+    assert names == ["query_weight", "query_bias", "key_weight", "key_bias", "value_weight", "value_bias"]
     sizes = [p.shape[0] for n, p in layer.named_parameters() if n.endswith("weight")]
     assert sizes == ([16, 16, 16] if isinstance(split, tuple) else [24, 16, 8])
     weight = layer._weight_tensor()
@@ -170,8 +168,9 @@ def test_parameters_split(device, split):
     torch.testing.assert_close(y, plain(x), rtol=1e-5, atol=1e-5)
     offset = 0
     for name, size in zip(("query", "key", "value"), sizes):
-        torch.testing.assert_close(getattr(layer, f"{name}_weight").grad,
-                                   dy[:, offset:offset + size].T @ x, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(
+            getattr(layer, f"{name}_weight").grad, dy[:, offset : offset + size].T @ x, rtol=1e-5, atol=1e-5
+        )
         offset += size
     with pytest.raises(ValueError, match="must add up to out_features"):
         te.Linear(16, 64, parameters_split={"a": 10, "b": 10}, device=device)
@@ -189,8 +188,7 @@ def test_fuse_wgrad_accumulation(device, fp8_recipe):
     reference = te.Linear(32, 16, device=device)
     reference.load_state_dict(layer.state_dict())
     _run(reference, x, dy, fp8_recipe)
-    torch.testing.assert_close(layer.weight.main_grad, 2 * reference.weight.grad, rtol=1e-5,
-                               atol=1e-5)
+    torch.testing.assert_close(layer.weight.main_grad, 2 * reference.weight.grad, rtol=1e-5, atol=1e-5)
     layer.weight.overwrite_main_grad = True
     _run(layer, x, dy, fp8_recipe)
     torch.testing.assert_close(layer.weight.main_grad, reference.weight.grad, rtol=1e-6, atol=1e-6)
@@ -241,24 +239,32 @@ def test_torch_autocast_output_dtype_and_param_grads():
     assert layer.weight.grad.dtype == torch.float32 and layer.bias.grad.dtype == torch.float32
 
 
-@pytest.mark.parametrize("kwargs", [{"sequence_parallel": True}, {"tp_size": 2},
-                                    {"ub_overlap_ag": True}, {"delay_wgrad_compute": True},
-                                    {"symmetric_ar_type": "one_shot"},
-                                    {"save_original_input": True}])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"sequence_parallel": True},
+        {"tp_size": 2},
+        {"ub_overlap_ag": True},
+        {"delay_wgrad_compute": True},
+        {"symmetric_ar_type": "one_shot"},
+        {"save_original_input": True},
+    ],
+)
 def test_parallel_and_overlap_arguments_are_not_yet_supported(kwargs):
     name = next(iter(kwargs))
     with pytest.raises(NotImplementedError, match=f"{name}=.* is not yet supported"):
         te.Linear(16, 16, device="cpu", **kwargs)
-    te.Linear(16, 16, device="cpu", parallel_mode="column", ub_name="qkv", name="proj",
-              get_rng_state_tracker=None)
+    te.Linear(16, 16, device="cpu", parallel_mode="column", ub_name="qkv", name="proj", get_rng_state_tracker=None)
     with pytest.raises(ValueError, match="parallel_mode must be"):
         te.Linear(16, 16, device="cpu", parallel_mode="diagonal")
 
 
 def test_error_messages():
     layer = te.Linear(48, 32, device="cpu")
-    with (te.autocast(recipe=recipe.Float8CurrentScaling()),
-          pytest.raises(ValueError, match=r"divisible by 16, got tokens=10.*Pad the sequence")):
+    with (
+        te.autocast(recipe=recipe.Float8CurrentScaling()),
+        pytest.raises(ValueError, match=r"divisible by 16, got tokens=10.*Pad the sequence"),
+    ):
         layer(torch.randn(2, 5, 48))
     with pytest.raises(TypeError, match="input dtype torch.float64 is not supported"):
         layer(torch.randn(4, 48, dtype=torch.float64))

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 import transformer_engine.pytorch as te
 
 pytest_plugins = ["pt_fixtures"]
 pytestmark = pytest.mark.usefixtures("te_state")
 
-TOL = {torch.float32: {"rtol": 1e-5, "atol": 1e-5},
-       torch.bfloat16: {"rtol": 2.0**-7, "atol": 2.0**-7}}
+TOL = {torch.float32: {"rtol": 1e-5, "atol": 1e-5}, torch.bfloat16: {"rtol": 2.0**-7, "atol": 2.0**-7}}
 
 
 def _reference(layernorm: bool, x, weight, bias, eps, zero_centered_gamma, dims):
@@ -35,8 +35,7 @@ def _reference(layernorm: bool, x, weight, bias, eps, zero_centered_gamma, dims)
 @pytest.mark.parametrize("normalized_shape", [96, (4, 24)])
 def test_matches_float64(device, layernorm, dtype, eps, zero_centered_gamma, normalized_shape):
     cls = te.LayerNorm if layernorm else te.RMSNorm
-    norm = cls(normalized_shape, eps=eps, zero_centered_gamma=zero_centered_gamma, device=device,
-               dtype=dtype)
+    norm = cls(normalized_shape, eps=eps, zero_centered_gamma=zero_centered_gamma, device=device, dtype=dtype)
     with torch.no_grad():
         for p in norm.parameters():
             p.add_(torch.randn_like(p) * 0.3)

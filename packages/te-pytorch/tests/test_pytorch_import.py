@@ -37,9 +37,21 @@ def test_namespace_package_is_shared():
 def test_reexports():
     assert te.QuantizerRole is recipe.QuantizerRole
     assert te.DType is importlib.import_module("transformer_engine.core").DType
-    for name in ("Linear", "LayerNorm", "RMSNorm", "autocast", "fp8_autocast", "Float8Tensor",
-                 "Float8Quantizer", "Float8CurrentScalingQuantizer", "DType", "QuantizerRole",
-                 "get_device_compute_capability", "is_fp8_available", "get_default_recipe"):
+    for name in (
+        "Linear",
+        "LayerNorm",
+        "RMSNorm",
+        "autocast",
+        "fp8_autocast",
+        "Float8Tensor",
+        "Float8Quantizer",
+        "Float8CurrentScalingQuantizer",
+        "DType",
+        "QuantizerRole",
+        "get_device_compute_capability",
+        "is_fp8_available",
+        "get_default_recipe",
+    ):
         assert name in te.__all__ and hasattr(te, name)
 
 

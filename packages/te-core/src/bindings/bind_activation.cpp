@@ -16,8 +16,9 @@ void bind_activation(nb::module_& m) {
                                    as_stream(stream));
         });
       },
-      nb::arg("kind"), nb::arg("input"), nb::arg("output").none() = nb::none(), nb::arg("columnwise").none() = nb::none(),
-      nb::arg("scale").none() = nb::none(), nb::arg("scale_inv").none() = nb::none(), nb::arg("amax").none() = nb::none(),
+      nb::arg("kind"), nb::arg("input"), nb::arg("output").none() = nb::none(),
+      nb::arg("columnwise").none() = nb::none(), nb::arg("scale").none() = nb::none(),
+      nb::arg("scale_inv").none() = nb::none(), nb::arg("amax").none() = nb::none(),
       nb::arg("limit") = 7.0f, nb::arg("alpha") = 1.702f, nb::arg("glu_linear_offset") = 1.0f,
       nb::arg("stream") = 0);
 
@@ -34,8 +35,9 @@ void bind_activation(nb::module_& m) {
         });
       },
       nb::arg("kind"), nb::arg("grad"), nb::arg("input"), nb::arg("grad_input").none() = nb::none(),
-      nb::arg("columnwise").none() = nb::none(), nb::arg("scale").none() = nb::none(), nb::arg("scale_inv").none() = nb::none(),
-      nb::arg("amax").none() = nb::none(), nb::arg("dbias").none() = nb::none(), nb::arg("workspace").none() = nb::none(),
+      nb::arg("columnwise").none() = nb::none(), nb::arg("scale").none() = nb::none(),
+      nb::arg("scale_inv").none() = nb::none(), nb::arg("amax").none() = nb::none(),
+      nb::arg("dbias").none() = nb::none(), nb::arg("workspace").none() = nb::none(),
       nb::arg("limit") = 7.0f, nb::arg("alpha") = 1.702f, nb::arg("glu_linear_offset") = 1.0f,
       nb::arg("stream") = 0);
 

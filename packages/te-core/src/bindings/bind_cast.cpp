@@ -7,11 +7,11 @@ using Opt = std::optional<TensorDesc*>;
 void bind_cast(nb::module_& m) {
   m.def(
       "quantize_fp8",
-      [](TensorDesc& input, TensorDesc& scale, Opt rowwise, Opt columnwise, Opt scale_inv,
-         Opt amax, uintptr_t stream) {
+      [](TensorDesc& input, TensorDesc& scale, Opt rowwise, Opt columnwise, Opt scale_inv, Opt amax,
+         uintptr_t stream) {
         call([&] {
-          return te_quantize_fp8(&input.t, &scale.t, opt(rowwise), opt(columnwise),
-                                 opt(scale_inv), opt(amax), as_stream(stream));
+          return te_quantize_fp8(&input.t, &scale.t, opt(rowwise), opt(columnwise), opt(scale_inv),
+                                 opt(amax), as_stream(stream));
         });
       },
       nb::arg("input"), nb::arg("scale"), nb::arg("rowwise").none(), nb::arg("columnwise").none(),
@@ -39,13 +39,12 @@ void bind_cast(nb::module_& m) {
 
   m.def(
       "quantize_fp8_current_scaling",
-      [](TensorDesc& input, Opt rowwise, Opt columnwise, TensorDesc& scale,
-         TensorDesc& scale_inv, TensorDesc& amax, bool force_pow2, float epsilon,
-         uintptr_t stream) {
+      [](TensorDesc& input, Opt rowwise, Opt columnwise, TensorDesc& scale, TensorDesc& scale_inv,
+         TensorDesc& amax, bool force_pow2, float epsilon, uintptr_t stream) {
         call([&] {
-          return te_quantize_fp8_current_scaling(&input.t, opt(rowwise), opt(columnwise),
-                                                 &scale.t, &scale_inv.t, &amax.t, force_pow2,
-                                                 epsilon, as_stream(stream));
+          return te_quantize_fp8_current_scaling(&input.t, opt(rowwise), opt(columnwise), &scale.t,
+                                                 &scale_inv.t, &amax.t, force_pow2, epsilon,
+                                                 as_stream(stream));
         });
       },
       nb::arg("input"), nb::arg("rowwise").none(), nb::arg("columnwise").none(), nb::arg("scale"),
@@ -55,7 +54,9 @@ void bind_cast(nb::module_& m) {
   m.def(
       "dequantize_fp8",
       [](TensorDesc& input, TensorDesc& scale_inv, TensorDesc& output, uintptr_t stream) {
-        call([&] { return te_dequantize_fp8(&input.t, &scale_inv.t, &output.t, as_stream(stream)); });
+        call([&] {
+          return te_dequantize_fp8(&input.t, &scale_inv.t, &output.t, as_stream(stream));
+        });
       },
       nb::arg("input"), nb::arg("scale_inv"), nb::arg("output"), nb::arg("stream") = 0);
 }

@@ -30,27 +30,25 @@ void bind_fp8_block(nb::module_& m) {
          Opt columnwise_scale_inv, int block_dim, int layout, bool force_pow2, float epsilon,
          uintptr_t stream) {
         call([&] {
-          return te_fp8_block_quantize(&input.t, opt(rowwise), opt(rowwise_scale_inv),
-                                       opt(columnwise), opt(columnwise_scale_inv),
-                                       static_cast<te_fp8_block_dim>(block_dim),
-                                       static_cast<te_fp8_block_layout>(layout), force_pow2,
-                                       epsilon, as_stream(stream));
+          return te_fp8_block_quantize(
+              &input.t, opt(rowwise), opt(rowwise_scale_inv), opt(columnwise),
+              opt(columnwise_scale_inv), static_cast<te_fp8_block_dim>(block_dim),
+              static_cast<te_fp8_block_layout>(layout), force_pow2, epsilon, as_stream(stream));
         });
       },
       nb::arg("input"), nb::arg("rowwise").none(), nb::arg("rowwise_scale_inv").none(),
-      nb::arg("columnwise").none(), nb::arg("columnwise_scale_inv").none(),
-      nb::arg("block_dim"), nb::arg("layout") = 0, nb::arg("force_pow2_scales") = true,
-      nb::arg("amax_epsilon") = 0.0f, nb::arg("stream") = 0);
+      nb::arg("columnwise").none(), nb::arg("columnwise_scale_inv").none(), nb::arg("block_dim"),
+      nb::arg("layout") = 0, nb::arg("force_pow2_scales") = true, nb::arg("amax_epsilon") = 0.0f,
+      nb::arg("stream") = 0);
 
   m.def(
       "fp8_block_dequantize",
       [](TensorDesc& data, TensorDesc& scale_inv, TensorDesc& output, int block_dim, int layout,
          bool columnwise, uintptr_t stream) {
         call([&] {
-          return te_fp8_block_dequantize(&data.t, &scale_inv.t, &output.t,
-                                         static_cast<te_fp8_block_dim>(block_dim),
-                                         static_cast<te_fp8_block_layout>(layout), columnwise,
-                                         as_stream(stream));
+          return te_fp8_block_dequantize(
+              &data.t, &scale_inv.t, &output.t, static_cast<te_fp8_block_dim>(block_dim),
+              static_cast<te_fp8_block_layout>(layout), columnwise, as_stream(stream));
         });
       },
       nb::arg("data"), nb::arg("scale_inv"), nb::arg("output"), nb::arg("block_dim"),
@@ -61,10 +59,9 @@ void bind_fp8_block(nb::module_& m) {
       [](TensorDesc& rowwise, TensorDesc& rowwise_scale_inv, TensorDesc& columnwise,
          TensorDesc& columnwise_scale_inv, int layout, uintptr_t stream) {
         call([&] {
-          return te_fp8_block_transpose_2d(&rowwise.t, &rowwise_scale_inv.t, &columnwise.t,
-                                           &columnwise_scale_inv.t,
-                                           static_cast<te_fp8_block_layout>(layout),
-                                           as_stream(stream));
+          return te_fp8_block_transpose_2d(
+              &rowwise.t, &rowwise_scale_inv.t, &columnwise.t, &columnwise_scale_inv.t,
+              static_cast<te_fp8_block_layout>(layout), as_stream(stream));
         });
       },
       nb::arg("rowwise"), nb::arg("rowwise_scale_inv"), nb::arg("columnwise"),

@@ -46,10 +46,9 @@ void bind_gemm(nb::module_& m) {
          Opt d_scale, Opt d_amax, Opt bias, Opt pre_gelu_out, Opt bias_grad, Opt workspace,
          float alpha, float beta, bool transa, bool transb, bool use_split_accumulator,
          uintptr_t stream) {
-        const GemmInputs in{&a,   &b,           &d,        a_scale_inv, b_scale_inv,
-                            c,    d_scale,      d_amax,    bias,        pre_gelu_out,
-                            bias_grad, alpha,   beta,      transa,      transb,
-                            use_split_accumulator};
+        const GemmInputs in{&a,      &b,     &d,     a_scale_inv,          b_scale_inv, c,
+                            d_scale, d_amax, bias,   pre_gelu_out,         bias_grad,   alpha,
+                            beta,    transa, transb, use_split_accumulator};
         te_gemm_params p = in.params();
         p.workspace = opt(workspace);
         call([&] { return te_gemm(&p, as_stream(stream)); });
@@ -68,10 +67,9 @@ void bind_gemm(nb::module_& m) {
       [](TensorDesc& a, TensorDesc& b, TensorDesc& d, Opt a_scale_inv, Opt b_scale_inv, Opt c,
          Opt d_scale, Opt d_amax, Opt bias, Opt pre_gelu_out, Opt bias_grad, float alpha,
          float beta, bool transa, bool transb, bool use_split_accumulator) {
-        const GemmInputs in{&a,   &b,           &d,        a_scale_inv, b_scale_inv,
-                            c,    d_scale,      d_amax,    bias,        pre_gelu_out,
-                            bias_grad, alpha,   beta,      transa,      transb,
-                            use_split_accumulator};
+        const GemmInputs in{&a,      &b,     &d,     a_scale_inv,          b_scale_inv, c,
+                            d_scale, d_amax, bias,   pre_gelu_out,         bias_grad,   alpha,
+                            beta,    transa, transb, use_split_accumulator};
         const te_gemm_params p = in.params();
         size_t bytes = 0;
         call([&] { return te_gemm_workspace_size(&p, &bytes); });
@@ -82,8 +80,7 @@ void bind_gemm(nb::module_& m) {
       nb::arg("d_scale").none() = nb::none(), nb::arg("d_amax").none() = nb::none(),
       nb::arg("bias").none() = nb::none(), nb::arg("pre_gelu_out").none() = nb::none(),
       nb::arg("bias_grad").none() = nb::none(), nb::arg("alpha") = 1.0f, nb::arg("beta") = 0.0f,
-      nb::arg("transa") = false, nb::arg("transb") = false,
-      nb::arg("use_split_accumulator") = true,
+      nb::arg("transa") = false, nb::arg("transb") = false, nb::arg("use_split_accumulator") = true,
       "Bytes of workspace te_gemm needs for these arguments (data pointers are not read).");
 }
 

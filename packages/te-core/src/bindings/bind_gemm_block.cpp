@@ -83,8 +83,8 @@ void bind_gemm_block(nb::module_& m) {
           "__init__",
           [](OperandDesc* self, TensorDesc& data, int scaling, Opt scale_inv, Opt amax,
              bool swizzled) {
-            new (self) OperandDesc{data.t, scaling, OptionalTensor(scale_inv),
-                                   OptionalTensor(amax), swizzled};
+            new (self) OperandDesc{data.t, scaling, OptionalTensor(scale_inv), OptionalTensor(amax),
+                                   swizzled};
           },
           nb::arg("data"), nb::arg("scaling"), nb::arg("scale_inv").none() = nb::none(),
           nb::arg("amax").none() = nb::none(), nb::arg("swizzled_scales") = false);
@@ -94,8 +94,9 @@ void bind_gemm_block(nb::module_& m) {
           "__init__",
           [](ParamsDesc* self, OperandDesc& a, OperandDesc& b, TensorDesc& d, Opt c, Opt bias,
              float alpha, float beta, bool transa, bool transb, bool split, bool force) {
-            new (self) ParamsDesc{a, b, d.t, OptionalTensor(c), OptionalTensor(bias), alpha, beta,
-                                  transa, transb, split, force};
+            new (self) ParamsDesc{
+                a,      b,     d.t,  OptionalTensor(c), OptionalTensor(bias), alpha, beta, transa,
+                transb, split, force};
           },
           nb::arg("a"), nb::arg("b"), nb::arg("d"), nb::arg("c").none() = nb::none(),
           nb::arg("bias").none() = nb::none(), nb::arg("alpha") = 1.0f, nb::arg("beta") = 0.0f,

@@ -14,23 +14,22 @@ void bind_mxfp8(nb::module_& m) {
       [](TensorDesc& input, Opt rowwise, Opt rowwise_scale_inv, Opt columnwise,
          Opt columnwise_scale_inv, bool use_2d_blocks, bool swizzled_scales, uintptr_t stream) {
         call([&] {
-          return te_quantize_mxfp8(&input.t, opt(rowwise), opt(rowwise_scale_inv),
-                                   opt(columnwise), opt(columnwise_scale_inv), use_2d_blocks,
-                                   swizzled_scales, as_stream(stream));
+          return te_quantize_mxfp8(&input.t, opt(rowwise), opt(rowwise_scale_inv), opt(columnwise),
+                                   opt(columnwise_scale_inv), use_2d_blocks, swizzled_scales,
+                                   as_stream(stream));
         });
       },
       nb::arg("input"), nb::arg("rowwise").none(), nb::arg("rowwise_scale_inv").none(),
       nb::arg("columnwise").none(), nb::arg("columnwise_scale_inv").none(),
-      nb::arg("use_2d_blocks") = false, nb::arg("swizzled_scales") = false,
-      nb::arg("stream") = 0);
+      nb::arg("use_2d_blocks") = false, nb::arg("swizzled_scales") = false, nb::arg("stream") = 0);
 
   m.def(
       "dequantize_mxfp8",
       [](TensorDesc& input, TensorDesc& scale_inv, TensorDesc& output, bool columnwise,
          bool swizzled_scales, uintptr_t stream) {
         call([&] {
-          return te_dequantize_mxfp8(&input.t, &scale_inv.t, &output.t, columnwise,
-                                     swizzled_scales, as_stream(stream));
+          return te_dequantize_mxfp8(&input.t, &scale_inv.t, &output.t, columnwise, swizzled_scales,
+                                     as_stream(stream));
         });
       },
       nb::arg("input"), nb::arg("scale_inv"), nb::arg("output"), nb::arg("columnwise") = false,
@@ -47,8 +46,7 @@ void bind_mxfp8(nb::module_& m) {
         [fn](TensorDesc& input, TensorDesc& output, bool columnwise, uintptr_t stream) {
           call([&] { return fn(&input.t, &output.t, columnwise, as_stream(stream)); });
         },
-        nb::arg("input"), nb::arg("output"), nb::arg("columnwise") = false,
-        nb::arg("stream") = 0);
+        nb::arg("input"), nb::arg("output"), nb::arg("columnwise") = false, nb::arg("stream") = 0);
   }
 }
 

@@ -12,8 +12,8 @@ void bind_norm(nb::module_& m) {
          uintptr_t stream) {
         call([&] {
           return te_layernorm_fwd(&x.t, &gamma.t, &beta.t, eps, zero_centered_gamma, &y.t,
-                                  opt(y_scale), opt(y_scale_inv), opt(y_amax), opt(mu),
-                                  opt(rsigma), as_stream(stream));
+                                  opt(y_scale), opt(y_scale_inv), opt(y_amax), opt(mu), opt(rsigma),
+                                  as_stream(stream));
         });
       },
       nb::arg("x"), nb::arg("gamma"), nb::arg("beta"), nb::arg("eps"),
@@ -30,9 +30,9 @@ void bind_norm(nb::module_& m) {
                                 opt(y_scale_inv), opt(y_amax), opt(rsigma), as_stream(stream));
         });
       },
-      nb::arg("x"), nb::arg("gamma"), nb::arg("eps"), nb::arg("zero_centered_gamma"),
-      nb::arg("y"), nb::arg("y_scale").none(), nb::arg("y_scale_inv").none(),
-      nb::arg("y_amax").none(), nb::arg("rsigma").none(), nb::arg("stream") = 0);
+      nb::arg("x"), nb::arg("gamma"), nb::arg("eps"), nb::arg("zero_centered_gamma"), nb::arg("y"),
+      nb::arg("y_scale").none(), nb::arg("y_scale_inv").none(), nb::arg("y_amax").none(),
+      nb::arg("rsigma").none(), nb::arg("stream") = 0);
 
   m.def(
       "layernorm_bwd_workspace_size",
@@ -77,8 +77,8 @@ void bind_norm(nb::module_& m) {
         });
       },
       nb::arg("dz"), nb::arg("x"), nb::arg("rsigma"), nb::arg("gamma"),
-      nb::arg("zero_centered_gamma"), nb::arg("dx"), nb::arg("dgamma"),
-      nb::arg("workspace").none(), nb::arg("stream") = 0);
+      nb::arg("zero_centered_gamma"), nb::arg("dx"), nb::arg("dgamma"), nb::arg("workspace").none(),
+      nb::arg("stream") = 0);
 }
 
 }  // namespace te_py

@@ -38,20 +38,20 @@ void bind_nvfp4(nb::module_& m) {
       [](TensorDesc& input, Opt amax_rowwise, Opt rowwise, Opt rowwise_scale, Opt amax_columnwise,
          Opt columnwise, Opt columnwise_scale, bool block_2d, bool stochastic_rounding,
          bool random_hadamard, uint32_t rht_sign_mask, Opt rng_state, uintptr_t stream) {
-        const te_nvfp4_options o = make_options(block_2d, stochastic_rounding, random_hadamard,
-                                                rht_sign_mask, rng_state);
+        const te_nvfp4_options o =
+            make_options(block_2d, stochastic_rounding, random_hadamard, rht_sign_mask, rng_state);
         call([&] {
           return te_nvfp4_quantize(&input.t, opt(amax_rowwise), opt(rowwise), opt(rowwise_scale),
-                                   opt(amax_columnwise), opt(columnwise), opt(columnwise_scale),
-                                   &o, as_stream(stream));
+                                   opt(amax_columnwise), opt(columnwise), opt(columnwise_scale), &o,
+                                   as_stream(stream));
         });
       },
       nb::arg("input"), nb::arg("amax_rowwise").none(), nb::arg("rowwise").none(),
       nb::arg("rowwise_scale").none(), nb::arg("amax_columnwise").none(),
-      nb::arg("columnwise").none(), nb::arg("columnwise_scale").none(),
-      nb::arg("block_2d") = false, nb::arg("stochastic_rounding") = false,
-      nb::arg("random_hadamard") = false, nb::arg("rht_sign_mask") = 0,
-      nb::arg("rng_state").none() = nb::none(), nb::arg("stream") = 0);
+      nb::arg("columnwise").none(), nb::arg("columnwise_scale").none(), nb::arg("block_2d") = false,
+      nb::arg("stochastic_rounding") = false, nb::arg("random_hadamard") = false,
+      nb::arg("rht_sign_mask") = 0, nb::arg("rng_state").none() = nb::none(),
+      nb::arg("stream") = 0);
 
   m.def(
       "nvfp4_dequantize",

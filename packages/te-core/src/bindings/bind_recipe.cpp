@@ -14,17 +14,17 @@ void bind_recipe(nb::module_& m) {
          te_amax_compute_algo algo, int fp8_dtype, float margin, uintptr_t stream) {
         if (scales.size() != histories.size() ||
             (scale_invs && scale_invs->size() != histories.size()))
-          throw nb::value_error("'amax_histories', 'scales' and 'scale_invs' must have the same length");
+          throw nb::value_error(
+              "'amax_histories', 'scales' and 'scale_invs' must have the same length");
         std::vector<te_tensor*> h, s, inv;
         for (auto* d : histories) h.push_back(&d->t);
         for (auto* d : scales) s.push_back(&d->t);
         if (scale_invs)
           for (auto* d : *scale_invs) inv.push_back(&d->t);
         call([&] {
-          return te_delayed_scaling_update(opt(reduction_buffer), h.data(), s.data(),
-                                           scale_invs ? inv.data() : nullptr, h.size(), algo,
-                                           static_cast<te_dtype>(fp8_dtype), margin,
-                                           as_stream(stream));
+          return te_delayed_scaling_update(
+              opt(reduction_buffer), h.data(), s.data(), scale_invs ? inv.data() : nullptr,
+              h.size(), algo, static_cast<te_dtype>(fp8_dtype), margin, as_stream(stream));
         });
       },
       nb::arg("amax_reduction_buffer").none(), nb::arg("amax_histories"), nb::arg("scales"),

@@ -43,12 +43,14 @@ NB_MODULE(_te_core, m) {
       .def(nb::init<uintptr_t, int, const std::vector<int64_t>&, int, int>(), nb::arg("data"),
            nb::arg("dtype"), nb::arg("shape"), nb::arg("device_type") = 0,
            nb::arg("device_index") = 0)
-      .def_prop_ro("data", [](const TensorDesc& d) { return reinterpret_cast<uintptr_t>(d.t.data); })
+      .def_prop_ro("data",
+                   [](const TensorDesc& d) { return reinterpret_cast<uintptr_t>(d.t.data); })
       .def_prop_ro("dtype", [](const TensorDesc& d) { return static_cast<int>(d.t.dtype); })
-      .def_prop_ro("shape", [](const TensorDesc& d) {
-        return std::vector<int64_t>(d.t.shape, d.t.shape + d.t.ndim);
-      })
-      .def_prop_ro("device_type", [](const TensorDesc& d) { return static_cast<int>(d.t.device_type); })
+      .def_prop_ro(
+          "shape",
+          [](const TensorDesc& d) { return std::vector<int64_t>(d.t.shape, d.t.shape + d.t.ndim); })
+      .def_prop_ro("device_type",
+                   [](const TensorDesc& d) { return static_cast<int>(d.t.device_type); })
       .def_prop_ro("device_index", [](const TensorDesc& d) { return d.t.device_index; });
 
   m.def("version", &te_version);

@@ -17,11 +17,6 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-import transformer_engine.core as te_core  # noqa: E402
-from transformer_engine.core import lib  # noqa: E402
-from transformer_engine.core._arrays import desc as host_desc  # noqa: E402
-from transformer_engine.core.activation import ACTIVATIONS, GATED_ACTIVATIONS  # noqa: E402
-
 from test_cuda_backends import (  # noqa: E402  (the shared GPU test helpers)
     FP8,
     INPUT_DTYPES,
@@ -34,6 +29,11 @@ from test_cuda_backends import (  # noqa: E402  (the shared GPU test helpers)
     scalar,
 )
 
+import transformer_engine.core as te_core  # noqa: E402
+from transformer_engine.core import lib  # noqa: E402
+from transformer_engine.core._arrays import desc as host_desc  # noqa: E402
+from transformer_engine.core.activation import ACTIVATIONS, GATED_ACTIVATIONS  # noqa: E402
+
 pytestmark = pytest.mark.gpu
 
 PLAIN = [k for k in ACTIVATIONS if k not in GATED_ACTIVATIONS]
@@ -41,13 +41,15 @@ GATED = [k for k in ACTIVATIONS if k in GATED_ACTIVATIONS]
 # Gated shapes: last dim 2H. H % 8 == 0 takes the 16-byte paths; H = 500, 36,
 # 12, 1 the element-wise ones; 217, 300, 4100 rows leave ragged 64-row chunks
 # and 128-row tiles; (2, 3, 5, 64) is 4-D.
-GATED_SHAPES = [(1, 16), (5, 160), (217, 256), (2, 3, 5, 64), (300, 1000), (130, 72), (64, 24),
-                (33, 2), (4100, 512)]
-PLAIN_SHAPES = [(1, 16), (5, 160), (217, 256), (2, 3, 5, 64), (7,), (3, 1), (33, 17), (1000, 1000),
-                (4100, 256)]
+GATED_SHAPES = [(1, 16), (5, 160), (217, 256), (2, 3, 5, 64), (300, 1000), (130, 72), (64, 24), (33, 2), (4100, 512)]
+PLAIN_SHAPES = [(1, 16), (5, 160), (217, 256), (2, 3, 5, 64), (7,), (3, 1), (33, 17), (1000, 1000), (4100, 256)]
 OUT_DTYPES = ["float32", "bfloat16", "float16", "e4m3", "e5m2"]
-NUMPY_OUT = {"float32": np.dtype(np.float32), "bfloat16": np.dtype(ml_dtypes.bfloat16),
-             "float16": np.dtype(np.float16), **FP8}
+NUMPY_OUT = {
+    "float32": np.dtype(np.float32),
+    "bfloat16": np.dtype(ml_dtypes.bfloat16),
+    "float16": np.dtype(np.float16),
+    **FP8,
+}
 PARAMS = {"limit": 7.0, "alpha": 1.702, "glu_linear_offset": 1.0}
 
 
@@ -91,8 +93,7 @@ class Outputs:
         self.amax = scalar(amax0)
 
     def args(self):
-        return (_desc(self.row), _desc(self.col), _desc(self.scale), _desc(self.scale_inv),
-                self.amax.desc)
+        return (_desc(self.row), _desc(self.col), _desc(self.scale), _desc(self.scale_inv), self.amax.desc)
 
     def check(self, want, ctx: str):
         """want: the CPU result (ndarray or Fp8Tensor) and the CPU amax."""
@@ -119,8 +120,9 @@ def cpu_backward(g, x, kind, out, rowwise, columnwise, dbias_dtype, params):
     o = CpuOutputs(x.shape, out, rowwise, columnwise, 0.0)
     dbias = np.zeros(x.shape[-1], dbias_dtype) if dbias_dtype is not None else None
     d = host_desc
-    lib.activation_bwd(ACTIVATIONS.index(kind), d(g), d(x), *o.args(),
-                       None if dbias is None else d(dbias), None, **params)
+    lib.activation_bwd(
+        ACTIVATIONS.index(kind), d(g), d(x), *o.args(), None if dbias is None else d(dbias), None, **params
+    )
     return (o.result(), o.amax), dbias
 
 
@@ -135,8 +137,9 @@ class CpuOutputs:
         self.amax = np.array(amax0, np.float32)
 
     def args(self):
-        return tuple(None if a is None else host_desc(a)
-                     for a in (self.row, self.col, self.scale, self.scale_inv, self.amax))
+        return tuple(
+            None if a is None else host_desc(a) for a in (self.row, self.col, self.scale, self.scale_inv, self.amax)
+        )
 
     def result(self):
         if self.scale is None:
@@ -163,8 +166,7 @@ def test_forward(kind, dtype, out, rng_and_seed):
             ctx = _ctx(seed, shape=shape, layout=layout)
             dx = DeviceArray.of(x)
             o = Outputs(out_shape(kind, shape), out, rowwise, columnwise, amax0=0.5)
-            lib.activation_fwd(ACTIVATIONS.index(kind), dx.desc, *o.args(), stream=_stream(),
-                               **PARAMS)
+            lib.activation_fwd(ACTIVATIONS.index(kind), dx.desc, *o.args(), stream=_stream(), **PARAMS)
             o.check(cpu_forward(x, kind, out, rowwise, columnwise, 0.5, PARAMS), ctx)
 
 
@@ -193,8 +195,9 @@ def run_backward(kind, x, g, out, rowwise, columnwise, dbias_dtype, params, ctx,
     rows, cols = matrix(x.shape)
     assert size == (4 * -(-rows // 64) * cols if dbias is not None else 0)
     workspace = DeviceArray((size,), np.uint8) if size else None
-    lib.activation_bwd(ACTIVATIONS.index(kind), dg.desc, dx.desc, *o.args(), _desc(dbias),
-                       _desc(workspace), stream=_stream(), **params)
+    lib.activation_bwd(
+        ACTIVATIONS.index(kind), dg.desc, dx.desc, *o.args(), _desc(dbias), _desc(workspace), stream=_stream(), **params
+    )
     want, want_dbias = cpu_backward(g, x, kind, out, rowwise, columnwise, dbias_dtype, params)
     o.check(want, ctx)
     if dbias is not None:
@@ -216,18 +219,21 @@ def test_unaligned_pointers(kind, dtype, out, rng_and_seed):
             for layout in layouts(out):
                 rowwise, columnwise = LAYOUTS[layout]
                 ctx = _ctx(seed, shape=shape, offsets=offsets, layout=layout)
-                run_backward(kind, x, g, out, rowwise, columnwise, np.dtype(np.float32), PARAMS,
-                             ctx, offsets)
+                run_backward(kind, x, g, out, rowwise, columnwise, np.dtype(np.float32), PARAMS, ctx, offsets)
                 dx = DeviceArray.of(x, offsets[0])
                 o = Outputs(out_shape(kind, shape), out, rowwise, columnwise, offsets[2])
-                lib.activation_fwd(ACTIVATIONS.index(kind), dx.desc, *o.args(), stream=_stream(),
-                                   **PARAMS)
+                lib.activation_fwd(ACTIVATIONS.index(kind), dx.desc, *o.args(), stream=_stream(), **PARAMS)
                 o.check(cpu_forward(x, kind, out, rowwise, columnwise, 0.0, PARAMS), ctx)
 
 
-@pytest.mark.parametrize("params", [dict(limit=3.0, alpha=1.0, glu_linear_offset=0.0),
-                                    dict(limit=0.5, alpha=2.5, glu_linear_offset=-1.0),
-                                    dict(limit=float("inf"), alpha=1.702, glu_linear_offset=1.0)])
+@pytest.mark.parametrize(
+    "params",
+    [
+        dict(limit=3.0, alpha=1.0, glu_linear_offset=0.0),
+        dict(limit=0.5, alpha=2.5, glu_linear_offset=-1.0),
+        dict(limit=float("inf"), alpha=1.702, glu_linear_offset=1.0),
+    ],
+)
 def test_clamped_swiglu_parameters(params, rng_and_seed):
     rng, seed = rng_and_seed
     x = make_input((217, 256), np.dtype(np.float32), rng)
@@ -238,8 +244,7 @@ def test_clamped_swiglu_parameters(params, rng_and_seed):
         run_backward("clamped_swiglu", x, g, out, rowwise, columnwise, np.dtype(np.float32), params, ctx)
         dx = DeviceArray.of(x)
         o = Outputs((217, 128), out, rowwise, columnwise)
-        lib.activation_fwd(ACTIVATIONS.index("clamped_swiglu"), dx.desc, *o.args(), stream=_stream(),
-                           **params)
+        lib.activation_fwd(ACTIVATIONS.index("clamped_swiglu"), dx.desc, *o.args(), stream=_stream(), **params)
         o.check(cpu_forward(x, "clamped_swiglu", out, rowwise, columnwise, 0.0, params), ctx)
 
 
@@ -256,14 +261,39 @@ def test_dbias_workspace_is_required_on_cuda(rng_and_seed):
     x = DeviceArray.of(make_input((100, 64), np.dtype(np.float32), rng))
     g = DeviceArray.of(make_input((100, 32), np.dtype(np.float32), rng))
     d, dbias = DeviceArray((100, 64), np.float32), DeviceArray((64,), np.float32)
-    with pytest.raises(ValueError, match=r"argument 'workspace' is required: the bias gradient on "
-                                         r"CUDA needs 512 bytes"):
-        lib.activation_bwd(ACTIVATIONS.index("swiglu"), g.desc, x.desc, d.desc, None, None, None,
-                           None, dbias.desc, None, stream=_stream())
+    with pytest.raises(
+        ValueError,
+        match=r"argument 'workspace' is required: the bias gradient on "
+        r"CUDA needs 512 bytes",
+    ):
+        lib.activation_bwd(
+            ACTIVATIONS.index("swiglu"),
+            g.desc,
+            x.desc,
+            d.desc,
+            None,
+            None,
+            None,
+            None,
+            dbias.desc,
+            None,
+            stream=_stream(),
+        )
     small = DeviceArray((511,), np.uint8)
     with pytest.raises(ValueError, match="argument 'workspace' must hold at least 512 bytes, got 511"):
-        lib.activation_bwd(ACTIVATIONS.index("swiglu"), g.desc, x.desc, d.desc, None, None, None,
-                           None, dbias.desc, small.desc, stream=_stream())
+        lib.activation_bwd(
+            ACTIVATIONS.index("swiglu"),
+            g.desc,
+            x.desc,
+            d.desc,
+            None,
+            None,
+            None,
+            None,
+            dbias.desc,
+            small.desc,
+            stream=_stream(),
+        )
 
 
 def test_cuda_graph_capture(rng_and_seed):

@@ -32,8 +32,20 @@ FP8 = {"e4m3": np.dtype(ml_dtypes.float8_e4m3fn), "e5m2": np.dtype(ml_dtypes.flo
 LAYOUTS = {"rowwise": (True, False), "columnwise": (False, True), "both": (True, True)}
 # Odd shapes first; (32768, 64) and (256, 192) take the vectorized full-tile
 # paths, (1000, 1000) the 8-byte columnwise stores, (3, 7, 33) unaligned rows.
-SHAPES = [(1, 16), (5, 160), (217, 256), (3, 7, 33), (2, 3, 5, 64), (32768, 64), (1000, 1000),
-          (77, 1), (1, 300), (300,), (130, 72), (256, 192)]
+SHAPES = [
+    (1, 16),
+    (5, 160),
+    (217, 256),
+    (3, 7, 33),
+    (2, 3, 5, 64),
+    (32768, 64),
+    (1000, 1000),
+    (77, 1),
+    (1, 300),
+    (300,),
+    (130, 72),
+    (256, 192),
+]
 # Quiet NaN bit patterns of each input type, both signs and several payloads.
 NAN_BITS = {
     np.dtype(np.float32): (np.uint32, [0x7FC00000, 0xFFC00000, 0x7FFFFFFF, 0xFFC00001]),
@@ -84,7 +96,7 @@ class DeviceArray:
             self.buffer[offset:] = torch.from_numpy(raw.copy()).to("cuda")
 
     @classmethod
-    def of(cls, array: np.ndarray, offset: int = 0) -> "DeviceArray":
+    def of(cls, array: np.ndarray, offset: int = 0) -> DeviceArray:
         return cls(array.shape, array.dtype, offset, fill=array)
 
     @property
@@ -93,7 +105,7 @@ class DeviceArray:
         return lib.TensorDesc(pointer, self.code, list(self.shape), 1, self.buffer.device.index or 0)
 
     def numpy(self) -> np.ndarray:
-        raw = self.buffer[self.offset:].cpu().numpy()
+        raw = self.buffer[self.offset :].cpu().numpy()
         return raw.view(self.dtype).reshape(self.shape)
 
 
@@ -116,8 +128,10 @@ def assert_same_bytes(got, want, what: str, context: str = ""):
     bad = np.flatnonzero(g != w)
     if bad.size:
         i = bad[0]
-        pytest.fail(f"{what}: {bad.size} of {g.size} differ ({context}); first at flat index {i}: "
-                    f"got 0x{int(g[i]):x}, want 0x{int(w[i]):x}")
+        pytest.fail(
+            f"{what}: {bad.size} of {g.size} differ ({context}); first at flat index {i}: "
+            f"got 0x{int(g[i]):x}, want 0x{int(w[i]):x}"
+        )
 
 
 def assert_same_values_nan_anywhere(got, want, what: str, context: str = ""):
@@ -149,8 +163,28 @@ def make_input(shape, dtype, rng, kind: str = "hostile") -> np.ndarray:
         x = sign * np.exp(rng.uniform(np.log(sub), np.log(normal * 16), n))
     else:
         x = rng.standard_normal(n) * 10.0 ** rng.uniform(-3, 3, n)
-        specials = [0.0, -0.0, 448.0, -448.0, 464.0, 480.0, 57344.0, -57344.0, 59392.0, 61440.0,
-                    1e4, -3e4, 60000.0, sub, -sub, normal, -normal, 3 * sub, 1e-7, -2.5e-5]
+        specials = [
+            0.0,
+            -0.0,
+            448.0,
+            -448.0,
+            464.0,
+            480.0,
+            57344.0,
+            -57344.0,
+            59392.0,
+            61440.0,
+            1e4,
+            -3e4,
+            60000.0,
+            sub,
+            -sub,
+            normal,
+            -normal,
+            3 * sub,
+            1e-7,
+            -2.5e-5,
+        ]
         if kind == "hostile":
             specials += [np.inf, -np.inf]
             if dtype != np.float16:
@@ -207,10 +241,10 @@ def run_delayed(x, scale, fp8, layout, amax0, x_offset=0, out_offset=0):
     dx = DeviceArray.of(x, x_offset)
     row, col = _outputs(x.shape, fp8, rowwise, columnwise, out_offset)
     d_scale, d_inv, d_amax = scalar(scale), scalar(-1.0), scalar(amax0)
-    lib.quantize_fp8(dx.desc, d_scale.desc, _desc(row), _desc(col), d_inv.desc, d_amax.desc,
-                     _stream())
-    want = te_core.quantize_fp8(x, np.float32(scale), fp8, rowwise=rowwise, columnwise=columnwise,
-                                amax=np.float32(amax0))
+    lib.quantize_fp8(dx.desc, d_scale.desc, _desc(row), _desc(col), d_inv.desc, d_amax.desc, _stream())
+    want = te_core.quantize_fp8(
+        x, np.float32(scale), fp8, rowwise=rowwise, columnwise=columnwise, amax=np.float32(amax0)
+    )
     return row, col, d_inv, d_amax, want
 
 
@@ -242,8 +276,9 @@ def test_quantize_rounding_ties_and_saturation(dtype, fp8, rng_and_seed):
     mids = (grid[:-1] + grid[1:]) / 2
     top = grid[-1]
     beyond = np.array([top * 1.03125, top * 1.0625, top * 1.09375, top * 1.5, top * 4], np.float32)
-    base = np.concatenate([grid, mids, np.nextafter(mids, np.float32(0)),
-                           np.nextafter(mids, np.float32(np.inf)), beyond])
+    base = np.concatenate(
+        [grid, mids, np.nextafter(mids, np.float32(0)), np.nextafter(mids, np.float32(np.inf)), beyond]
+    )
     base = np.concatenate([base, -base])
     for scale in [1.0, 2.0**-3, 2.0**5]:
         with np.errstate(over="ignore"):
@@ -266,15 +301,20 @@ def test_quantize_unaligned_pointers(shape, dtype, layout, rng_and_seed):
     x = make_input(shape, dtype, rng)
     for x_offset, out_offset in [(dtype.itemsize, 0), (0, 1), (dtype.itemsize * 3, 2)]:
         ctx = _ctx(seed, x_offset=x_offset, out_offset=out_offset)
-        row, col, d_inv, d_amax, want = run_delayed(x, 3.7, "e4m3", layout, 0.0, x_offset,
-                                                    out_offset)
+        row, col, d_inv, d_amax, want = run_delayed(x, 3.7, "e4m3", layout, 0.0, x_offset, out_offset)
         _check_fp8_outputs(row, col, want, ctx)
         assert_same_bytes(d_amax.numpy(), want.amax, "amax", ctx)
 
 
 # (force_pow2_scales, amax_epsilon, input kind)
-CURRENT_CONFIGS = [(False, 0.0, "finite"), (True, 0.0, "finite"), (False, 0.0, "hostile"),
-                   (False, 1e6, "finite"), (True, 1e-2, "tiny"), (False, 0.0, "tiny")]
+CURRENT_CONFIGS = [
+    (False, 0.0, "finite"),
+    (True, 0.0, "finite"),
+    (False, 0.0, "hostile"),
+    (False, 1e6, "finite"),
+    (True, 1e-2, "tiny"),
+    (False, 0.0, "tiny"),
+]
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
@@ -290,10 +330,12 @@ def test_quantize_current_scaling(shape, dtype, fp8, layout, rng_and_seed):
         dx = DeviceArray.of(x)
         row, col = _outputs(shape, fp8, rowwise, columnwise)
         d_scale, d_inv, d_amax = scalar(-1.0), scalar(-1.0), scalar(-1.0)
-        lib.quantize_fp8_current_scaling(dx.desc, _desc(row), _desc(col), d_scale.desc, d_inv.desc,
-                                         d_amax.desc, pow2, eps, _stream())
-        want = te_core.quantize_fp8_current_scaling(x, fp8, rowwise=rowwise, columnwise=columnwise,
-                                                    force_pow2_scales=pow2, amax_epsilon=eps)
+        lib.quantize_fp8_current_scaling(
+            dx.desc, _desc(row), _desc(col), d_scale.desc, d_inv.desc, d_amax.desc, pow2, eps, _stream()
+        )
+        want = te_core.quantize_fp8_current_scaling(
+            x, fp8, rowwise=rowwise, columnwise=columnwise, force_pow2_scales=pow2, amax_epsilon=eps
+        )
         assert_same_bytes(d_amax.numpy(), want.amax, "amax", ctx)
         assert_same_bytes(d_scale.numpy(), want.scale, "scale", ctx)
         assert_same_bytes(d_inv.numpy(), want.scale_inv, "scale_inv", ctx)
@@ -327,8 +369,7 @@ def test_compute_amax_all_nan(dtype):
     assert_same_bytes(d_amax.numpy(), np.float32(0.0), "amax")
 
 
-AMAX_VALUES = [0.0, -1.0, 2.0**-149, 1e-38, 1e-30, 1e-3, 1.0, 3.0, 448.0, 57344.0, 1e30, 3.4e38,
-               np.inf, np.nan]
+AMAX_VALUES = [0.0, -1.0, 2.0**-149, 1e-38, 1e-30, 1e-3, 1.0, 3.0, 448.0, 57344.0, 1e30, 3.4e38, np.inf, np.nan]
 
 
 @pytest.mark.parametrize("eps", [0.0, 1e-12, 1e-3, 10.0])
@@ -337,10 +378,8 @@ AMAX_VALUES = [0.0, -1.0, 2.0**-149, 1e-38, 1e-30, 1e-3, 1.0, 3.0, 448.0, 57344.
 def test_scale_from_amax(fp8, pow2, eps):
     for amax in AMAX_VALUES:
         d_amax, d_scale, d_inv = scalar(amax), scalar(-1.0), scalar(-1.0)
-        lib.compute_scale_from_amax(d_amax.desc, d_scale.desc, d_inv.desc, int(te_dtype(fp8)),
-                                    pow2, eps, _stream())
-        scale, scale_inv = te_core.compute_scale_from_amax(amax, fp8, force_pow2_scales=pow2,
-                                                           amax_epsilon=eps)
+        lib.compute_scale_from_amax(d_amax.desc, d_scale.desc, d_inv.desc, int(te_dtype(fp8)), pow2, eps, _stream())
+        scale, scale_inv = te_core.compute_scale_from_amax(amax, fp8, force_pow2_scales=pow2, amax_epsilon=eps)
         ctx = f"amax={amax}"
         assert_same_bytes(d_scale.numpy(), np.float32(scale), "scale", ctx)
         assert_same_bytes(d_inv.numpy(), np.float32(scale_inv), "scale_inv", ctx)
@@ -353,8 +392,7 @@ SCALE_INVS = [1.0, 0.0123, 2.0**-10, 1e30, 3e38, 1e-45, 0.0, np.inf, np.nan, -2.
 
 @pytest.mark.parametrize("out_dtype", INPUT_DTYPES, ids=str)
 @pytest.mark.parametrize("fp8", list(FP8))
-@pytest.mark.parametrize("shape", [(1, 16), (5, 160), (3, 7, 33), (256, 256), (1000, 1000), (77,)],
-                         ids=str)
+@pytest.mark.parametrize("shape", [(1, 16), (5, 160), (3, 7, 33), (256, 256), (1000, 1000), (77,)], ids=str)
 def test_dequantize(shape, fp8, out_dtype, rng_and_seed):
     rng, seed = rng_and_seed
     n = math.prod(shape)
@@ -373,8 +411,15 @@ def test_dequantize(shape, fp8, out_dtype, rng_and_seed):
 
 # ---------------------------------------------------------------- transpose
 
-TRANSPOSE_DTYPES = [np.dtype(np.uint8), FP8["e4m3"], np.dtype(np.int16), BF16,
-                    np.dtype(np.float32), np.dtype(np.int32), np.dtype(np.int64)]
+TRANSPOSE_DTYPES = [
+    np.dtype(np.uint8),
+    FP8["e4m3"],
+    np.dtype(np.int16),
+    BF16,
+    np.dtype(np.float32),
+    np.dtype(np.int32),
+    np.dtype(np.int64),
+]
 
 
 @pytest.mark.parametrize("dtype", TRANSPOSE_DTYPES, ids=str)
@@ -410,8 +455,7 @@ def _amax_values(rng, shape):
 @pytest.mark.parametrize("fp8", list(FP8))
 @pytest.mark.parametrize("algo", ["max", "most_recent"])
 @pytest.mark.parametrize("length", [1, 16])
-def test_delayed_scaling_update(length, algo, fp8, margin, with_buffer, with_scale_inv,
-                                num_groups, rng_and_seed):
+def test_delayed_scaling_update(length, algo, fp8, margin, with_buffer, with_scale_inv, num_groups, rng_and_seed):
     rng, seed = rng_and_seed
     sizes = [int(s) for s in rng.integers(1, 6, num_groups)]
     sizes[0] = 300  # more columns than threads in a block
@@ -431,12 +475,19 @@ def test_delayed_scaling_update(length, algo, fp8, margin, with_buffer, with_sca
     d_buffer = DeviceArray.of(buffer) if buffer is not None else None
     algo_code = {"max": lib.AmaxComputeAlgo.MAX, "most_recent": lib.AmaxComputeAlgo.MOST_RECENT}[algo]
     lib.delayed_scaling_update(
-        _desc(d_buffer), [d.desc for d in d_hist], [d.desc for d in d_scales],
-        None if d_invs is None else [d.desc for d in d_invs], algo_code, int(te_dtype(fp8)),
-        margin, _stream())
+        _desc(d_buffer),
+        [d.desc for d in d_hist],
+        [d.desc for d in d_scales],
+        None if d_invs is None else [d.desc for d in d_invs],
+        algo_code,
+        int(te_dtype(fp8)),
+        margin,
+        _stream(),
+    )
 
-    te_core.delayed_scaling_update(histories, scales, invs, amax_reduction_buffer=buffer,
-                                   amax_compute_algo=algo, fp8_dtype=fp8, margin=margin)
+    te_core.delayed_scaling_update(
+        histories, scales, invs, amax_reduction_buffer=buffer, amax_compute_algo=algo, fp8_dtype=fp8, margin=margin
+    )
     for k in range(num_groups):
         ctx = _ctx(seed, group=k)
         assert_same_bytes(d_hist[k].numpy(), histories[k], "amax_history", ctx)

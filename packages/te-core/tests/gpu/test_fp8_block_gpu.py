@@ -47,11 +47,22 @@ def rng_and_seed():
     seed = int(np.random.SeedSequence().entropy % (2**32))
     return np.random.default_rng(seed), seed
 
+
 LAYOUT_CODE = {"gemm_ready": 0, "compact": 1}
 # Whole tiles, cut tiles in M (130, 217, 1000) and K (144, 272), rank 3, tiny, and
 # M not a multiple of 16 (byte-wise transposed stores), plus one multi-tile case.
-SHAPES = [(128, 128), (256, 384), (3, 128, 256), (130, 256), (1, 16), (5, 160), (217, 272),
-          (300, 144), (1000, 1024), (2, 64, 48)]
+SHAPES = [
+    (128, 128),
+    (256, 384),
+    (3, 128, 256),
+    (130, 256),
+    (1, 16),
+    (5, 160),
+    (217, 272),
+    (300, 144),
+    (1000, 1024),
+    (2, 64, 48),
+]
 
 
 def _stream() -> int:
@@ -62,8 +73,19 @@ def _desc(d):
     return None if d is None else d.desc
 
 
-def gpu_quantize(x: np.ndarray, fmt, block_dim, layout, rowwise=True, columnwise=True, pow2=True,
-                 epsilon=0.0, in_offset=0, out_offset=0, scale_offset=0):
+def gpu_quantize(
+    x: np.ndarray,
+    fmt,
+    block_dim,
+    layout,
+    rowwise=True,
+    columnwise=True,
+    pow2=True,
+    epsilon=0.0,
+    in_offset=0,
+    out_offset=0,
+    scale_offset=0,
+):
     """Runs the CUDA quantize; returns the four outputs as NumPy arrays (None if not asked)."""
     shape_kw = {"block_dim": block_dim, "layout": layout}
     dev_x = DeviceArray.of(x, in_offset)
@@ -74,21 +96,37 @@ def gpu_quantize(x: np.ndarray, fmt, block_dim, layout, rowwise=True, columnwise
             continue
         rows, cols = int(np.prod(x.shape[:-1])), x.shape[-1]
         data_shape = (cols, rows) if col and layout == "gemm_ready" else x.shape
-        outs += [DeviceArray(data_shape, FP8[fmt], out_offset),
-                 DeviceArray(tc.fp8_block_scale_shape(x.shape, columnwise=col, **shape_kw), np.float32,
-                             scale_offset)]
-    lib.fp8_block_quantize(dev_x.desc, *(_desc(d) for d in outs), block_dim=block_dim,
-                           layout=LAYOUT_CODE[layout], force_pow2_scales=pow2, amax_epsilon=epsilon,
-                           stream=_stream())
+        outs += [
+            DeviceArray(data_shape, FP8[fmt], out_offset),
+            DeviceArray(tc.fp8_block_scale_shape(x.shape, columnwise=col, **shape_kw), np.float32, scale_offset),
+        ]
+    lib.fp8_block_quantize(
+        dev_x.desc,
+        *(_desc(d) for d in outs),
+        block_dim=block_dim,
+        layout=LAYOUT_CODE[layout],
+        force_pow2_scales=pow2,
+        amax_epsilon=epsilon,
+        stream=_stream(),
+    )
     torch.cuda.synchronize()
     return [None if d is None else d.numpy() for d in outs]
 
 
-def assert_quantize_matches(x, fmt, block_dim, layout, ctx, rowwise=True, columnwise=True, pow2=True,
-                            epsilon=0.0, **offsets):
+def assert_quantize_matches(
+    x, fmt, block_dim, layout, ctx, rowwise=True, columnwise=True, pow2=True, epsilon=0.0, **offsets
+):
     got = gpu_quantize(x, fmt, block_dim, layout, rowwise, columnwise, pow2, epsilon, **offsets)
-    want = tc.quantize_fp8_block(x, fmt, block_dim=block_dim, layout=layout, rowwise=rowwise,
-                                 columnwise=columnwise, force_pow2_scales=pow2, amax_epsilon=epsilon)
+    want = tc.quantize_fp8_block(
+        x,
+        fmt,
+        block_dim=block_dim,
+        layout=layout,
+        rowwise=rowwise,
+        columnwise=columnwise,
+        force_pow2_scales=pow2,
+        amax_epsilon=epsilon,
+    )
     names = ("rowwise", "rowwise_scale_inv", "columnwise", "columnwise_scale_inv")
     for name, g in zip(names, got):
         w = getattr(want, name)
@@ -119,15 +157,27 @@ def test_quantize_one_direction_and_options(rng_and_seed, block_dim, layout, whi
     x = make_input((260, 400), np.dtype(ml_dtypes.bfloat16), rng, "finite")
     x[:3] *= np.asarray(1e-6, x.dtype)  # rows under the epsilon
     ctx = f"seed={seed}, {block_dim}-D, {layout}, {which}, pow2={pow2}, eps={epsilon}"
-    assert_quantize_matches(x, "e4m3", block_dim, layout, ctx, rowwise=which == "rowwise",
-                            columnwise=which == "columnwise", pow2=pow2, epsilon=epsilon)
+    assert_quantize_matches(
+        x,
+        "e4m3",
+        block_dim,
+        layout,
+        ctx,
+        rowwise=which == "rowwise",
+        columnwise=which == "columnwise",
+        pow2=pow2,
+        epsilon=epsilon,
+    )
 
 
 @pytest.mark.parametrize("dtype", INPUT_DTYPES, ids=str)
 @pytest.mark.parametrize("block_dim", [1, 2])
 @pytest.mark.parametrize("layout", ["gemm_ready", "compact"])
-@pytest.mark.parametrize("offsets", [{"in_offset": 1}, {"out_offset": 1}, {"out_offset": 4, "scale_offset": 4},
-                                     {"in_offset": 1, "out_offset": 2}], ids=str)
+@pytest.mark.parametrize(
+    "offsets",
+    [{"in_offset": 1}, {"out_offset": 1}, {"out_offset": 4, "scale_offset": 4}, {"in_offset": 1, "out_offset": 2}],
+    ids=str,
+)
 def test_unaligned_pointers(rng_and_seed, dtype, block_dim, layout, offsets):
     """Element loads (input not 16-byte aligned) and narrow stores (outputs not aligned)."""
     rng, seed = rng_and_seed
@@ -177,17 +227,20 @@ def test_dequantize(rng_and_seed, block_dim, layout, columnwise, out_dtype, fmt,
     # The scale array of this stored matrix: GEMM-ready columnwise data of [M, K]
     # is stored [K, M] with the rowwise scale layout of that stored matrix (the
     # flag only matters for compact data).
-    scale_shape = tc.fp8_block_scale_shape((rows, cols), block_dim=block_dim, layout=layout,
-                                           columnwise=columnwise and layout == "compact")
+    scale_shape = tc.fp8_block_scale_shape(
+        (rows, cols), block_dim=block_dim, layout=layout, columnwise=columnwise and layout == "compact"
+    )
     scales = (2.0 ** rng.integers(-20, 20, scale_shape)).astype(np.float32)
-    scales.reshape(-1)[:: 7] = rng.standard_normal(scales.size)[:: 7].astype(np.float32)
+    scales.reshape(-1)[::7] = rng.standard_normal(scales.size)[::7].astype(np.float32)
     dev_q, dev_s = DeviceArray.of(q), DeviceArray.of(scales)
     out = DeviceArray(shape, out_dtype)
-    lib.fp8_block_dequantize(dev_q.desc, dev_s.desc, out.desc, block_dim, LAYOUT_CODE[layout],
-                             columnwise, stream=_stream())
+    lib.fp8_block_dequantize(
+        dev_q.desc, dev_s.desc, out.desc, block_dim, LAYOUT_CODE[layout], columnwise, stream=_stream()
+    )
     torch.cuda.synchronize()
-    want = tc.dequantize_fp8_block(q, scales, block_dim=block_dim, layout=layout,
-                                   columnwise=columnwise, out_dtype=out_dtype)
+    want = tc.dequantize_fp8_block(
+        q, scales, block_dim=block_dim, layout=layout, columnwise=columnwise, out_dtype=out_dtype
+    )
     ctx = f"seed={seed}, {block_dim}-D, {layout}, col={columnwise}, {np.dtype(out_dtype)}, {fmt}"
     assert_same_values_nan_anywhere(out.numpy(), want, "dequantized", ctx)
 
@@ -210,11 +263,9 @@ def test_dequantize_special_scales(rng_and_seed, out_dtype, fmt, layout, columnw
     flat[pick] = rng.choice(special, int(pick.sum()))
     dev_q, dev_s = DeviceArray.of(q), DeviceArray.of(scales)
     out = DeviceArray(shape, out_dtype)
-    lib.fp8_block_dequantize(dev_q.desc, dev_s.desc, out.desc, 1, LAYOUT_CODE[layout], columnwise,
-                             stream=_stream())
+    lib.fp8_block_dequantize(dev_q.desc, dev_s.desc, out.desc, 1, LAYOUT_CODE[layout], columnwise, stream=_stream())
     torch.cuda.synchronize()
-    want = tc.dequantize_fp8_block(q, scales, block_dim=1, layout=layout, columnwise=columnwise,
-                                   out_dtype=out_dtype)
+    want = tc.dequantize_fp8_block(q, scales, block_dim=1, layout=layout, columnwise=columnwise, out_dtype=out_dtype)
     ctx = f"seed={seed}, {layout}, col={columnwise}, {np.dtype(out_dtype)}, {fmt}"
     assert_same_values_nan_anywhere(out.numpy(), want, "dequantized", ctx)
 
@@ -229,8 +280,7 @@ def test_transpose_2d(rng_and_seed, layout, shape):
     row, row_s = DeviceArray.of(ref.rowwise), DeviceArray.of(ref.rowwise_scale_inv)
     col = DeviceArray(ref.columnwise.shape, ref.columnwise.dtype)
     col_s = DeviceArray(ref.columnwise_scale_inv.shape, np.float32)
-    lib.fp8_block_transpose_2d(row.desc, row_s.desc, col.desc, col_s.desc, LAYOUT_CODE[layout],
-                               stream=_stream())
+    lib.fp8_block_transpose_2d(row.desc, row_s.desc, col.desc, col_s.desc, LAYOUT_CODE[layout], stream=_stream())
     torch.cuda.synchronize()
     ctx = f"seed={seed}, {shape}, {layout}"
     assert_same_bytes(col.numpy(), ref.columnwise, "columnwise", ctx)
@@ -242,13 +292,18 @@ def test_quantize_is_graph_capturable(rng_and_seed):
     rng, seed = rng_and_seed
     x = make_input((384, 512), np.dtype(ml_dtypes.bfloat16), rng, "finite")
     dev_x = DeviceArray.of(x)
-    outs = [DeviceArray((384, 512), FP8["e4m3"]), DeviceArray((4, 384), np.float32),
-            DeviceArray((512, 384), FP8["e4m3"]), DeviceArray((3, 512), np.float32)]
+    outs = [
+        DeviceArray((384, 512), FP8["e4m3"]),
+        DeviceArray((4, 384), np.float32),
+        DeviceArray((512, 384), FP8["e4m3"]),
+        DeviceArray((3, 512), np.float32),
+    ]
     descs = [d.desc for d in outs]
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):  # synchronizes first, captures on a side stream
-        lib.fp8_block_quantize(dev_x.desc, *descs, block_dim=1, layout=0,
-                               stream=torch.cuda.current_stream().cuda_stream)
+        lib.fp8_block_quantize(
+            dev_x.desc, *descs, block_dim=1, layout=0, stream=torch.cuda.current_stream().cuda_stream
+        )
     graph.replay()
     torch.cuda.synchronize()
     want = tc.quantize_fp8_block(x, block_dim=1, columnwise=True)

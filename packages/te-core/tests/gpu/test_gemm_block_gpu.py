@@ -82,13 +82,13 @@ class Dev:
     def __init__(self, array, code=None, shape=None):
         array = np.ascontiguousarray(array)
         raw = array.reshape(-1).view(np.uint8)
-        self.buffer = torch.from_numpy(raw.copy()).to("cuda") if raw.size else \
-            torch.zeros(1, dtype=torch.uint8, device="cuda")
+        self.buffer = (
+            torch.from_numpy(raw.copy()).to("cuda") if raw.size else torch.zeros(1, dtype=torch.uint8, device="cuda")
+        )
         self.array = array
         code = int(tec.te_dtype(array.dtype)) if code is None else int(code)
         shape = list(array.shape if shape is None else shape)
-        self.desc = lib.TensorDesc(self.buffer.data_ptr(), code, shape, 1,
-                                   self.buffer.device.index or 0)
+        self.desc = lib.TensorDesc(self.buffer.data_ptr(), code, shape, 1, self.buffer.device.index or 0)
 
     def numpy(self) -> np.ndarray:
         torch.cuda.synchronize()
@@ -103,14 +103,18 @@ def device_operand(op, keep: list):
     scale = None if op.scale_inv is None else Dev(np.asarray(op.scale_inv))
     amax = None if op.amax is None else Dev(np.asarray(op.amax, np.float32).reshape(()))
     keep += [data, scale, amax]
-    return lib.GemmOperandDesc(data.desc, SCALING[op.scaling], None if scale is None else scale.desc,
-                               None if amax is None else amax.desc, bool(op.swizzled_scales))
+    return lib.GemmOperandDesc(
+        data.desc,
+        SCALING[op.scaling],
+        None if scale is None else scale.desc,
+        None if amax is None else amax.desc,
+        bool(op.swizzled_scales),
+    )
 
 
 def workspace(size: int):
     buffer = torch.empty(max(size, 1), dtype=torch.uint8, device="cuda")
-    return buffer, lib.TensorDesc(buffer.data_ptr(), int(DType.kByte), [size], 1,
-                                  buffer.device.index or 0)
+    return buffer, lib.TensorDesc(buffer.data_ptr(), int(DType.kByte), [size], 1, buffer.device.index or 0)
 
 
 def out_shape(case) -> tuple[int, int]:
@@ -119,17 +123,24 @@ def out_shape(case) -> tuple[int, int]:
     return (a_cols if case.transa else a_rows), (b_rows if case.transb else b_cols)
 
 
-def block_params(case, keep, *, c=None, bias=None, alpha=1.0, beta=0.0, out_dtype=F32,
-                 force_emulation=False):
+def block_params(case, keep, *, c=None, bias=None, alpha=1.0, beta=0.0, out_dtype=F32, force_emulation=False):
     a, b = device_operand(case.a, keep), device_operand(case.b, keep)
     d = Dev(np.zeros(out_shape(case), out_dtype))
     dc = None if c is None else Dev(c)
     db = None if bias is None else Dev(bias)
     keep += [d, dc, db]
-    params = lib.GemmBlockParams(a, b, d.desc, c=None if dc is None else dc.desc,
-                                 bias=None if db is None else db.desc, alpha=alpha, beta=beta,
-                                 transa=case.transa, transb=case.transb,
-                                 force_emulation=force_emulation)
+    params = lib.GemmBlockParams(
+        a,
+        b,
+        d.desc,
+        c=None if dc is None else dc.desc,
+        bias=None if db is None else db.desc,
+        alpha=alpha,
+        beta=beta,
+        transa=case.transa,
+        transb=case.transb,
+        force_emulation=force_emulation,
+    )
     return params, d
 
 
@@ -153,20 +164,24 @@ def gpu_dense_twin(a_bf16, b_bf16, case, *, c=None, bias=None, alpha=1.0, beta=0
     d = Dev(np.zeros(out_shape(case), out_dtype))
     dc = None if c is None else Dev(c)
     dbias = None if bias is None else Dev(bias)
-    args = dict(c=None if dc is None else dc.desc, bias=None if dbias is None else dbias.desc,
-                alpha=alpha, beta=beta, transa=case.transa, transb=case.transb)
+    args = dict(
+        c=None if dc is None else dc.desc,
+        bias=None if dbias is None else dbias.desc,
+        alpha=alpha,
+        beta=beta,
+        transa=case.transa,
+        transb=case.transb,
+    )
     size = lib.gemm_workspace_size(da.desc, db.desc, d.desc, **args)
     ws, ws_desc = workspace(size)
     torch.cuda.synchronize()
-    lib.gemm(da.desc, db.desc, d.desc, workspace=ws_desc,
-             stream=torch.cuda.current_stream().cuda_stream, **args)
+    lib.gemm(da.desc, db.desc, d.desc, workspace=ws_desc, stream=torch.cuda.current_stream().cuda_stream, **args)
     return d.numpy()
 
 
 def bf16_operands(case):
     mx = case.a.scaling == "mxfp8"
-    return (dequantized(case.a, mx and case.transa, BF16),
-            dequantized(case.b, mx and not case.transb, BF16))
+    return (dequantized(case.a, mx and case.transa, BF16), dequantized(case.b, mx and not case.transb, BF16))
 
 
 def fused_bias_rounding(out_dtype, bias):
@@ -210,8 +225,17 @@ def test_emulated_epilogue(rng, fmt, out_dtype):
     out, path, _ = gpu_gemm_block(case, force_emulation=True, **kw)
     a16, b16 = bf16_operands(case)
     assert path == "emulated" and same_bits(out, gpu_dense_twin(a16, b16, case, **kw))
-    ref = reference(a16, b16, transa=case.transa, transb=case.transb, c=c, bias=bias, alpha=0.75,
-                    beta=-0.5, rounded_before_bias=fused_bias_rounding(out_dtype, bias))
+    ref = reference(
+        a16,
+        b16,
+        transa=case.transa,
+        transb=case.transb,
+        c=c,
+        bias=bias,
+        alpha=0.75,
+        beta=-0.5,
+        rounded_before_bias=fused_bias_rounding(out_dtype, bias),
+    )
     assert_close(out, ref.out, ref.err32, f"{fmt} epilogue (emulated)")
 
 
@@ -231,11 +255,18 @@ def test_microscaling_is_emulated_below_blackwell(rng, fmt):
 
 def native_reference(case, **epilogue):
     out_dtype = epilogue.pop("out_dtype", F32)
-    return reference(case.a_deq, case.b_deq, transa=case.transa, transb=case.transb,
-                     tensor_core_fp8=True, dequantized_fp8=True, scale_block_k=128,
-                     extra_roundings=BLOCK_EXTRA_ROUNDINGS,
-                     rounded_before_bias=fused_bias_rounding(out_dtype, epilogue.get("bias")),
-                     **epilogue)
+    return reference(
+        case.a_deq,
+        case.b_deq,
+        transa=case.transa,
+        transb=case.transb,
+        tensor_core_fp8=True,
+        dequantized_fp8=True,
+        scale_block_k=128,
+        extra_roundings=BLOCK_EXTRA_ROUNDINGS,
+        rounded_before_bias=fused_bias_rounding(out_dtype, epilogue.get("bias")),
+        **epilogue,
+    )
 
 
 @pytest.mark.parametrize("shape", ALIGNED_SHAPES + ODD_SHAPES, ids=str)

@@ -86,8 +86,9 @@ def gpu_reference(a, b, *, out_dtype=F32, **kwargs):
     tensor-core accumulation model (applies when both operands are FP8) and
     the fused-BIAS rounding of `fused_bias_rounding`."""
     c = kwargs.get("c") if kwargs.get("beta", 0.0) != 0.0 else None  # te_gemm drops C at beta 0
-    rounding = fused_bias_rounding(out_dtype, kwargs.get("bias"), gelu=kwargs.get("gelu", False),
-                                   fp8_inputs=is_fp8(np.asarray(a).dtype), c=c)
+    rounding = fused_bias_rounding(
+        out_dtype, kwargs.get("bias"), gelu=kwargs.get("gelu", False), fp8_inputs=is_fp8(np.asarray(a).dtype), c=c
+    )
     return reference(a, b, tensor_core_fp8=True, rounded_before_bias=rounding, **kwargs)
 
 
@@ -118,25 +119,44 @@ class DeviceArray:
         return cls(array.shape, array.dtype, array, offset_bytes)
 
     def bytes(self):
-        return self.storage[self.offset:self.offset + self.nbytes]
+        return self.storage[self.offset : self.offset + self.nbytes]
 
     def typed(self, torch_dtype):
         return self.bytes().view(torch_dtype).view(self.shape)
 
     def desc(self):
         ptr = self.storage.data_ptr() + self.offset
-        return lib.TensorDesc(ptr, int(tec.te_dtype(self.dtype)), list(self.shape), 1,
-                              self.storage.device.index)
+        return lib.TensorDesc(ptr, int(tec.te_dtype(self.dtype)), list(self.shape), 1, self.storage.device.index)
 
     def numpy(self) -> np.ndarray:
         torch.cuda.synchronize()
         return self.bytes().cpu().numpy().view(self.dtype).reshape(self.shape)
 
 
-def gpu_gemm(a, b, *, transa=False, transb=False, a_scale_inv=None, b_scale_inv=None, c=None,
-             alpha=1.0, beta=0.0, bias=None, gelu=False, bias_grad=False, out_dtype=F32,
-             d_scale=None, use_split_accumulator=True, pre_gelu_dtype=None, bias_grad_dtype=None,
-             amax_start=0.0, c_in_place=False, offset_bytes=0, stream=None) -> GemmOutput:
+def gpu_gemm(
+    a,
+    b,
+    *,
+    transa=False,
+    transb=False,
+    a_scale_inv=None,
+    b_scale_inv=None,
+    c=None,
+    alpha=1.0,
+    beta=0.0,
+    bias=None,
+    gelu=False,
+    bias_grad=False,
+    out_dtype=F32,
+    d_scale=None,
+    use_split_accumulator=True,
+    pre_gelu_dtype=None,
+    bias_grad_dtype=None,
+    amax_start=0.0,
+    c_in_place=False,
+    offset_bytes=0,
+    stream=None,
+) -> GemmOutput:
     """The GPU twin of transformer_engine.core.gemm (same arguments, NumPy in and out)."""
     a, b = np.asarray(a), np.asarray(b)
     out_dtype = np.dtype(out_dtype)
@@ -169,27 +189,32 @@ def gpu_gemm(a, b, *, transa=False, transb=False, a_scale_inv=None, b_scale_inv=
     grad = device(shape=(m,), dtype=grad_dtype) if bias_grad else None
     amax = device(np.array(amax_start, np.float32)) if is_fp8(out_dtype) else None
     args = {
-        "a_scale_inv": scalar_desc(a_scale_inv), "b_scale_inv": scalar_desc(b_scale_inv),
-        "c": None if dc is None else dc.desc(), "d_scale": scalar_desc(d_scale),
+        "a_scale_inv": scalar_desc(a_scale_inv),
+        "b_scale_inv": scalar_desc(b_scale_inv),
+        "c": None if dc is None else dc.desc(),
+        "d_scale": scalar_desc(d_scale),
         "d_amax": None if amax is None else amax.desc(),
         "bias": None if bias is None else device(bias).desc(),
         "pre_gelu_out": None if pre is None else pre.desc(),
-        "bias_grad": None if grad is None else grad.desc(), "alpha": float(alpha), "beta": float(beta),
-        "transa": bool(transa), "transb": bool(transb),
+        "bias_grad": None if grad is None else grad.desc(),
+        "alpha": float(alpha),
+        "beta": float(beta),
+        "transa": bool(transa),
+        "transb": bool(transb),
         "use_split_accumulator": bool(use_split_accumulator),
     }
     size = lib.gemm_workspace_size(da.desc(), db.desc(), d.desc(), **args)
     workspace = device(shape=(size,), dtype=np.uint8)
     stream = stream or torch.cuda.current_stream()
     torch.cuda.synchronize()  # buffers were filled on the current stream; `stream` may differ
-    lib.gemm(da.desc(), db.desc(), d.desc(), workspace=workspace.desc(),
-             stream=stream.cuda_stream, **args)
+    lib.gemm(da.desc(), db.desc(), d.desc(), workspace=workspace.desc(), stream=stream.cuda_stream, **args)
     stream.synchronize()
     return GemmOutput(
-        d.numpy(), None if pre is None else pre.numpy(), None if grad is None else grad.numpy(),
+        d.numpy(),
+        None if pre is None else pre.numpy(),
+        None if grad is None else grad.numpy(),
         None if amax is None else amax.numpy()[()],
     )
-
 
 
 # ---------------------------------------------------------------------------
@@ -218,10 +243,10 @@ def test_fp8_product(rng, a_dtype, b_dtype, transa, transb, shape, out_dtype):
     sa, sb = random_scale_inv(rng), random_scale_inv(rng, power_of_two=False)
     if out_dtype == F16:  # keep sums of ~K products of |q| ~ 64 well below 65504
         sa = np.float32(sa / 64)
-    r = gpu_gemm(a, b, transa=transa, transb=transb, a_scale_inv=sa, b_scale_inv=sb,
-                 out_dtype=out_dtype)
-    ref = gpu_reference(a, b, transa=transa, transb=transb, a_scale_inv=sa, b_scale_inv=sb,
-                        extra_roundings=FP8_EXTRA_ROUNDINGS)
+    r = gpu_gemm(a, b, transa=transa, transb=transb, a_scale_inv=sa, b_scale_inv=sb, out_dtype=out_dtype)
+    ref = gpu_reference(
+        a, b, transa=transa, transb=transb, a_scale_inv=sa, b_scale_inv=sb, extra_roundings=FP8_EXTRA_ROUNDINGS
+    )
     assert_close(r.out, ref.out, ref.err32, "D")
 
 
@@ -234,8 +259,10 @@ def test_fp8_matches_torch_scaled_mm(rng, out_dtype):
     da, db = DeviceArray.of(a), DeviceArray.of(b)
     torch_out = {F32: torch.float32, BF16: torch.bfloat16}[out_dtype]
     theirs = torch._scaled_mm(
-        da.typed(torch.float8_e4m3fn), db.typed(torch.float8_e4m3fn).t(),
-        scale_a=torch.tensor(float(sa), device="cuda"), scale_b=torch.tensor(float(sb), device="cuda"),
+        da.typed(torch.float8_e4m3fn),
+        db.typed(torch.float8_e4m3fn).t(),
+        scale_a=torch.tensor(float(sa), device="cuda"),
+        scale_b=torch.tensor(float(sb), device="cuda"),
         out_dtype=torch_out,
     )
     theirs = theirs.float().cpu().numpy()
@@ -244,8 +271,7 @@ def test_fp8_matches_torch_scaled_mm(rng, out_dtype):
     # Both are within the bound of the reference (torch._scaled_mm runs the same
     # cuBLASLt FP8 kernels, split accumulator), so within twice of it of each other.
     u = UNIT_ROUNDOFF[out_dtype]
-    assert_close(ours, theirs.astype(np.float64), 2 * ref.err32 + 2 * u * np.abs(ref.out),
-                 "D vs torch._scaled_mm")
+    assert_close(ours, theirs.astype(np.float64), 2 * ref.err32 + 2 * u * np.abs(ref.out), "D vs torch._scaled_mm")
 
 
 def test_fp8_fast_accumulation_is_close(rng):
@@ -274,8 +300,7 @@ def test_unaligned_output_through_our_epilogue(rng, dtype):
     m, n, k = 33, 64, 17
     a, b = random_operands(rng, m, n, k, False, True, dtype, dtype)
     bias = random_operand(rng, (n,), dtype)
-    r = gpu_gemm(a, b, transb=True, bias=bias, gelu=True, out_dtype=dtype,
-                 offset_bytes=dtype.itemsize)
+    r = gpu_gemm(a, b, transb=True, bias=bias, gelu=True, out_dtype=dtype, offset_bytes=dtype.itemsize)
     pre = reference(a, b, transb=True, bias=bias)
     ref = reference(a, b, transb=True, bias=bias, gelu=True)
     assert_close(r.pre_gelu_out, pre.out, pre.err32, "pre_gelu_out")
@@ -306,8 +331,9 @@ def test_alpha_beta_c(rng, dtype, transa, transb):
     alpha, beta = float(rng.uniform(-2, 2)), float(rng.uniform(-2, 2))
     ref = reference(a, b, transa=transa, transb=transb, c=c, alpha=alpha, beta=beta)
     for in_place in (False, True):
-        r = gpu_gemm(a, b, transa=transa, transb=transb, c=c, alpha=alpha, beta=beta,
-                     out_dtype=dtype, c_in_place=in_place)
+        r = gpu_gemm(
+            a, b, transa=transa, transb=transb, c=c, alpha=alpha, beta=beta, out_dtype=dtype, c_in_place=in_place
+        )
         assert_close(r.out, ref.out, ref.err32, f"D (C in place: {in_place})")
 
 
@@ -317,10 +343,12 @@ def test_fp8_inputs_accumulate_into_c(rng, out_dtype, transa, transb):
     m, n, k = 64, 48, 80
     a, b = random_operands(rng, m, n, k, transa, transb, E4M3, E5M2)
     c = random_operand(rng, (m, n), out_dtype)
-    r = gpu_gemm(a, b, transa=transa, transb=transb, a_scale_inv=0.5, b_scale_inv=2.0, c=c,
-                 beta=1.0, out_dtype=out_dtype)
-    ref = gpu_reference(a, b, transa=transa, transb=transb, a_scale_inv=0.5, b_scale_inv=2.0, c=c,
-                        beta=1.0, out_dtype=out_dtype)
+    r = gpu_gemm(
+        a, b, transa=transa, transb=transb, a_scale_inv=0.5, b_scale_inv=2.0, c=c, beta=1.0, out_dtype=out_dtype
+    )
+    ref = gpu_reference(
+        a, b, transa=transa, transb=transb, a_scale_inv=0.5, b_scale_inv=2.0, c=c, beta=1.0, out_dtype=out_dtype
+    )
     assert_close(r.out, ref.out, ref.err32, "D")
 
 
@@ -380,8 +408,7 @@ def test_bias_grad(rng, dtype, transa, grad_dtype):
 def test_fp8_bias_grad(rng, transa):
     m, n, k = 64, 48, 4096  # long K: many partial sums per output
     a, b = random_operands(rng, m, n, k, transa, False, E5M2, E4M3)
-    r = gpu_gemm(a, b, transa=transa, a_scale_inv=0.5, b_scale_inv=1.0, bias_grad=True,
-                 bias_grad_dtype=F32)
+    r = gpu_gemm(a, b, transa=transa, a_scale_inv=0.5, b_scale_inv=1.0, bias_grad=True, bias_grad_dtype=F32)
     expected, err = bias_grad_reference(a, 0.5, transa=transa)
     assert_close(r.bias_grad, expected, err, "bias_grad")
 
@@ -401,8 +428,16 @@ def test_bias_grad_parts_and_layouts(rng, dtype, transa, shape, offset):
     scales = {"a_scale_inv": 0.75, "b_scale_inv": 0.5} if is_fp8(dtype) else {}
     out_dtype = F32 if is_fp8(dtype) else dtype  # offset_bytes moves D too: D of A's type
     for grad_dtype in (F32, BF16):
-        r = gpu_gemm(a, b, transa=transa, bias_grad=True, bias_grad_dtype=grad_dtype,
-                     out_dtype=out_dtype, offset_bytes=offset * dtype.itemsize, **scales)
+        r = gpu_gemm(
+            a,
+            b,
+            transa=transa,
+            bias_grad=True,
+            bias_grad_dtype=grad_dtype,
+            out_dtype=out_dtype,
+            offset_bytes=offset * dtype.itemsize,
+            **scales,
+        )
         expected, err = bias_grad_reference(a, scales.get("a_scale_inv"), transa=transa)
         assert_close(r.bias_grad, expected, err, f"bias_grad ({grad_dtype})")
 
@@ -429,10 +464,19 @@ def test_fp8_output(rng, a_dtype, b_dtype, d_dtype, transa, transb):
     m, n, k = 64, 48, 80
     a, b = random_operands(rng, m, n, k, transa, transb, a_dtype, b_dtype)
     d_scale = float(rng.uniform(0.5, 4.0))
-    r = gpu_gemm(a, b, transa=transa, transb=transb, a_scale_inv=0.125, b_scale_inv=0.5,
-                 out_dtype=d_dtype, d_scale=d_scale)
-    ref = gpu_reference(a, b, transa=transa, transb=transb, a_scale_inv=0.125, b_scale_inv=0.5,
-                        extra_roundings=FP8_EXTRA_ROUNDINGS, out_dtype=d_dtype)
+    r = gpu_gemm(
+        a, b, transa=transa, transb=transb, a_scale_inv=0.125, b_scale_inv=0.5, out_dtype=d_dtype, d_scale=d_scale
+    )
+    ref = gpu_reference(
+        a,
+        b,
+        transa=transa,
+        transb=transb,
+        a_scale_inv=0.125,
+        b_scale_inv=0.5,
+        extra_roundings=FP8_EXTRA_ROUNDINGS,
+        out_dtype=d_dtype,
+    )
     assert_fp8_close(r.out, ref, d_scale)
     assert_amax_close(r.amax, ref)
 
@@ -456,11 +500,19 @@ def test_fp8_output_epilogues(rng, c_dtype, bias_dtype, gelu):
 def test_d_amax_is_max_accumulated(rng):
     a, b = random_operands(rng, 64, 48, 80, False, True, E4M3, E4M3)
     for gelu in (False, True):  # fused (cuBLASLt amax + our combine) and our epilogue kernel
-        ref = gpu_reference(a, b, transb=True, a_scale_inv=1.0, b_scale_inv=1.0, gelu=gelu,
-                            out_dtype=E4M3)
+        ref = gpu_reference(a, b, transb=True, a_scale_inv=1.0, b_scale_inv=1.0, gelu=gelu, out_dtype=E4M3)
         for start in (0.0, 1e9):
-            r = gpu_gemm(a, b, transb=True, a_scale_inv=1.0, b_scale_inv=1.0, out_dtype=E4M3,
-                         d_scale=1.0, amax_start=start, gelu=gelu)
+            r = gpu_gemm(
+                a,
+                b,
+                transb=True,
+                a_scale_inv=1.0,
+                b_scale_inv=1.0,
+                out_dtype=E4M3,
+                d_scale=1.0,
+                amax_start=start,
+                gelu=gelu,
+            )
             assert_amax_close(r.amax, ref, start)
 
 
@@ -471,8 +523,7 @@ def test_d_amax_is_max_accumulated(rng):
 def test_zero_k_and_empty_outputs(rng):
     c = random_operand(rng, (4, 3), F32)
     bias = random_operand(rng, (3,), F32)
-    r = gpu_gemm(np.empty((4, 0), np.float32), np.empty((0, 3), np.float32), c=c, beta=2.0,
-                 bias=bias, bias_grad=True)
+    r = gpu_gemm(np.empty((4, 0), np.float32), np.empty((0, 3), np.float32), c=c, beta=2.0, bias=bias, bias_grad=True)
     np.testing.assert_allclose(r.out, 2.0 * c + bias, rtol=1e-6)
     np.testing.assert_array_equal(r.bias_grad, np.zeros(4, np.float32))
     r = gpu_gemm(np.empty((0, 5), np.float32), np.ones((5, 3), np.float32))
@@ -506,8 +557,7 @@ def test_side_stream_and_graph_capture(rng):
     ws = DeviceArray((lib.gemm_workspace_size(da.desc(), db.desc(), d.desc(), **kw),), np.uint8)
 
     def run(stream):
-        lib.gemm(da.desc(), db.desc(), d.desc(), workspace=ws.desc(), stream=stream.cuda_stream,
-                 **kw)
+        lib.gemm(da.desc(), db.desc(), d.desc(), workspace=ws.desc(), stream=stream.cuda_stream, **kw)
 
     run(torch.cuda.current_stream())  # warm-up: handle and heuristic outside the capture
     torch.cuda.synchronize()
@@ -554,13 +604,13 @@ def test_fp8_scales_at_unaligned_addresses():
     outs = []
     for sa, sb in ((stats[1:2], stats[2:3]), (aligned_a, aligned_b)):
         d = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
-        args = dict(a_scale_inv=_torch_desc(sa, code.kFloat32), b_scale_inv=_torch_desc(sb, code.kFloat32),
-                    transb=True)
+        args = dict(a_scale_inv=_torch_desc(sa, code.kFloat32), b_scale_inv=_torch_desc(sb, code.kFloat32), transb=True)
         da, db = _torch_desc(a.view(torch.uint8), code.kFloat8E4M3), _torch_desc(b.view(torch.uint8), code.kFloat8E4M3)
         dd = _torch_desc(d, code.kBFloat16)
         ws = torch.empty(lib.gemm_workspace_size(da, db, dd, **args), device="cuda", dtype=torch.uint8)
-        lib.gemm(da, db, dd, workspace=_torch_desc(ws, code.kByte),
-                 stream=torch.cuda.current_stream().cuda_stream, **args)
+        lib.gemm(
+            da, db, dd, workspace=_torch_desc(ws, code.kByte), stream=torch.cuda.current_stream().cuda_stream, **args
+        )
         outs.append(d)
     torch.cuda.synchronize()
     assert stats[1:2].data_ptr() % 16 != 0

@@ -16,13 +16,13 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from test_mxfp8 import MODES, mxfp8_hostile  # noqa: E402  (tests/ is on sys.path via conftest)
+
 import transformer_engine.core as tc  # noqa: E402
 from transformer_engine.core import reference_mxfp8 as ref  # noqa: E402
 from transformer_engine.core._arrays import desc as host_desc  # noqa: E402
 from transformer_engine.core.dtypes import te_dtype  # noqa: E402
 from transformer_engine.core.reference import FP8_NUMPY  # noqa: E402
-
-from test_mxfp8 import MODES, mxfp8_hostile  # noqa: E402  (tests/ is on sys.path via conftest)
 
 pytestmark = pytest.mark.gpu
 lib = tc.lib
@@ -61,11 +61,16 @@ class Dev:
 
     @property
     def desc(self):
-        return lib.TensorDesc(self.buf.data_ptr() + self.offset, int(te_dtype(self.dtype)), list(self.shape),
-                              1, self.buf.device.index or 0)
+        return lib.TensorDesc(
+            self.buf.data_ptr() + self.offset,
+            int(te_dtype(self.dtype)),
+            list(self.shape),
+            1,
+            self.buf.device.index or 0,
+        )
 
     def numpy(self) -> np.ndarray:
-        return self.buf[self.offset:].cpu().numpy().view(self.dtype).reshape(self.shape)
+        return self.buf[self.offset :].cpu().numpy().view(self.dtype).reshape(self.shape)
 
 
 def stream() -> int:
@@ -105,8 +110,9 @@ def quantize_on_gpu(x, fmt, mode, swizzled, in_offset=0, out_offset=0):
 def check_against_cpu(x, fmt, mode, swizzled, **offsets):
     rowwise, columnwise, use_2d = MODES[mode]
     got = quantize_on_gpu(x, fmt, mode, swizzled, **offsets)
-    want = tc.quantize_mxfp8(x, fmt, rowwise=rowwise, columnwise=columnwise, use_2d_blocks=use_2d,
-                             swizzled_scales=swizzled)
+    want = tc.quantize_mxfp8(
+        x, fmt, rowwise=rowwise, columnwise=columnwise, use_2d_blocks=use_2d, swizzled_scales=swizzled
+    )
     names = ["rowwise", "rowwise_scale_inv", "columnwise", "columnwise_scale_inv"]
     for name, g, w in zip(names, got, want[:4]):
         assert (g is None) == (w is None), name
@@ -179,8 +185,10 @@ def test_swizzle_matches_cpu(columnwise, tiles):
     shape = (tiles[0] * 128, tiles[1] * 4)
     shape = shape[::-1] if columnwise else shape
     s = rng.integers(0, 256, shape, dtype=np.uint8).view(E8M0)
-    for fn, cpu in ((lib.swizzle_block_scales, tc.swizzle_block_scales),
-                    (lib.unswizzle_block_scales, tc.unswizzle_block_scales)):
+    for fn, cpu in (
+        (lib.swizzle_block_scales, tc.swizzle_block_scales),
+        (lib.unswizzle_block_scales, tc.unswizzle_block_scales),
+    ):
         src, dst = Dev(shape, E8M0, fill=s), Dev(shape, E8M0)
         fn(src.desc, dst.desc, columnwise, stream())
         assert_same(dst.numpy(), cpu(s, columnwise=columnwise), f"{fn.__name__} columnwise={columnwise}")

@@ -22,11 +22,11 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from norm_inputs import FLOAT_DTYPES, NORM_SHAPES, grad_input, norm_input, weights  # noqa: E402
+
 import transformer_engine.core as tc  # noqa: E402
 from transformer_engine.core import norm_reference as nref  # noqa: E402
 from transformer_engine.core.dtypes import te_dtype  # noqa: E402
-
-from norm_inputs import FLOAT_DTYPES, NORM_SHAPES, grad_input, norm_input, weights  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 lib = tc.lib
@@ -34,8 +34,7 @@ lib = tc.lib
 # Beyond the CPU shapes: long rows (8192; 16384 is the last register-resident forward
 # shape, 10000 and 20000 take the looped kernels of the backward / both), rows whose
 # length is no multiple of 8 (100, 1000: the scalar path), many rows.
-GPU_SHAPES = NORM_SHAPES + [(64, 8192), (33, 100), (17, 1000), (3, 16384), (4, 10000), (3, 20000),
-                            (2048, 512)]
+GPU_SHAPES = NORM_SHAPES + [(64, 8192), (33, 100), (17, 1000), (3, 16384), (4, 10000), (3, 20000), (2048, 512)]
 FP8 = {"e4m3": te_dtype("e4m3"), "e5m2": te_dtype("e5m2")}
 
 
@@ -66,12 +65,13 @@ class Dev:
 
     @property
     def desc(self):
-        return lib.TensorDesc(self.buffer.data_ptr() + self.offset, self.code, list(self.shape), 1,
-                              self.buffer.device.index or 0)
+        return lib.TensorDesc(
+            self.buffer.data_ptr() + self.offset, self.code, list(self.shape), 1, self.buffer.device.index or 0
+        )
 
     def numpy(self) -> np.ndarray:
         torch.cuda.synchronize()
-        return self.buffer[self.offset:].cpu().numpy().view(self.dtype).reshape(self.shape)
+        return self.buffer[self.offset :].cpu().numpy().view(self.dtype).reshape(self.shape)
 
 
 def opt(d):
@@ -83,8 +83,7 @@ def shifts(offset, offsets, names):
     return {**{n: offset for n in names}, **(offsets or {})}
 
 
-def gpu_forward(layernorm, x, gamma, beta, eps, zcg, y_dtype, *, scale=None, amax=0.0, offset=0,
-                offsets=None):
+def gpu_forward(layernorm, x, gamma, beta, eps, zcg, y_dtype, *, scale=None, amax=0.0, offset=0, offsets=None):
     """Runs the CUDA forward; y_dtype is a NumPy dtype or 'e4m3'/'e5m2'. NumPy results.
     x and y start `offset` ELEMENTS into their buffers; `offsets` maps any of x, gamma,
     beta, y to its own shift in elements."""
@@ -94,19 +93,18 @@ def gpu_forward(layernorm, x, gamma, beta, eps, zcg, y_dtype, *, scale=None, ama
     dx_ = Dev(x, offset=sh.get("x", 0) * x.dtype.itemsize)
     dg = Dev(gamma, offset=sh.get("gamma", 0) * gamma.dtype.itemsize)
     db = Dev(beta, offset=sh.get("beta", 0) * beta.dtype.itemsize)
-    y = Dev(shape=x.shape, dtype=y_np, code=FP8[y_dtype] if fp8 else None,
-            offset=sh.get("y", 0) * y_np.itemsize)
+    y = Dev(shape=x.shape, dtype=y_np, code=FP8[y_dtype] if fp8 else None, offset=sh.get("y", 0) * y_np.itemsize)
     rows = x.shape[:-1]
     mu, rsigma = Dev(shape=rows, dtype=np.float32), Dev(shape=rows, dtype=np.float32)
     s = Dev(np.array(scale, np.float32)) if fp8 else None
     si = Dev(np.array(0.0, np.float32)) if fp8 else None
     am = Dev(np.array(amax, np.float32)) if fp8 else None
     if layernorm:
-        lib.layernorm_fwd(dx_.desc, dg.desc, db.desc, eps, zcg, y.desc, opt(s), opt(si), opt(am),
-                          mu.desc, rsigma.desc, _stream())
+        lib.layernorm_fwd(
+            dx_.desc, dg.desc, db.desc, eps, zcg, y.desc, opt(s), opt(si), opt(am), mu.desc, rsigma.desc, _stream()
+        )
     else:
-        lib.rmsnorm_fwd(dx_.desc, dg.desc, eps, zcg, y.desc, opt(s), opt(si), opt(am), rsigma.desc,
-                        _stream())
+        lib.rmsnorm_fwd(dx_.desc, dg.desc, eps, zcg, y.desc, opt(s), opt(si), opt(am), rsigma.desc, _stream())
     out = {"y": y.numpy(), "rsigma": rsigma.numpy(), "mu": mu.numpy() if layernorm else None}
     if fp8:
         out.update(scale_inv=si.numpy()[()], amax=am.numpy()[()])
@@ -129,11 +127,11 @@ def gpu_backward(layernorm, dz, x, mu, rsigma, gamma, zcg, *, offset=0, offsets=
     assert nbytes > 0  # the CUDA backward always reduces through the workspace
     ws = Dev(shape=(nbytes,), dtype=np.uint8)
     if layernorm:
-        lib.layernorm_bwd(ddz.desc, dx_in.desc, dmu.desc, drs.desc, dg.desc, zcg, dx.desc,
-                          dgamma.desc, dbeta.desc, ws.desc, _stream())
+        lib.layernorm_bwd(
+            ddz.desc, dx_in.desc, dmu.desc, drs.desc, dg.desc, zcg, dx.desc, dgamma.desc, dbeta.desc, ws.desc, _stream()
+        )
     else:
-        lib.rmsnorm_bwd(ddz.desc, dx_in.desc, drs.desc, dg.desc, zcg, dx.desc, dgamma.desc, ws.desc,
-                        _stream())
+        lib.rmsnorm_bwd(ddz.desc, dx_in.desc, drs.desc, dg.desc, zcg, dx.desc, dgamma.desc, ws.desc, _stream())
     return dx.numpy(), dgamma.numpy(), dbeta.numpy() if layernorm else None
 
 
@@ -162,8 +160,11 @@ def same_bytes(a, b, what):
 
 
 @pytest.mark.parametrize("layernorm", [True, False], ids=["layernorm", "rmsnorm"])
-@pytest.mark.parametrize("combo", list(itertools.product(FLOAT_DTYPES, FLOAT_DTYPES, FLOAT_DTYPES)),
-                         ids=lambda c: "-".join(np.dtype(d).name for d in c))
+@pytest.mark.parametrize(
+    "combo",
+    list(itertools.product(FLOAT_DTYPES, FLOAT_DTYPES, FLOAT_DTYPES)),
+    ids=lambda c: "-".join(np.dtype(d).name for d in c),
+)
 @pytest.mark.parametrize("shape", GPU_SHAPES)
 def test_forward_vs_oracle_and_cpu(rng, layernorm, combo, shape):
     x_dtype, w_dtype, y_dtype = combo
@@ -194,8 +195,7 @@ def test_fused_fp8_equals_quantize_of_cuda_fp32_output(rng, layernorm, x_dtype, 
     zcg = bool(rng.integers(2))
     scale = np.float32(rng.choice([1.0, 37.5, 300.0, 2.0**-3]))
     amax0 = np.float32(rng.choice([0.0, 1e4]))
-    fused = gpu_forward(layernorm, x, gamma, beta, 1e-5, zcg, fmt, scale=scale, amax=amax0,
-                        offset=offset)
+    fused = gpu_forward(layernorm, x, gamma, beta, 1e-5, zcg, fmt, scale=scale, amax=amax0, offset=offset)
     y32 = gpu_forward(layernorm, x, gamma, beta, 1e-5, zcg, np.float32, offset=offset)["y"]
     # te_quantize_fp8 on the device copy of the CUDA FP32 y.
     dy, q = Dev(y32), Dev(shape=shape, dtype=np.uint8, code=FP8[fmt])
@@ -207,8 +207,9 @@ def test_fused_fp8_equals_quantize_of_cuda_fp32_output(rng, layernorm, x_dtype, 
 
 
 @pytest.mark.parametrize("layernorm", [True, False], ids=["layernorm", "rmsnorm"])
-@pytest.mark.parametrize("x_dtype,w_dtype", list(itertools.product(FLOAT_DTYPES, FLOAT_DTYPES)),
-                         ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize(
+    "x_dtype,w_dtype", list(itertools.product(FLOAT_DTYPES, FLOAT_DTYPES)), ids=lambda d: np.dtype(d).name
+)
 @pytest.mark.parametrize("shape", GPU_SHAPES)
 def test_backward_vs_oracle_and_cpu(rng, layernorm, x_dtype, w_dtype, shape):
     zcg = bool(rng.integers(2))
@@ -223,8 +224,9 @@ def test_backward_vs_oracle_and_cpu(rng, layernorm, x_dtype, w_dtype, shape):
     else:
         (e_dx, e_dg), e_db = nref.rmsnorm_bwd(dz, x, fwd.rsigma, gamma, zcg), None
         (c_dx, c_dg), c_db = tc.rmsnorm_bwd(dz, x, fwd.rsigma, gamma, zero_centered_gamma=zcg), None
-    b_dx, b_dg, b_db = nref.backward_bounds(layernorm, dz, x, fwd.mu, fwd.rsigma, gamma, zcg, e_dx,
-                                            x.dtype, gamma.dtype)
+    b_dx, b_dg, b_db = nref.backward_bounds(
+        layernorm, dz, x, fwd.mu, fwd.rsigma, gamma, zcg, e_dx, x.dtype, gamma.dtype
+    )
     assert dx.dtype == x.dtype and dgamma.dtype == gamma.dtype
     nref.assert_within(dx, e_dx, b_dx, "cuda dx vs oracle")
     nref.assert_within(dgamma, e_dg, b_dg, "cuda dgamma vs oracle")
@@ -264,8 +266,10 @@ def test_unaligned_buffers_give_the_aligned_bytes(rng, layernorm, x_dtype):
     for key in ("y", "rsigma"):
         same_bytes(aligned[key], shifted[key], key)
     mu = aligned["mu"] if layernorm else None
-    for a, b in zip(gpu_backward(layernorm, dz, x, mu, aligned["rsigma"], gamma, True),
-                    gpu_backward(layernorm, dz, x, mu, aligned["rsigma"], gamma, True, offset=1)):
+    for a, b in zip(
+        gpu_backward(layernorm, dz, x, mu, aligned["rsigma"], gamma, True),
+        gpu_backward(layernorm, dz, x, mu, aligned["rsigma"], gamma, True, offset=1),
+    ):
         if a is not None:
             same_bytes(a, b, "backward")
 
@@ -274,9 +278,11 @@ F32, BF16, F16 = FLOAT_DTYPES
 
 
 @pytest.mark.parametrize("layernorm", [True, False], ids=["layernorm", "rmsnorm"])
-@pytest.mark.parametrize("x_dtype,y_dtype", [(BF16, BF16), (BF16, "e4m3"), (F32, F32), (F32, "e5m2"),
-                                             (F16, F32)],
-                         ids=lambda d: d if isinstance(d, str) else np.dtype(d).name)
+@pytest.mark.parametrize(
+    "x_dtype,y_dtype",
+    [(BF16, BF16), (BF16, "e4m3"), (F32, F32), (F32, "e5m2"), (F16, F32)],
+    ids=lambda d: d if isinstance(d, str) else np.dtype(d).name,
+)
 @pytest.mark.parametrize("shape", [(37, 512), (300, 4096), (5, 8192)])
 def test_each_misaligned_buffer_gives_the_aligned_bytes(rng, layernorm, x_dtype, y_dtype, shape):
     """Every pointer's alignment is checked before a vector path is taken: shifting any one
@@ -308,10 +314,14 @@ def test_misaligned_element_address_is_rejected(rng):
     bad = Dev(x, offset=2)
     args = [Dev(gamma), Dev(beta)]
     y = Dev(shape=x.shape, dtype=np.float32)
-    with pytest.raises(ValueError, match=r"argument 'x' must be aligned to its element size \(4 bytes "
-                       r"for float32\), got an address 2 bytes past a multiple of 4"):
-        lib.layernorm_fwd(bad.desc, args[0].desc, args[1].desc, 1e-5, False, y.desc, None, None,
-                          None, None, None, _stream())
+    with pytest.raises(
+        ValueError,
+        match=r"argument 'x' must be aligned to its element size \(4 bytes "
+        r"for float32\), got an address 2 bytes past a multiple of 4",
+    ):
+        lib.layernorm_fwd(
+            bad.desc, args[0].desc, args[1].desc, 1e-5, False, y.desc, None, None, None, None, None, _stream()
+        )
     torch.cuda.synchronize()  # the context is still healthy
 
 

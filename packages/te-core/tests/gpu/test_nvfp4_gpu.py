@@ -80,7 +80,7 @@ class Dev:
         return lib.TensorDesc(self.t.data_ptr() + self.offset, self.code, self.shape, 1, self.t.device.index or 0)
 
     def bytes(self) -> np.ndarray:
-        return self.t[self.offset:].cpu().numpy()
+        return self.t[self.offset :].cpu().numpy()
 
 
 def fp4(shape) -> Dev:
@@ -97,8 +97,10 @@ def assert_same(got: np.ndarray, want, what: str):
     got = got.reshape(-1)
     assert got.shape == want.shape, f"{what}: {got.size} bytes, want {want.size}"
     bad = np.flatnonzero(got != want)
-    assert bad.size == 0, (f"{what}: {bad.size} of {got.size} bytes differ, first at {bad[0]}: "
-                           f"got {got[bad[0]]:#x}, want {want[bad[0]]:#x}")
+    assert bad.size == 0, (
+        f"{what}: {bad.size} of {got.size} bytes differ, first at {bad[0]}: "
+        f"got {got[bad[0]]:#x}, want {want[bad[0]]:#x}"
+    )
 
 
 def gpu_quantize(x, rowwise=True, columnwise=True, seed=0, offset=0, **mode):
@@ -107,18 +109,25 @@ def gpu_quantize(x, rowwise=True, columnwise=True, seed=0, offset=0, **mode):
     xd = Dev.of(x)
     mask = RHT_SIGN_MASK if mode.get("random_hadamard") else 0
     amax_row, amax_col = Dev.of(np.float32(7.0)), Dev.of(np.float32(7.0))  # overwritten
-    lib.nvfp4_compute_amax(xd.desc, amax_row.desc, amax_col.desc, bool(mode.get("random_hadamard")),
-                           mask, stream())
+    lib.nvfp4_compute_amax(xd.desc, amax_row.desc, amax_col.desc, bool(mode.get("random_hadamard")), mask, stream())
     rng_state = Dev.of(np.array([seed, offset], np.uint64).view(np.int64))
     row = (fp4(x.shape), scales(m, k)) if rowwise else (None, None)
     col = (fp4((k, m)), scales(k, m)) if columnwise else (None, None)
     d = lambda dev: None if dev is None else dev.desc
     lib.nvfp4_quantize(
-        xd.desc, amax_row.desc if rowwise else None, d(row[0]), d(row[1]),
-        amax_col.desc if columnwise else None, d(col[0]), d(col[1]),
-        block_2d=bool(mode.get("block_2d")), stochastic_rounding=bool(mode.get("stochastic_rounding")),
-        random_hadamard=bool(mode.get("random_hadamard")), rht_sign_mask=mask,
-        rng_state=rng_state.desc, stream=stream(),
+        xd.desc,
+        amax_row.desc if rowwise else None,
+        d(row[0]),
+        d(row[1]),
+        amax_col.desc if columnwise else None,
+        d(col[0]),
+        d(col[1]),
+        block_2d=bool(mode.get("block_2d")),
+        stochastic_rounding=bool(mode.get("stochastic_rounding")),
+        random_hadamard=bool(mode.get("random_hadamard")),
+        rht_sign_mask=mask,
+        rng_state=rng_state.desc,
+        stream=stream(),
     )
     torch.cuda.synchronize()
     out = {"amax_rowwise": amax_row.bytes(), "amax_columnwise": amax_col.bytes()}
@@ -132,8 +141,9 @@ def gpu_quantize(x, rowwise=True, columnwise=True, seed=0, offset=0, **mode):
 def compare_with_cpu(x, rowwise=True, columnwise=True, seed=0, offset=0, **mode):
     got = gpu_quantize(x, rowwise, columnwise, seed, offset, **mode)
     mask = RHT_SIGN_MASK if mode.get("random_hadamard") else 0
-    want = tc.quantize_nvfp4(x, rowwise=rowwise, columnwise=columnwise, seed=seed, offset=offset,
-                             rht_sign_mask=mask, **mode)
+    want = tc.quantize_nvfp4(
+        x, rowwise=rowwise, columnwise=columnwise, seed=seed, offset=offset, rht_sign_mask=mask, **mode
+    )
     assert_same(got["amax_rowwise"], want.amax_rowwise, "amax_rowwise")
     assert_same(got["amax_columnwise"], want.amax_columnwise, "amax_columnwise")
     for name in ("rowwise", "rowwise_scale", "columnwise", "columnwise_scale"):
@@ -166,8 +176,11 @@ def test_columnwise_only_matches_cpu(rng, mode):
 
 def test_hostile_amaxes(rng):
     """Zero, all-NaN and infinite tensors; denormal inputs (S_enc = FLT_MAX)."""
-    for x in (np.zeros((32, 48), np.float32), np.full((32, 48), np.nan, np.float32),
-              (rng.standard_normal((32, 48)) * 1e-41).astype(np.float32)):
+    for x in (
+        np.zeros((32, 48), np.float32),
+        np.full((32, 48), np.nan, np.float32),
+        (rng.standard_normal((32, 48)) * 1e-41).astype(np.float32),
+    ):
         compare_with_cpu(x)
         compare_with_cpu(x, **MODES["rht_sr"])
     x = rng.standard_normal((32, 48)).astype(np.float32)
@@ -209,12 +222,32 @@ def test_2d_with_different_global_amaxes(rng, mode, columnwise_amax_factor):
     amax_row, amax_col = Dev.of(amaxes[0]), Dev.of(amaxes[1])
     row, row_s, col, col_s = fp4((m, k)), scales(m, k), fp4((k, m)), scales(k, m)
     sr = mode == "2d_sr"
-    lib.nvfp4_quantize(xd.desc, amax_row.desc, row.desc, row_s.desc, amax_col.desc, col.desc, col_s.desc,
-                       block_2d=True, stochastic_rounding=sr, random_hadamard=False, rht_sign_mask=0,
-                       rng_state=state.desc, stream=stream())
+    lib.nvfp4_quantize(
+        xd.desc,
+        amax_row.desc,
+        row.desc,
+        row_s.desc,
+        amax_col.desc,
+        col.desc,
+        col_s.desc,
+        block_2d=True,
+        stochastic_rounding=sr,
+        random_hadamard=False,
+        rht_sign_mask=0,
+        rng_state=state.desc,
+        stream=stream(),
+    )
     torch.cuda.synchronize()
-    want = tc.quantize_nvfp4(x, columnwise=True, block_2d=True, stochastic_rounding=sr, seed=7, offset=11,
-                             amax_rowwise=amaxes[0], amax_columnwise=amaxes[1])
+    want = tc.quantize_nvfp4(
+        x,
+        columnwise=True,
+        block_2d=True,
+        stochastic_rounding=sr,
+        seed=7,
+        offset=11,
+        amax_rowwise=amaxes[0],
+        amax_columnwise=amaxes[1],
+    )
     assert_same(row.bytes(), want.rowwise, "rowwise")
     assert_same(row_s.bytes(), want.rowwise_scale, "rowwise_scale")
     assert_same(col.bytes(), want.columnwise, "columnwise")
@@ -260,9 +293,20 @@ def test_rng_state_is_read_on_the_device_under_graph_replay(rng):
 
     def run(s):
         lib.nvfp4_compute_amax(xd.desc, amax_row.desc, amax_col.desc, True, RHT_SIGN_MASK, s)
-        lib.nvfp4_quantize(xd.desc, amax_row.desc, row.desc, row_s.desc, amax_col.desc, col.desc,
-                           col_s.desc, stochastic_rounding=True, random_hadamard=True,
-                           rht_sign_mask=RHT_SIGN_MASK, rng_state=state.desc, stream=s)
+        lib.nvfp4_quantize(
+            xd.desc,
+            amax_row.desc,
+            row.desc,
+            row_s.desc,
+            amax_col.desc,
+            col.desc,
+            col_s.desc,
+            stochastic_rounding=True,
+            random_hadamard=True,
+            rht_sign_mask=RHT_SIGN_MASK,
+            rng_state=state.desc,
+            stream=s,
+        )
 
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -277,8 +321,15 @@ def test_rng_state_is_read_on_the_device_under_graph_replay(rng):
         state.t.copy_(torch.from_numpy(np.array([seed, offset], np.uint64).view(np.uint8).copy()).to("cuda"))
         graph.replay()
         torch.cuda.synchronize()
-        want = tc.quantize_nvfp4(x, columnwise=True, stochastic_rounding=True, seed=seed, offset=offset,
-                                 random_hadamard=True, rht_sign_mask=RHT_SIGN_MASK)
+        want = tc.quantize_nvfp4(
+            x,
+            columnwise=True,
+            stochastic_rounding=True,
+            seed=seed,
+            offset=offset,
+            random_hadamard=True,
+            rht_sign_mask=RHT_SIGN_MASK,
+        )
         assert_same(row.bytes(), want.rowwise, "rowwise")
         assert_same(col.bytes(), want.columnwise, "columnwise")
         assert_same(col_s.bytes(), want.columnwise_scale, "columnwise_scale")

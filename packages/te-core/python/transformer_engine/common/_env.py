@@ -22,24 +22,24 @@ class EnvVar(NamedTuple):
 
 
 ENV_VARS = (
-    EnvVar("NVTE_BACKWARD_OVERRIDE", "(unset)",
-           "default backward_override of every recipe: 'high_precision' or 'dequantized'"),
-    EnvVar("NVTE_FP8_CURRENT_SCALING_POWER_2_SCALES", "0",
-           "Float8CurrentScaling.use_power_2_scales default"),
-    EnvVar("NVTE_FP8_BLOCK_SCALING_FP32_SCALES", "0",
-           "Float8BlockScaling.use_f32_scales default (1 = scales not rounded to powers of 2)"),
+    EnvVar(
+        "NVTE_BACKWARD_OVERRIDE",
+        "(unset)",
+        "default backward_override of every recipe: 'high_precision' or 'dequantized'",
+    ),
+    EnvVar("NVTE_FP8_CURRENT_SCALING_POWER_2_SCALES", "0", "Float8CurrentScaling.use_power_2_scales default"),
+    EnvVar(
+        "NVTE_FP8_BLOCK_SCALING_FP32_SCALES",
+        "0",
+        "Float8BlockScaling.use_f32_scales default (1 = scales not rounded to powers of 2)",
+    ),
     EnvVar("NVTE_NVFP4_DISABLE_RHT", "0", "NVFP4BlockScaling.disable_rht default"),
-    EnvVar("NVTE_NVFP4_DISABLE_STOCHASTIC_ROUNDING", "0",
-           "NVFP4BlockScaling.disable_stochastic_rounding default"),
-    EnvVar("NVTE_NVFP4_DISABLE_2D_QUANTIZATION", "0",
-           "NVFP4BlockScaling.disable_2d_quantization default"),
-    EnvVar("NVTE_NVFP4_ROW_SCALED_ACTIVATION", "0",
-           "NVFP4BlockScaling.row_scaled_activation default"),
+    EnvVar("NVTE_NVFP4_DISABLE_STOCHASTIC_ROUNDING", "0", "NVFP4BlockScaling.disable_stochastic_rounding default"),
+    EnvVar("NVTE_NVFP4_DISABLE_2D_QUANTIZATION", "0", "NVFP4BlockScaling.disable_2d_quantization default"),
+    EnvVar("NVTE_NVFP4_ROW_SCALED_ACTIVATION", "0", "NVFP4BlockScaling.row_scaled_activation default"),
     EnvVar("NVTE_NVFP4_4OVER6", "none", "NVFP4BlockScaling.nvfp4_4over6 default"),
-    EnvVar("NVTE_NVFP4_4OVER6_E4M3_USE_256", "all",
-           "NVFP4BlockScaling.nvfp4_4over6_e4m3_use_256 default"),
-    EnvVar("NVTE_NVFP4_4OVER6_ERR_MODE", "MAE",
-           "NVFP4BlockScaling.nvfp4_4over6_err_mode default (upper-cased)"),
+    EnvVar("NVTE_NVFP4_4OVER6_E4M3_USE_256", "all", "NVFP4BlockScaling.nvfp4_4over6_e4m3_use_256 default"),
+    EnvVar("NVTE_NVFP4_4OVER6_ERR_MODE", "MAE", "NVFP4BlockScaling.nvfp4_4over6_err_mode default (upper-cased)"),
 )
 
 

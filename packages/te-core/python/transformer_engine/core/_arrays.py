@@ -10,7 +10,7 @@ from .dtypes import numpy_dtype, te_dtype
 HIGH_PRECISION = (np.dtype(np.float32), np.dtype(np.float16), np.dtype("bfloat16"))
 
 
-def desc(array: np.ndarray) -> "lib.TensorDesc":
+def desc(array: np.ndarray) -> lib.TensorDesc:
     """A CPU descriptor of a C-contiguous array (the array must stay alive)."""
     if not array.flags.c_contiguous:
         raise ValueError("arrays passed to the core must be C-contiguous")

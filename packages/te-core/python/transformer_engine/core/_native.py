@@ -2,8 +2,8 @@
 
 CUDA builds link cuBLASLt dynamically. So that users never set LD_LIBRARY_PATH,
 the library is preloaded (RTLD_GLOBAL) from the `nvidia-cublas` wheel when that
-wheel is installed (nvidia/cu13/lib for CUDA 13, nvidia/cublas/lib for CUDA 12); a system cuBLASLt is used otherwise. CPU-only builds need
-nothing.
+wheel is installed (nvidia/cu13/lib for CUDA 13, nvidia/cublas/lib for CUDA 12);
+a system cuBLASLt is used otherwise. CPU-only builds need nothing.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ quantized to FP8 exactly as `quantize_fp8` would quantize the FP32 values.
 
 from __future__ import annotations
 
-from typing import NamedTuple, Optional, Union
+from typing import NamedTuple
 
 import numpy as np
 
@@ -20,15 +20,25 @@ from .dtypes import FP8_DTYPES, te_dtype
 
 # te_activation codes, in order; the names are LayerNormMLP's `activation` values.
 ACTIVATIONS = (
-    "gelu", "relu", "silu", "qgelu", "srelu",
-    "geglu", "reglu", "swiglu", "qgeglu", "sreglu", "glu", "clamped_swiglu",
+    "gelu",
+    "relu",
+    "silu",
+    "qgelu",
+    "srelu",
+    "geglu",
+    "reglu",
+    "swiglu",
+    "qgeglu",
+    "sreglu",
+    "glu",
+    "clamped_swiglu",
 )
 GATED_ACTIVATIONS = frozenset(ACTIVATIONS[5:])
 # clamped_swiglu's defaults (the reference's activation_params).
 DEFAULT_PARAMS = {"limit": 7.0, "alpha": 1.702, "glu_linear_offset": 1.0}
 
 
-def activation_code(kind: Union[str, int]) -> int:
+def activation_code(kind: str | int) -> int:
     """The te_activation code of a name such as 'swiglu' (or of a code)."""
     if isinstance(kind, str):
         try:
@@ -38,15 +48,15 @@ def activation_code(kind: Union[str, int]) -> int:
     return int(kind)
 
 
-def is_gated(kind: Union[str, int]) -> bool:
+def is_gated(kind: str | int) -> bool:
     return ACTIVATIONS[activation_code(kind)] in GATED_ACTIVATIONS
 
 
 class ActivationGrad(NamedTuple):
     """Result of `activation_backward`."""
 
-    grad_input: Union[np.ndarray, Fp8Tensor]  # the input's shape
-    dbias: Optional[np.ndarray]  # [K], K the input's last dim; None unless requested
+    grad_input: np.ndarray | Fp8Tensor  # the input's shape
+    dbias: np.ndarray | None  # [K], K the input's last dim; None unless requested
 
 
 def _output_shape(x: np.ndarray, kind: int, halve: bool) -> tuple:
@@ -92,8 +102,17 @@ def _opt(a):
 
 
 def activation_forward(
-    x, kind, *, out_dtype=None, scale=None, rowwise=True, columnwise=False, amax=None,
-    limit=7.0, alpha=1.702, glu_linear_offset=1.0,
+    x,
+    kind,
+    *,
+    out_dtype=None,
+    scale=None,
+    rowwise=True,
+    columnwise=False,
+    amax=None,
+    limit=7.0,
+    alpha=1.702,
+    glu_linear_offset=1.0,
 ):
     """f(x) (plain kinds) or f(a) * lin(b) (gated kinds: last dim halved).
 
@@ -109,15 +128,35 @@ def activation_forward(
         shape, x.dtype if out_dtype is None else out_dtype, scale, rowwise, columnwise, amax
     )
     lib.activation_fwd(
-        code, desc(x), _opt(row), _opt(col), _opt(scale), _opt(scale_inv), desc(amax),
-        float(limit), float(alpha), float(glu_linear_offset),
+        code,
+        desc(x),
+        _opt(row),
+        _opt(col),
+        _opt(scale),
+        _opt(scale_inv),
+        desc(amax),
+        float(limit),
+        float(alpha),
+        float(glu_linear_offset),
     )
     return _result(row, col, scale, scale_inv, amax)
 
 
 def activation_backward(
-    grad, x, kind, *, out_dtype=None, scale=None, rowwise=True, columnwise=False, amax=None,
-    dbias=False, dbias_dtype=np.float32, limit=7.0, alpha=1.702, glu_linear_offset=1.0,
+    grad,
+    x,
+    kind,
+    *,
+    out_dtype=None,
+    scale=None,
+    rowwise=True,
+    columnwise=False,
+    amax=None,
+    dbias=False,
+    dbias_dtype=np.float32,
+    limit=7.0,
+    alpha=1.702,
+    glu_linear_offset=1.0,
 ) -> ActivationGrad:
     """grad_input = grad * f'(x) (gated: both halves), with an optional bias gradient.
 
@@ -134,7 +173,18 @@ def activation_backward(
     )
     bias = empty((x.shape[-1] if x.ndim else 1,), dbias_dtype) if dbias else None
     lib.activation_bwd(
-        code, desc(grad), desc(x), _opt(row), _opt(col), _opt(scale), _opt(scale_inv), desc(amax),
-        _opt(bias), None, float(limit), float(alpha), float(glu_linear_offset),
+        code,
+        desc(grad),
+        desc(x),
+        _opt(row),
+        _opt(col),
+        _opt(scale),
+        _opt(scale_inv),
+        desc(amax),
+        _opt(bias),
+        None,
+        float(limit),
+        float(alpha),
+        float(glu_linear_offset),
     )
     return ActivationGrad(_result(row, col, scale, scale_inv, amax), bias)

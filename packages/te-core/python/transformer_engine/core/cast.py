@@ -8,20 +8,21 @@ its transpose [K, M], which Hopper FP8 GEMMs need.
 
 from __future__ import annotations
 
-from typing import NamedTuple, Optional
+from typing import NamedTuple
 
 import numpy as np
 
 from ._arrays import as_high_precision, desc, empty, fp32_scalar, matrix_shape
 from ._native import lib
-from .dtypes import FP8_DTYPES, fp8_dtype as _fp8_dtype, te_dtype
+from .dtypes import FP8_DTYPES, te_dtype
+from .dtypes import fp8_dtype as _fp8_dtype
 
 
 class Fp8Tensor(NamedTuple):
     """Result of a per-tensor FP8 quantization."""
 
-    rowwise: Optional[np.ndarray]  # FP8, shape of the input
-    columnwise: Optional[np.ndarray]  # FP8, [K, M]
+    rowwise: np.ndarray | None  # FP8, shape of the input
+    columnwise: np.ndarray | None  # FP8, [K, M]
     scale: np.ndarray  # FP32 scalar used for the cast
     scale_inv: np.ndarray  # FP32 scalar 1/scale: what GEMM and dequantize use
     amax: np.ndarray  # FP32 scalar
@@ -45,8 +46,12 @@ def quantize_fp8(x, scale, fp8_dtype="e4m3", *, rowwise=True, columnwise=False, 
     scale_inv = np.zeros((), np.float32)
     amax = fp32_scalar(0.0 if amax is None else amax, "amax").copy()
     lib.quantize_fp8(
-        desc(x), desc(scale), None if row is None else desc(row), None if col is None else desc(col),
-        desc(scale_inv), desc(amax),
+        desc(x),
+        desc(scale),
+        None if row is None else desc(row),
+        None if col is None else desc(col),
+        desc(scale_inv),
+        desc(amax),
     )
     return Fp8Tensor(row, col, scale, scale_inv, amax)
 
@@ -65,8 +70,12 @@ def compute_scale_from_amax(amax, fp8_dtype="e4m3", *, force_pow2_scales=False, 
     scale = np.zeros((), np.float32)
     scale_inv = np.zeros((), np.float32)
     lib.compute_scale_from_amax(
-        desc(amax), desc(scale), desc(scale_inv), int(_fp8_dtype(fp8_dtype)),
-        bool(force_pow2_scales), float(amax_epsilon),
+        desc(amax),
+        desc(scale),
+        desc(scale_inv),
+        int(_fp8_dtype(fp8_dtype)),
+        bool(force_pow2_scales),
+        float(amax_epsilon),
     )
     return scale[()], scale_inv[()]
 
@@ -79,8 +88,14 @@ def quantize_fp8_current_scaling(
     row, col = _outputs(x, fp8_dtype, rowwise, columnwise)
     scale, scale_inv, amax = (np.zeros((), np.float32) for _ in range(3))
     lib.quantize_fp8_current_scaling(
-        desc(x), None if row is None else desc(row), None if col is None else desc(col),
-        desc(scale), desc(scale_inv), desc(amax), bool(force_pow2_scales), float(amax_epsilon),
+        desc(x),
+        None if row is None else desc(row),
+        None if col is None else desc(col),
+        desc(scale),
+        desc(scale_inv),
+        desc(amax),
+        bool(force_pow2_scales),
+        float(amax_epsilon),
     )
     return Fp8Tensor(row, col, scale, scale_inv, amax)
 

@@ -36,8 +36,7 @@ def _block_dim(block_dim) -> int:
 def fp8_block_scale_shape(shape, *, block_dim=1, layout="gemm_ready", columnwise=False) -> tuple[int, int]:
     """Shape of the FP32 scale_inv array of a tensor of `shape` (see te/fp8_block.h)."""
     rows, cols = matrix_shape(shape)
-    return tuple(lib.fp8_block_scale_shape(rows, cols, _block_dim(block_dim), _layout_code(layout),
-                                           bool(columnwise)))
+    return tuple(lib.fp8_block_scale_shape(rows, cols, _block_dim(block_dim), _layout_code(layout), bool(columnwise)))
 
 
 def _stored_shape(shape, layout: str, columnwise: bool) -> tuple:
@@ -66,8 +65,9 @@ class Fp8BlockTensor(NamedTuple):
         scales = self.columnwise_scale_inv if columnwise else self.rowwise_scale_inv
         if data is None:
             raise ValueError(f"this tensor has no {'columnwise' if columnwise else 'rowwise'} data")
-        out = dequantize_fp8_block(data, scales, block_dim=self.block_dim, layout=self.layout,
-                                   columnwise=columnwise, out_dtype=out_dtype)
+        out = dequantize_fp8_block(
+            data, scales, block_dim=self.block_dim, layout=self.layout, columnwise=columnwise, out_dtype=out_dtype
+        )
         if columnwise and self.layout == "gemm_ready":
             out = np.ascontiguousarray(out.T)
         return out.reshape(self.shape)
@@ -99,13 +99,15 @@ def quantize_fp8_block(
         if wanted:
             is_col = name == "columnwise"
             data = empty(_stored_shape(x.shape, layout, is_col), fmt)
-            scale_shape = fp8_block_scale_shape(x.shape, block_dim=block_dim, layout=layout,
-                                                columnwise=is_col)
+            scale_shape = fp8_block_scale_shape(x.shape, block_dim=block_dim, layout=layout, columnwise=is_col)
             outputs[name] = (data, np.empty(scale_shape, np.float32))
     row, col = outputs.get("rowwise", (None, None)), outputs.get("columnwise", (None, None))
     lib.fp8_block_quantize(
-        desc(x), *(None if a is None else desc(a) for a in (*row, *col)),
-        block_dim=block_dim, layout=code, force_pow2_scales=bool(force_pow2_scales),
+        desc(x),
+        *(None if a is None else desc(a) for a in (*row, *col)),
+        block_dim=block_dim,
+        layout=code,
+        force_pow2_scales=bool(force_pow2_scales),
         amax_epsilon=float(amax_epsilon),
     )
     return Fp8BlockTensor(tuple(x.shape), block_dim, layout, fmt, *row, *col)
@@ -118,14 +120,16 @@ def _fp8_array(a, name: str) -> np.ndarray:
     return a
 
 
-def dequantize_fp8_block(data, scale_inv, *, block_dim=1, layout="gemm_ready", columnwise=False,
-                         out_dtype=np.float32) -> np.ndarray:
+def dequantize_fp8_block(
+    data, scale_inv, *, block_dim=1, layout="gemm_ready", columnwise=False, out_dtype=np.float32
+) -> np.ndarray:
     """float32(q) * its block's scale_inv, rounded to out_dtype; the shape of `data` as stored."""
     data = _fp8_array(data, "data")
     scale_inv = np.ascontiguousarray(scale_inv, dtype=np.float32)
     out = empty(data.shape, out_dtype)
-    lib.fp8_block_dequantize(desc(data), desc(scale_inv), desc(out), _block_dim(block_dim),
-                             _layout_code(layout), bool(columnwise))
+    lib.fp8_block_dequantize(
+        desc(data), desc(scale_inv), desc(out), _block_dim(block_dim), _layout_code(layout), bool(columnwise)
+    )
     return out
 
 
@@ -135,8 +139,6 @@ def transpose_fp8_block_2d(rowwise, rowwise_scale_inv, *, layout="gemm_ready"):
     rowwise_scale_inv = np.ascontiguousarray(rowwise_scale_inv, dtype=np.float32)
     code = _layout_code(layout)
     col = np.empty(_stored_shape(rowwise.shape, layout, True), rowwise.dtype)
-    col_scales = np.empty(
-        fp8_block_scale_shape(rowwise.shape, block_dim=2, layout=layout, columnwise=True), np.float32
-    )
+    col_scales = np.empty(fp8_block_scale_shape(rowwise.shape, block_dim=2, layout=layout, columnwise=True), np.float32)
     lib.fp8_block_transpose_2d(desc(rowwise), desc(rowwise_scale_inv), desc(col), desc(col_scales), code)
     return col, col_scales

@@ -92,9 +92,7 @@ def gemm(
     b = _array(b, "b")
     out_dtype = _output_dtype(out_dtype, "out_dtype")
     if a.ndim < 2 or b.ndim < 2:
-        raise ValueError(
-            f"arguments 'a' and 'b' must have at least 2 dims, got shapes {a.shape} and {b.shape}"
-        )
+        raise ValueError(f"arguments 'a' and 'b' must have at least 2 dims, got shapes {a.shape} and {b.shape}")
     a_rows, a_cols = matrix_shape(a.shape)
     b_rows, b_cols = matrix_shape(b.shape)
     m = a_cols if transa else a_rows

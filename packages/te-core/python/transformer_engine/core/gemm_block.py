@@ -23,7 +23,8 @@ operand is (A: transa=True means its columnwise copy; B: transb=False does).
 
 from __future__ import annotations
 
-from typing import NamedTuple, Sequence
+from collections.abc import Sequence
+from typing import NamedTuple
 
 import numpy as np
 
@@ -74,17 +75,23 @@ def operand(x, *, columnwise: bool = False) -> BlockOperand:
     if isinstance(x, Fp8BlockTensor):
         if x.layout != "gemm_ready":
             raise ValueError("FP8 block GEMMs need the 'gemm_ready' layout, got 'compact'")
-        data, scales = _copy(x, columnwise, (x.rowwise, x.rowwise_scale_inv),
-                             (x.columnwise, x.columnwise_scale_inv), "Fp8BlockTensor")
+        data, scales = _copy(
+            x, columnwise, (x.rowwise, x.rowwise_scale_inv), (x.columnwise, x.columnwise_scale_inv), "Fp8BlockTensor"
+        )
         return BlockOperand(data, f"fp8_block_{x.block_dim}d", scales)
     if isinstance(x, Mxfp8Tensor):
-        data, scales = _copy(x, columnwise, (x.rowwise, x.rowwise_scale_inv),
-                             (x.columnwise, x.columnwise_scale_inv), "Mxfp8Tensor")
+        data, scales = _copy(
+            x, columnwise, (x.rowwise, x.rowwise_scale_inv), (x.columnwise, x.columnwise_scale_inv), "Mxfp8Tensor"
+        )
         return BlockOperand(data, "mxfp8", scales, None, x.swizzled_scales)
     if isinstance(x, Nvfp4Tensor):
-        data, scales, amax = _copy(x, columnwise, (x.rowwise, x.rowwise_scale, x.amax_rowwise),
-                                   (x.columnwise, x.columnwise_scale, x.amax_columnwise),
-                                   "Nvfp4Tensor")
+        data, scales, amax = _copy(
+            x,
+            columnwise,
+            (x.rowwise, x.rowwise_scale, x.amax_rowwise),
+            (x.columnwise, x.columnwise_scale, x.amax_columnwise),
+            "Nvfp4Tensor",
+        )
         return BlockOperand(data, "nvfp4", scales, amax)
     if isinstance(x, Fp8Tensor):
         (data,) = _copy(x, columnwise, (x.rowwise,), (x.columnwise,), "Fp8Tensor")
@@ -115,13 +122,30 @@ def _operand_desc(op: BlockOperand, name: str, keep: list):
     keep += [data, scale, amax]
     data_desc = _fp4_desc(data) if op.scaling == "nvfp4" else desc(data)
     return lib.GemmOperandDesc(
-        data_desc, SCALING[op.scaling], None if scale is None else desc(scale),
-        None if amax is None else desc(amax), bool(op.swizzled_scales),
+        data_desc,
+        SCALING[op.scaling],
+        None if scale is None else desc(scale),
+        None if amax is None else desc(amax),
+        bool(op.swizzled_scales),
     )
 
 
-def _prepare(a, b, *, transa, transb, a_columnwise, b_columnwise, c, alpha, beta, bias,
-             out_dtype, use_split_accumulator, force_emulation) -> _Prepared:
+def _prepare(
+    a,
+    b,
+    *,
+    transa,
+    transb,
+    a_columnwise,
+    b_columnwise,
+    c,
+    alpha,
+    beta,
+    bias,
+    out_dtype,
+    use_split_accumulator,
+    force_emulation,
+) -> _Prepared:
     a_op, b_op = operand(a, columnwise=a_columnwise), operand(b, columnwise=b_columnwise)
     for name, op in (("a", a_op), ("b", b_op)):
         if len(op.shape) < 2:
@@ -136,23 +160,53 @@ def _prepare(a, b, *, transa, transb, a_columnwise, b_columnwise, c, alpha, beta
     bias_array = None if bias is None else np.ascontiguousarray(bias)
     keep += [c_array, bias_array]
     params = lib.GemmBlockParams(
-        _operand_desc(a_op, "a", keep), _operand_desc(b_op, "b", keep), desc(out),
+        _operand_desc(a_op, "a", keep),
+        _operand_desc(b_op, "b", keep),
+        desc(out),
         c=None if c_array is None else desc(c_array),
         bias=None if bias_array is None else desc(bias_array),
-        alpha=float(alpha), beta=float(beta), transa=bool(transa), transb=bool(transb),
-        use_split_accumulator=bool(use_split_accumulator), force_emulation=bool(force_emulation),
+        alpha=float(alpha),
+        beta=float(beta),
+        transa=bool(transa),
+        transb=bool(transb),
+        use_split_accumulator=bool(use_split_accumulator),
+        force_emulation=bool(force_emulation),
     )
     return _Prepared(params, out, keep)
 
 
-def gemm_block(a, b, *, transa=False, transb=True, a_columnwise=False, b_columnwise=False, c=None,
-               alpha=1.0, beta=0.0, bias=None, out_dtype=np.float32, use_split_accumulator=True,
-               force_emulation=False) -> GemmBlockResult:
+def gemm_block(
+    a,
+    b,
+    *,
+    transa=False,
+    transb=True,
+    a_columnwise=False,
+    b_columnwise=False,
+    c=None,
+    alpha=1.0,
+    beta=0.0,
+    bias=None,
+    out_dtype=np.float32,
+    use_split_accumulator=True,
+    force_emulation=False,
+) -> GemmBlockResult:
     """D = alpha * op(a) @ op(b) + beta * c + bias (te_gemm_block), D of out_dtype (M, N)."""
-    p = _prepare(a, b, transa=transa, transb=transb, a_columnwise=a_columnwise,
-                 b_columnwise=b_columnwise, c=c, alpha=alpha, beta=beta, bias=bias,
-                 out_dtype=out_dtype, use_split_accumulator=use_split_accumulator,
-                 force_emulation=force_emulation)
+    p = _prepare(
+        a,
+        b,
+        transa=transa,
+        transb=transb,
+        a_columnwise=a_columnwise,
+        b_columnwise=b_columnwise,
+        c=c,
+        alpha=alpha,
+        beta=beta,
+        bias=bias,
+        out_dtype=out_dtype,
+        use_split_accumulator=use_split_accumulator,
+        force_emulation=force_emulation,
+    )
     path = lib.gemm_block(p.params)  # the CPU needs no workspace
     return GemmBlockResult(p.out, PATHS[path])
 
@@ -164,9 +218,19 @@ def plan_gemm_block(a, b, **kwargs) -> tuple[str, int]:
     return PATHS[path], size
 
 
-_DEFAULTS = dict(transa=False, transb=True, a_columnwise=False, b_columnwise=False, c=None,
-                 alpha=1.0, beta=0.0, bias=None, out_dtype=np.float32, use_split_accumulator=True,
-                 force_emulation=False)
+_DEFAULTS = dict(
+    transa=False,
+    transb=True,
+    a_columnwise=False,
+    b_columnwise=False,
+    c=None,
+    alpha=1.0,
+    beta=0.0,
+    bias=None,
+    out_dtype=np.float32,
+    use_split_accumulator=True,
+    force_emulation=False,
+)
 
 
 def _per_group(value, count: int, name: str) -> list:
@@ -178,8 +242,9 @@ def _per_group(value, count: int, name: str) -> list:
     return [value] * count
 
 
-def gemm_block_grouped(a: Sequence, b: Sequence, *, c=None, alpha=1.0, beta=0.0, bias=None,
-                       **kwargs) -> list[GemmBlockResult]:
+def gemm_block_grouped(
+    a: Sequence, b: Sequence, *, c=None, alpha=1.0, beta=0.0, bias=None, **kwargs
+) -> list[GemmBlockResult]:
     """Independent GEMMs D_i = alpha_i op(a_i) op(b_i) + beta_i c_i + bias_i in one call
     (te_gemm_block_grouped). The groups share formats, types, transa/transb and
     out_dtype (keyword arguments as gemm_block, one value for all groups); c,
@@ -190,10 +255,14 @@ def gemm_block_grouped(a: Sequence, b: Sequence, *, c=None, alpha=1.0, beta=0.0,
     shared = {**_DEFAULTS, **kwargs}
     groups = [
         _prepare(a[i], b[i], **{**shared, "c": ci, "alpha": al, "beta": be, "bias": bi})
-        for i, (ci, al, be, bi) in enumerate(zip(_per_group(c, count, "c"),
-                                                 _per_group(alpha, count, "alpha"),
-                                                 _per_group(beta, count, "beta"),
-                                                 _per_group(bias, count, "bias")))
+        for i, (ci, al, be, bi) in enumerate(
+            zip(
+                _per_group(c, count, "c"),
+                _per_group(alpha, count, "alpha"),
+                _per_group(beta, count, "beta"),
+                _per_group(bias, count, "bias"),
+            )
+        )
     ]
     paths = lib.gemm_block_grouped([g.params for g in groups])
     return [GemmBlockResult(g.out, PATHS[p]) for g, p in zip(groups, paths)]

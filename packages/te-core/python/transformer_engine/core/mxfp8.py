@@ -12,14 +12,15 @@ With swizzled_scales=True the same buffers hold the GEMM tile layout (swizzle.py
 
 from __future__ import annotations
 
-from typing import NamedTuple, Optional
+from typing import NamedTuple
 
 import ml_dtypes
 import numpy as np
 
 from ._arrays import as_high_precision, desc, empty, matrix_shape
 from ._native import lib
-from .dtypes import FP8_DTYPES, fp8_dtype as _fp8_dtype, te_dtype
+from .dtypes import FP8_DTYPES, te_dtype
+from .dtypes import fp8_dtype as _fp8_dtype
 
 BLOCK = 32
 E8M0 = np.dtype(ml_dtypes.float8_e8m0fnu)
@@ -28,10 +29,10 @@ E8M0 = np.dtype(ml_dtypes.float8_e8m0fnu)
 class Mxfp8Tensor(NamedTuple):
     """Result of an MXFP8 quantization; a direction not requested is None."""
 
-    rowwise: Optional[np.ndarray]  # FP8, the input's shape, 1x32 blocks
-    rowwise_scale_inv: Optional[np.ndarray]  # E8M0 [roundup(M,128), roundup(K/32,4)]
-    columnwise: Optional[np.ndarray]  # FP8, the input's shape, 32x1 blocks
-    columnwise_scale_inv: Optional[np.ndarray]  # E8M0 [roundup(M/32,4), roundup(K,128)]
+    rowwise: np.ndarray | None  # FP8, the input's shape, 1x32 blocks
+    rowwise_scale_inv: np.ndarray | None  # E8M0 [roundup(M,128), roundup(K/32,4)]
+    columnwise: np.ndarray | None  # FP8, the input's shape, 32x1 blocks
+    columnwise_scale_inv: np.ndarray | None  # E8M0 [roundup(M/32,4), roundup(K,128)]
     swizzled_scales: bool  # scales in the GEMM layout
 
 
@@ -61,8 +62,10 @@ def quantize_mxfp8(
         scales = np.empty(mxfp8_scale_shape(x.shape, is_col), E8M0) if wanted else None
         outputs += [data, scales]
     lib.quantize_mxfp8(
-        desc(x), *(None if a is None else desc(a) for a in outputs),
-        bool(use_2d_blocks), bool(swizzled_scales),
+        desc(x),
+        *(None if a is None else desc(a) for a in outputs),
+        bool(use_2d_blocks),
+        bool(swizzled_scales),
     )
     return Mxfp8Tensor(*outputs, bool(swizzled_scales))
 

@@ -15,7 +15,7 @@ Both quantize the unrounded FP32 y.
 
 from __future__ import annotations
 
-from typing import NamedTuple, Optional
+from typing import NamedTuple
 
 import numpy as np
 
@@ -29,28 +29,27 @@ class NormForward(NamedTuple):
     """Result of a forward norm. mu and rsigma have x's shape without its last dim."""
 
     y: np.ndarray  # x's shape; FP8 outputs as ml_dtypes float8 arrays
-    mu: Optional[np.ndarray]  # FP32 (LayerNorm only)
+    mu: np.ndarray | None  # FP32 (LayerNorm only)
     rsigma: np.ndarray  # FP32
-    scale: Optional[np.ndarray] = None  # FP8 y only: FP32 scalars
-    scale_inv: Optional[np.ndarray] = None
-    amax: Optional[np.ndarray] = None
+    scale: np.ndarray | None = None  # FP8 y only: FP32 scalars
+    scale_inv: np.ndarray | None = None
+    amax: np.ndarray | None = None
 
 
 def _out_code(x: np.ndarray, out_dtype) -> DType:
     return te_dtype(x.dtype if out_dtype is None else out_dtype)
 
 
-def _forward(layernorm, x, gamma, beta, eps, zero_centered_gamma, out_dtype, scale, amax,
-             force_pow2_scales, amax_epsilon) -> NormForward:
+def _forward(
+    layernorm, x, gamma, beta, eps, zero_centered_gamma, out_dtype, scale, amax, force_pow2_scales, amax_epsilon
+) -> NormForward:
     x = as_high_precision(x, "x")
     gamma = as_high_precision(gamma, "gamma")
     code = _out_code(x, out_dtype)
     if code in FP8_DTYPES and scale is None:
         # Current scaling: norm to FP32, then amax -> scale -> quantize of that FP32 y.
-        hp = _forward(layernorm, x, gamma, beta, eps, zero_centered_gamma, np.float32, None, None,
-                      False, 0.0)
-        q = quantize_fp8_current_scaling(hp.y, code, force_pow2_scales=force_pow2_scales,
-                                         amax_epsilon=amax_epsilon)
+        hp = _forward(layernorm, x, gamma, beta, eps, zero_centered_gamma, np.float32, None, None, False, 0.0)
+        q = quantize_fp8_current_scaling(hp.y, code, force_pow2_scales=force_pow2_scales, amax_epsilon=amax_epsilon)
         return NormForward(q.rowwise, hp.mu, hp.rsigma, q.scale, q.scale_inv, q.amax)
 
     y = empty(x.shape, code)
@@ -64,17 +63,47 @@ def _forward(layernorm, x, gamma, beta, eps, zero_centered_gamma, out_dtype, sca
     opt = lambda a: None if a is None else desc(a)  # noqa: E731
     if layernorm:
         beta = as_high_precision(beta, "beta")
-        lib.layernorm_fwd(desc(x), desc(gamma), desc(beta), float(eps), bool(zero_centered_gamma),
-                          desc(y), opt(scale_arr), opt(scale_inv), opt(amax_arr), desc(mu),
-                          desc(rsigma))
+        lib.layernorm_fwd(
+            desc(x),
+            desc(gamma),
+            desc(beta),
+            float(eps),
+            bool(zero_centered_gamma),
+            desc(y),
+            opt(scale_arr),
+            opt(scale_inv),
+            opt(amax_arr),
+            desc(mu),
+            desc(rsigma),
+        )
     else:
-        lib.rmsnorm_fwd(desc(x), desc(gamma), float(eps), bool(zero_centered_gamma), desc(y),
-                        opt(scale_arr), opt(scale_inv), opt(amax_arr), desc(rsigma))
+        lib.rmsnorm_fwd(
+            desc(x),
+            desc(gamma),
+            float(eps),
+            bool(zero_centered_gamma),
+            desc(y),
+            opt(scale_arr),
+            opt(scale_inv),
+            opt(amax_arr),
+            desc(rsigma),
+        )
     return NormForward(y, mu, rsigma, scale_arr, scale_inv, amax_arr)
 
 
-def layernorm_fwd(x, gamma, beta, eps=1e-5, *, zero_centered_gamma=False, out_dtype=None,
-                  scale=None, amax=None, force_pow2_scales=False, amax_epsilon=0.0) -> NormForward:
+def layernorm_fwd(
+    x,
+    gamma,
+    beta,
+    eps=1e-5,
+    *,
+    zero_centered_gamma=False,
+    out_dtype=None,
+    scale=None,
+    amax=None,
+    force_pow2_scales=False,
+    amax_epsilon=0.0,
+) -> NormForward:
     """LayerNorm over the last dim of x.
 
     out_dtype: None (x's type), float32/bfloat16/float16, or FP8 ("e4m3", "e5m2" or an
@@ -82,15 +111,27 @@ def layernorm_fwd(x, gamma, beta, eps=1e-5, *, zero_centered_gamma=False, out_dt
     norm (`amax`, if given, is max-accumulated); no `scale` means current scaling
     (`force_pow2_scales`, `amax_epsilon` as in quantize_fp8_current_scaling).
     """
-    return _forward(True, x, gamma, beta, eps, zero_centered_gamma, out_dtype, scale, amax,
-                    force_pow2_scales, amax_epsilon)
+    return _forward(
+        True, x, gamma, beta, eps, zero_centered_gamma, out_dtype, scale, amax, force_pow2_scales, amax_epsilon
+    )
 
 
-def rmsnorm_fwd(x, gamma, eps=1e-5, *, zero_centered_gamma=False, out_dtype=None, scale=None,
-                amax=None, force_pow2_scales=False, amax_epsilon=0.0) -> NormForward:
+def rmsnorm_fwd(
+    x,
+    gamma,
+    eps=1e-5,
+    *,
+    zero_centered_gamma=False,
+    out_dtype=None,
+    scale=None,
+    amax=None,
+    force_pow2_scales=False,
+    amax_epsilon=0.0,
+) -> NormForward:
     """RMSNorm over the last dim of x (arguments as layernorm_fwd; mu is None)."""
-    return _forward(False, x, gamma, None, eps, zero_centered_gamma, out_dtype, scale, amax,
-                    force_pow2_scales, amax_epsilon)
+    return _forward(
+        False, x, gamma, None, eps, zero_centered_gamma, out_dtype, scale, amax, force_pow2_scales, amax_epsilon
+    )
 
 
 def _row_stat(a) -> np.ndarray:
@@ -112,9 +153,18 @@ def layernorm_bwd(dz, x, mu, rsigma, gamma, *, zero_centered_gamma=False):
     dx = np.empty(x.shape, x.dtype)
     dgamma = np.empty(gamma.shape, gamma.dtype)
     dbeta = np.empty(gamma.shape, gamma.dtype)
-    lib.layernorm_bwd(desc(dz), desc(x), desc(mu), desc(rsigma), desc(gamma),
-                      bool(zero_centered_gamma), desc(dx), desc(dgamma), desc(dbeta),
-                      _workspace(lib.layernorm_bwd_workspace_size, x))
+    lib.layernorm_bwd(
+        desc(dz),
+        desc(x),
+        desc(mu),
+        desc(rsigma),
+        desc(gamma),
+        bool(zero_centered_gamma),
+        desc(dx),
+        desc(dgamma),
+        desc(dbeta),
+        _workspace(lib.layernorm_bwd_workspace_size, x),
+    )
     return dx, dgamma, dbeta
 
 
@@ -126,8 +176,16 @@ def rmsnorm_bwd(dz, x, rsigma, gamma, *, zero_centered_gamma=False):
     rsigma = _row_stat(rsigma)
     dx = np.empty(x.shape, x.dtype)
     dgamma = np.empty(gamma.shape, gamma.dtype)
-    lib.rmsnorm_bwd(desc(dz), desc(x), desc(rsigma), desc(gamma), bool(zero_centered_gamma),
-                    desc(dx), desc(dgamma), _workspace(lib.rmsnorm_bwd_workspace_size, x))
+    lib.rmsnorm_bwd(
+        desc(dz),
+        desc(x),
+        desc(rsigma),
+        desc(gamma),
+        bool(zero_centered_gamma),
+        desc(dx),
+        desc(dgamma),
+        _workspace(lib.rmsnorm_bwd_workspace_size, x),
+    )
     return dx, dgamma
 
 

@@ -101,7 +101,7 @@ def layernorm_bwd(dz, x, mu, rsigma, gamma, zero_centered_gamma=False):
 
 def rmsnorm_bwd(dz, x, rsigma, gamma, zero_centered_gamma=False):
     """(dx, dgamma) for y = xhat * g, xhat = x * rsigma, rsigma = (mean(x^2) + eps)^-1/2:
-        dx = rsigma * (dy - xhat * mean(dy * xhat)),   dy = dz * g."""
+    dx = rsigma * (dy - xhat * mean(dy * xhat)),   dy = dz * g."""
     x, dz, shape = _rows(x), _rows(dz), np.shape(x)
     rsigma = _f64(rsigma).reshape(-1, 1)
     xhat = x * rsigma
@@ -120,8 +120,7 @@ def rounded(bound_fp32: np.ndarray, exact: np.ndarray, out_dtype) -> np.ndarray:
     return bound_fp32 * (1 + unit) + unit * np.abs(exact) + tiny
 
 
-def forward_bounds(layernorm: bool, x, gamma, beta, eps, zero_centered_gamma, y, mu, rsigma,
-                   out_dtype):
+def forward_bounds(layernorm: bool, x, gamma, beta, eps, zero_centered_gamma, y, mu, rsigma, out_dtype):
     """(bound_y, bound_mu, bound_rsigma) for the oracle's float64 y, mu, rsigma."""
     x = _f64(x)
     h = x.shape[-1]
@@ -140,14 +139,15 @@ def forward_bounds(layernorm: bool, x, gamma, beta, eps, zero_centered_gamma, y,
         r = rsigma[..., None]
         a = np.abs(x - (mu[..., None] if layernorm else 0.0)) * r * g  # |(x - mu) rsigma g|
         b = e_mu[..., None] * r * g
-        bound32 = SAFETY * ((a * (eps_r[..., None] + 4 * U32 + g_err) + b) + U32 * np.abs(y)
-                            + TINY32 * (2 + g))
-    return (rounded(bound32, y, out_dtype), SAFETY * (e_mu + U32 * np.abs(mu)) if layernorm else None,
-            SAFETY * eps_r * rsigma)
+        bound32 = SAFETY * ((a * (eps_r[..., None] + 4 * U32 + g_err) + b) + U32 * np.abs(y) + TINY32 * (2 + g))
+    return (
+        rounded(bound32, y, out_dtype),
+        SAFETY * (e_mu + U32 * np.abs(mu)) if layernorm else None,
+        SAFETY * eps_r * rsigma,
+    )
 
 
-def backward_bounds(layernorm: bool, dz, x, mu, rsigma, gamma, zero_centered_gamma, dx, x_dtype,
-                    w_dtype):
+def backward_bounds(layernorm: bool, dz, x, mu, rsigma, gamma, zero_centered_gamma, dx, x_dtype, w_dtype):
     """(bound_dx, bound_dgamma, bound_dbeta) for the oracle's float64 results."""
     shape, h = np.shape(x), np.shape(x)[-1]
     x, dz = _rows(x), _rows(dz)
@@ -164,11 +164,13 @@ def backward_bounds(layernorm: bool, dz, x, mu, rsigma, gamma, zero_centered_gam
     dx = _f64(dx).reshape(-1, h)
     # Underflow: xhat and each product can land among the subnormals (absolute TINY32
     # each, the xhat one scaled by what multiplies it).
-    bound_dx = SAFETY * (r * (e1 + np.abs(xhat) * e2 + 5 * U32 * terms
-                              + (4 + np.abs(m2)) * TINY32) + U32 * np.abs(dx) + TINY32)
+    bound_dx = SAFETY * (
+        r * (e1 + np.abs(xhat) * e2 + 5 * U32 * terms + (4 + np.abs(m2)) * TINY32) + U32 * np.abs(dx) + TINY32
+    )
     dgamma = (dz * xhat).sum(axis=0)
-    bound_dgamma = SAFETY * (gamma_k(c_col(n) + 3) * np.abs(dz * xhat).sum(axis=0)
-                             + TINY32 * (1 + np.abs(dz)).sum(axis=0))
+    bound_dgamma = SAFETY * (
+        gamma_k(c_col(n) + 3) * np.abs(dz * xhat).sum(axis=0) + TINY32 * (1 + np.abs(dz)).sum(axis=0)
+    )
     bound_dx = rounded(bound_dx, dx, x_dtype).reshape(shape)
     bound_dgamma = rounded(bound_dgamma, dgamma, w_dtype)
     bound_dbeta = None

@@ -100,9 +100,7 @@ def quantize_nvfp4(
     x = as_high_precision(x, "x")
     mask = _check_mask(rht_sign_mask)
     if amax_rowwise is None or amax_columnwise is None:
-        row_amax, col_amax = compute_amax_nvfp4(
-            x, random_hadamard=random_hadamard and columnwise, rht_sign_mask=mask
-        )
+        row_amax, col_amax = compute_amax_nvfp4(x, random_hadamard=random_hadamard and columnwise, rht_sign_mask=mask)
         amax_rowwise = row_amax if amax_rowwise is None else amax_rowwise
         amax_columnwise = col_amax if amax_columnwise is None else amax_columnwise
     amax_row = fp32_scalar(amax_rowwise, "amax_rowwise")
@@ -125,10 +123,16 @@ def quantize_nvfp4(
 
     lib.nvfp4_quantize(
         desc(x),
-        desc(amax_row) if rowwise else None, data_desc(row_data), scale_desc(row_scale),
-        desc(amax_col) if columnwise else None, data_desc(col_data), scale_desc(col_scale),
-        block_2d=bool(block_2d), stochastic_rounding=bool(stochastic_rounding),
-        random_hadamard=bool(random_hadamard), rht_sign_mask=mask,
+        desc(amax_row) if rowwise else None,
+        data_desc(row_data),
+        scale_desc(row_scale),
+        desc(amax_col) if columnwise else None,
+        data_desc(col_data),
+        scale_desc(col_scale),
+        block_2d=bool(block_2d),
+        stochastic_rounding=bool(stochastic_rounding),
+        random_hadamard=bool(random_hadamard),
+        rht_sign_mask=mask,
         rng_state=desc(rng_state) if stochastic_rounding else None,
     )
     return Nvfp4Tensor(tuple(x.shape), row_data, row_scale, amax_row, col_data, col_scale, amax_col)

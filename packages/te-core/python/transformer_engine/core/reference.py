@@ -74,8 +74,7 @@ def dequantize_fp8(q_bytes: np.ndarray, scale_inv: float, fmt: str, out_dtype=np
         return values.astype(out_dtype)
 
 
-def delayed_scaling_update(history: np.ndarray, scale: np.ndarray, fmt: str, margin=0.0,
-                           algo="max", reduced_amax=None):
+def delayed_scaling_update(history: np.ndarray, scale: np.ndarray, fmt: str, margin=0.0, algo="max", reduced_amax=None):
     """One group's update; returns (new_history, new_scale) without touching inputs.
 
     Written as the reference library's unfused path: np.roll by -1, newest amax

@@ -18,15 +18,34 @@ from __future__ import annotations
 import numpy as np
 
 ACTIVATIONS = (
-    "gelu", "relu", "silu", "qgelu", "srelu",
-    "geglu", "reglu", "swiglu", "qgeglu", "sreglu", "glu", "clamped_swiglu",
+    "gelu",
+    "relu",
+    "silu",
+    "qgelu",
+    "srelu",
+    "geglu",
+    "reglu",
+    "swiglu",
+    "qgeglu",
+    "sreglu",
+    "glu",
+    "clamped_swiglu",
 )
 GATED = frozenset(ACTIVATIONS[5:])
 # The activated function of each kind.
 BASE = {
-    "gelu": "gelu", "geglu": "gelu", "relu": "relu", "reglu": "relu", "silu": "silu",
-    "swiglu": "silu", "qgelu": "qgelu", "qgeglu": "qgelu", "srelu": "srelu", "sreglu": "srelu",
-    "glu": "sigmoid", "clamped_swiglu": "clamped",
+    "gelu": "gelu",
+    "geglu": "gelu",
+    "relu": "relu",
+    "reglu": "relu",
+    "silu": "silu",
+    "swiglu": "silu",
+    "qgelu": "qgelu",
+    "qgeglu": "qgelu",
+    "srelu": "srelu",
+    "sreglu": "srelu",
+    "glu": "sigmoid",
+    "clamped_swiglu": "clamped",
 }
 GELU_K = np.sqrt(2.0 / np.pi)
 GELU_C = 0.044715
@@ -192,7 +211,7 @@ def chunked_column_sum(values_fp32: np.ndarray) -> np.ndarray:
             chunk = np.zeros(k, np.float32)
             for group_start in range(start, min(start + CHUNK_ROWS, v.shape[0]), GROUP_ROWS):
                 group = np.zeros(k, np.float32)
-                for row in v[group_start:min(group_start + GROUP_ROWS, start + CHUNK_ROWS)]:
+                for row in v[group_start : min(group_start + GROUP_ROWS, start + CHUNK_ROWS)]:
                     group = group + row
                 chunk = chunk + group
             total = total + chunk

@@ -128,8 +128,9 @@ def stored_scales(scale_inv, shape, block_dim=1, layout="gemm_ready", columnwise
     return s[rr // BLOCK, cc] if columnwise else s[rr, cc // BLOCK]
 
 
-def dequantize(q_bytes, scale_inv, fmt, block_dim=1, layout="gemm_ready", columnwise=False,
-               out_dtype=np.float32) -> np.ndarray:
+def dequantize(
+    q_bytes, scale_inv, fmt, block_dim=1, layout="gemm_ready", columnwise=False, out_dtype=np.float32
+) -> np.ndarray:
     """out_dtype(float32(q) * scale_inv of its block), shape of the stored data."""
     q_bytes = np.asarray(q_bytes).view(np.uint8)
     s = stored_scales(scale_inv, q_bytes.shape, block_dim, layout, columnwise)

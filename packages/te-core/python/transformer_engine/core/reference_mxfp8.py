@@ -89,8 +89,9 @@ def pad_scales(e: np.ndarray, m: int, k: int, columnwise: bool) -> np.ndarray:
     return out.view(E8M0)
 
 
-def quantize_mxfp8(x: np.ndarray, fmt: str, columnwise: bool = False, use_2d_blocks: bool = False,
-                   swizzled: bool = False):
+def quantize_mxfp8(
+    x: np.ndarray, fmt: str, columnwise: bool = False, use_2d_blocks: bool = False, swizzled: bool = False
+):
     """(data bytes of x's shape, padded E8M0 scales) of one direction.
 
     With use_2d_blocks one scale per 32x32 tile scales the data; the scale
@@ -135,8 +136,14 @@ def unswizzle(scales: np.ndarray, columnwise: bool = False) -> np.ndarray:
     return np.ascontiguousarray(t.T) if columnwise else t
 
 
-def dequantize_mxfp8(q_bytes: np.ndarray, scales: np.ndarray, fmt: str, columnwise: bool = False,
-                     swizzled: bool = False, out_dtype=np.float32) -> np.ndarray:
+def dequantize_mxfp8(
+    q_bytes: np.ndarray,
+    scales: np.ndarray,
+    fmt: str,
+    columnwise: bool = False,
+    swizzled: bool = False,
+    out_dtype=np.float32,
+) -> np.ndarray:
     """float32(q) * 2^(e - 127), rounded to out_dtype."""
     q = np.asarray(q_bytes).view(np.uint8)
     k = q.shape[-1]

@@ -48,8 +48,12 @@ def random_words(seed: int, offset: int, index) -> np.ndarray:
     off_lo, off_hi = split(offset)
     seed_lo, seed_hi = split(seed)
     words = philox4x32_10(
-        [(n & LOW32).astype(np.uint32), (n >> np.uint64(32)).astype(np.uint32),
-         np.full(n.shape, off_lo), np.full(n.shape, off_hi)],
+        [
+            (n & LOW32).astype(np.uint32),
+            (n >> np.uint64(32)).astype(np.uint32),
+            np.full(n.shape, off_lo),
+            np.full(n.shape, off_hi),
+        ],
         [np.full(n.shape, seed_lo), np.full(n.shape, seed_hi)],
     )
     lane = (index & np.uint64(3)).astype(np.int64)
@@ -194,9 +198,20 @@ def padded(scales: np.ndarray, rows: int, cols: int) -> np.ndarray:
     return out
 
 
-def quantize(x, amax_rowwise=None, amax_columnwise=None, *, rowwise=True, columnwise=False,
-             block_2d=False, stochastic_rounding=False, seed=0, offset=0,
-             random_hadamard=False, rht_sign_mask=0):
+def quantize(
+    x,
+    amax_rowwise=None,
+    amax_columnwise=None,
+    *,
+    rowwise=True,
+    columnwise=False,
+    block_2d=False,
+    stochastic_rounding=False,
+    seed=0,
+    offset=0,
+    random_hadamard=False,
+    rht_sign_mask=0,
+):
     """Dict with 'rowwise', 'rowwise_scale', 'columnwise', 'columnwise_scale'
     (uint8 arrays, scales padded with 0) and the amaxes used."""
     x2d = np.asarray(x, np.float32).reshape(-1, np.shape(x)[-1])
@@ -211,15 +226,21 @@ def quantize(x, amax_rowwise=None, amax_columnwise=None, *, rowwise=True, column
     if block_2d:
         tiles = abs_max_ignore_nan(x2d.reshape(m // BLOCK, BLOCK, k // BLOCK, BLOCK), axis=(1, 3))
     if rowwise:
-        block_amax = (np.repeat(tiles, BLOCK, axis=0) if block_2d
-                      else abs_max_ignore_nan(x2d.reshape(m, k // BLOCK, BLOCK), axis=2))
+        block_amax = (
+            np.repeat(tiles, BLOCK, axis=0)
+            if block_2d
+            else abs_max_ignore_nan(x2d.reshape(m, k // BLOCK, BLOCK), axis=2)
+        )
         words = random_words(seed, offset, element) if stochastic_rounding else None
         data, scales = quantize_matrix(x2d, block_amax, amax_rowwise, words)
         out["rowwise"] = data.reshape(np.shape(x)[:-1] + (k // 2,))
         out["rowwise_scale"] = padded(scales, m, k)
     if columnwise:
-        block_amax = (np.repeat(tiles.T, BLOCK, axis=0) if block_2d
-                      else abs_max_ignore_nan(col_values.reshape(k, m // BLOCK, BLOCK), axis=2))
+        block_amax = (
+            np.repeat(tiles.T, BLOCK, axis=0)
+            if block_2d
+            else abs_max_ignore_nan(col_values.reshape(k, m // BLOCK, BLOCK), axis=2)
+        )
         index = element.T if block_2d else np.uint64(m * k) + element.reshape(k, m)
         words = random_words(seed, offset, index) if stochastic_rounding else None
         data, scales = quantize_matrix(col_values, block_amax, amax_columnwise, words)

@@ -5,7 +5,7 @@ See core/include/te/recipe.h for the exact rule. Arrays are updated in place.
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -25,9 +25,9 @@ def _fp32_array(a, name: str) -> np.ndarray:
 def delayed_scaling_update(
     amax_histories: Sequence[np.ndarray],
     scales: Sequence[np.ndarray],
-    scale_invs: Optional[Sequence[np.ndarray]] = None,
+    scale_invs: Sequence[np.ndarray] | None = None,
     *,
-    amax_reduction_buffer: Optional[np.ndarray] = None,
+    amax_reduction_buffer: np.ndarray | None = None,
     amax_compute_algo: str = "max",
     fp8_dtype="e4m3",
     margin: float = 0.0,

@@ -20,7 +20,9 @@ _ONE_BYTE_KINDS = ("uint8", "float8_e8m0fnu", "float8_e4m3fn", "float8_e5m2")
 def _scales(scales, name: str) -> np.ndarray:
     array = np.ascontiguousarray(scales)
     if array.dtype.name not in _ONE_BYTE_KINDS:
-        raise TypeError(f"argument '{name}' must hold one-byte block scales ({', '.join(_ONE_BYTE_KINDS)}), got {array.dtype}")
+        raise TypeError(
+            f"argument '{name}' must hold one-byte block scales ({', '.join(_ONE_BYTE_KINDS)}), got {array.dtype}"
+        )
     return array
 
 

@@ -10,9 +10,8 @@ not stubbed. Recipes are shared with PyTorch: transformer_engine.common.recipe.
 
 import importlib as _importlib
 
-import transformer_engine.core  # noqa: F401 - loads the native core once, up front
-
 import jax as _jax  # noqa: F401 - fail here, clearly, when JAX is missing
+import transformer_engine.core  # noqa: F401 - loads the native core once, up front
 
 __version__ = "0.1.0"
 

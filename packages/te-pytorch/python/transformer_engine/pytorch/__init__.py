@@ -22,6 +22,7 @@ reference's API come later; using a block recipe raises NotImplementedError.
 import re as _re
 
 import torch as _torch
+
 import transformer_engine.core  # noqa: F401 - loads the native core once, up front
 from transformer_engine.common.recipe import QuantizerRole
 from transformer_engine.core import DType

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 import torch
+
 from transformer_engine import core
 
 
@@ -21,17 +22,22 @@ def _cuda_version(text: str | None) -> tuple[int, int]:
 
 def _fp8_support() -> tuple[bool, str]:
     if not torch.cuda.is_available():
-        return False, ("no CUDA device is visible to torch (FP8 numerics can still be emulated "
-                       "on the CPU by te-core's CPU backend)")
+        return False, (
+            "no CUDA device is visible to torch (FP8 numerics can still be emulated "
+            "on the CPU by te-core's CPU backend)"
+        )
     capability = get_device_compute_capability()
     if capability < (8, 9):
-        return False, (f"FP8 needs compute capability 8.9 or newer (Ada, Hopper, Blackwell); "
-                       f"the current device has {capability[0]}.{capability[1]}")
+        return False, (
+            f"FP8 needs compute capability 8.9 or newer (Ada, Hopper, Blackwell); "
+            f"the current device has {capability[0]}.{capability[1]}"
+        )
     if capability == (8, 9) and _cuda_version(torch.version.cuda) < (12, 1):
         return False, f"FP8 on compute capability 8.9 needs CUDA 12.1 or newer, torch has {torch.version.cuda}"
     if not core.built_with_cuda():
-        return False, ("te-core was built without its CUDA backend (TE_WITH_CUDA=OFF); rebuild it "
-                       "with CUDA to run FP8 on the GPU")
+        return False, (
+            "te-core was built without its CUDA backend (TE_WITH_CUDA=OFF); rebuild it with CUDA to run FP8 on the GPU"
+        )
     return True, ""
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import warnings
 
 import torch
+
 from transformer_engine.common.recipe import DelayedScaling, Float8CurrentScaling
 from transformer_engine.core import DType
 
@@ -125,8 +126,14 @@ class autocast:
     instance cannot be entered twice at the same time.
     """
 
-    def __init__(self, enabled: bool = True, calibrating: bool = False, recipe=None,
-                 amax_reduction_group=None, _graph: bool = False) -> None:
+    def __init__(
+        self,
+        enabled: bool = True,
+        calibrating: bool = False,
+        recipe=None,
+        amax_reduction_group=None,
+        _graph: bool = False,
+    ) -> None:
         self.enabled = enabled
         self.calibrating = calibrating
         self.recipe = recipe
@@ -136,8 +143,7 @@ class autocast:
 
     def __enter__(self):
         if self._saved is not None:
-            raise RuntimeError("this te.autocast instance is already active; create a new one "
-                               "for a nested region")
+            raise RuntimeError("this te.autocast instance is already active; create a new one for a nested region")
         recipe = self.recipe
         if self.enabled or self.calibrating:
             # (A disabled region needs no recipe: building the default one
@@ -167,18 +173,22 @@ class autocast:
         s.fp8_enabled, s.fp8_calibration, s.fp8_recipe, s.fp8_group = self._saved
         self._saved = None
         s.autocast_depth -= 1
-        if (s.autocast_depth == 0 and exc_type is None and not self._graph
-                and torch.is_grad_enabled()):
+        if s.autocast_depth == 0 and exc_type is None and not self._graph and torch.is_grad_enabled():
             s.forward_queue.run()
 
 
-def fp8_autocast(enabled: bool = True, calibrating: bool = False, fp8_recipe=None,
-                 fp8_group=None, _graph: bool = False) -> autocast:
+def fp8_autocast(
+    enabled: bool = True, calibrating: bool = False, fp8_recipe=None, fp8_group=None, _graph: bool = False
+) -> autocast:
     """Deprecated name of autocast (the reference renamed it in v2.9)."""
-    warnings.warn("fp8_autocast is deprecated; use te.autocast(enabled, calibrating, recipe, "
-                  "amax_reduction_group)", DeprecationWarning, stacklevel=2)
-    return autocast(enabled=enabled, calibrating=calibrating, recipe=fp8_recipe,
-                    amax_reduction_group=fp8_group, _graph=_graph)
+    warnings.warn(
+        "fp8_autocast is deprecated; use te.autocast(enabled, calibrating, recipe, amax_reduction_group)",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    return autocast(
+        enabled=enabled, calibrating=calibrating, recipe=fp8_recipe, amax_reduction_group=fp8_group, _graph=_graph
+    )
 
 
 # --------------------------------------------------------------------------- the update
@@ -202,15 +212,20 @@ def _reduce_and_update(recipe, group, states: list) -> None:
     if callable(recipe.amax_compute_algo) or recipe.scaling_factor_compute_algo is not None:
         _unfused_update(recipe, buffer, states)
         return
-    kernels.delayed_scaling_update(buffer, histories, [s.scale for s in states],
-                                   algo=recipe.amax_compute_algo, fp8_dtype=fp8_dtype,
-                                   margin=float(recipe.margin))
+    kernels.delayed_scaling_update(
+        buffer,
+        histories,
+        [s.scale for s in states],
+        algo=recipe.amax_compute_algo,
+        fp8_dtype=fp8_dtype,
+        margin=float(recipe.margin),
+    )
 
 
 def _default_sf_compute(amax, scale, fp8_max: float, margin: float) -> torch.Tensor:
     """(fp8_max / amax) / 2^margin; the old scale where amax is 0, inf or NaN;
     FLT_MAX where the division overflows."""
-    sf = (fp8_max / amax) / (2.0 ** margin)
+    sf = (fp8_max / amax) / (2.0**margin)
     sf = torch.where(amax > 0.0, sf, scale)
     sf = torch.where(torch.isfinite(amax), sf, scale)
     return torch.where(torch.isinf(sf), torch.full_like(sf, FLT_MAX), sf)
@@ -222,7 +237,7 @@ def _unfused_update(recipe, buffer, states: list) -> None:
     for state in states:
         history, n = state.amax_history, state.amax_history.shape[1]
         if buffer is not None:
-            history[0].copy_(buffer[offset:offset + n])
+            history[0].copy_(buffer[offset : offset + n])
         offset += n
         algo = recipe.amax_compute_algo
         if callable(algo):

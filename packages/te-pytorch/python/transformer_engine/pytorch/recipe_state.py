@@ -18,6 +18,7 @@ which fp8_meta and checkpoints expose).
 from __future__ import annotations
 
 import torch
+
 from transformer_engine.common.recipe import Format, Recipe
 from transformer_engine.core import DType
 
@@ -34,14 +35,14 @@ _COMING = {
 def check_recipe_support(recipe) -> None:
     """Raises for a recipe te-pytorch cannot run (yet); a clear message each time."""
     if not isinstance(recipe, Recipe):
-        raise TypeError(f"recipe must be a transformer_engine.common.recipe.Recipe, got "
-                        f"{type(recipe).__name__}")
+        raise TypeError(f"recipe must be a transformer_engine.common.recipe.Recipe, got {type(recipe).__name__}")
     if recipe._kind in _COMING:
         name, quantizer = _COMING[recipe._kind]
         raise NotImplementedError(
             f"{name} is not supported by transformer_engine.pytorch yet: its quantizer "
             f"({quantizer}) is coming in a later release. Use recipe.DelayedScaling() or "
-            "recipe.Float8CurrentScaling() meanwhile.")
+            "recipe.Float8CurrentScaling() meanwhile."
+        )
 
 
 def fp8_dtype_for(recipe, forward: bool) -> DType:
@@ -76,8 +77,7 @@ class DelayedScalingRecipeState(RecipeState):
         self.mode = mode
         self.dtype = fp8_dtype_for(recipe, mode == "forward")
         self.scale = torch.ones(num_quantizers, dtype=torch.float32, device=device)
-        self.amax_history = torch.zeros(recipe.amax_history_len, num_quantizers,
-                                        dtype=torch.float32, device=device)
+        self.amax_history = torch.zeros(recipe.amax_history_len, num_quantizers, dtype=torch.float32, device=device)
 
     @property
     def device(self) -> torch.device:
@@ -85,8 +85,9 @@ class DelayedScalingRecipeState(RecipeState):
 
     def make_quantizers(self) -> list:
         staging = self.amax_history[0]
-        return [Float8Quantizer(self.scale[i:i + 1], staging[i:i + 1], self.dtype)
-                for i in range(self.scale.numel())]
+        return [
+            Float8Quantizer(self.scale[i : i + 1], staging[i : i + 1], self.dtype) for i in range(self.scale.numel())
+        ]
 
     def adopt(self, old: DelayedScalingRecipeState) -> None:
         """Keeps the scales and the newest amaxes of a state built for an
@@ -115,9 +116,11 @@ class Float8CurrentScalingRecipeState(RecipeState):
                 qparams = recipe.fp8_quant_fwd_weight if i % 3 == 1 else recipe.fp8_quant_fwd_inp
             else:
                 qparams = recipe.fp8_quant_bwd_grad
-            quantizers.append(Float8CurrentScalingQuantizer(
-                self.dtype, self.device, force_pow_2_scales=qparams.power_2_scale,
-                amax_epsilon=qparams.amax_epsilon))
+            quantizers.append(
+                Float8CurrentScalingQuantizer(
+                    self.dtype, self.device, force_pow_2_scales=qparams.power_2_scale, amax_epsilon=qparams.amax_epsilon
+                )
+            )
         return quantizers
 
 
@@ -128,7 +131,9 @@ def mm_split_accumulator(recipe) -> tuple[bool, bool, bool]:
     reference modules then use fprop=False (fast accumulation), dgrad=wgrad=True.
     """
     if hasattr(recipe, "fp8_gemm_fprop"):
-        return (recipe.fp8_gemm_fprop.use_split_accumulator,
-                recipe.fp8_gemm_dgrad.use_split_accumulator,
-                recipe.fp8_gemm_wgrad.use_split_accumulator)
+        return (
+            recipe.fp8_gemm_fprop.use_split_accumulator,
+            recipe.fp8_gemm_dgrad.use_split_accumulator,
+            recipe.fp8_gemm_wgrad.use_split_accumulator,
+        )
     return (False, True, True)

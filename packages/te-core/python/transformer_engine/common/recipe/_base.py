@@ -33,8 +33,7 @@ def refuse_type(owner: str, name: str, expected: str, value: Any) -> None:
 def _refuse_setattr(self, name: str, value: Any) -> None:
     owner = type(self).__name__
     raise dataclasses.FrozenInstanceError(
-        f"{owner} is frozen: cannot set {name!r}. Make a changed copy with "
-        f"dataclasses.replace(obj, {name}=...)"
+        f"{owner} is frozen: cannot set {name!r}. Make a changed copy with dataclasses.replace(obj, {name}=...)"
     )
 
 
@@ -136,8 +135,7 @@ def check_format(obj: Any, name: str, allowed: tuple | None = None) -> None:
     if not isinstance(value, Format):
         refuse_type(owner, name, "a transformer_engine.common.recipe.Format", value)
     if value is Format.E5M2 and allowed is not None and Format.E5M2 not in allowed:
-        fail(owner, f"{name}=Format.E5M2: Pure E5M2 training is not supported "
-                    "(use Format.HYBRID for E5M2 gradients)")
+        fail(owner, f"{name}=Format.E5M2: Pure E5M2 training is not supported (use Format.HYBRID for E5M2 gradients)")
     if allowed is not None and value not in allowed:
         listed = " or ".join(f"Format.{f.name}" for f in allowed)
         fail(owner, f"{name} must be {listed}, got Format.{value.name}")
@@ -180,8 +178,7 @@ class QParams:
     fp4_2d_quantization: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("power_2_scale", "random_hadamard_transform", "stochastic_rounding",
-                     "fp4_2d_quantization"):
+        for name in ("power_2_scale", "random_hadamard_transform", "stochastic_rounding", "fp4_2d_quantization"):
             check_bool(self, name)
         check_non_negative(self, "amax_epsilon")
 

@@ -125,18 +125,18 @@ class Float8BlockScaling(Recipe):
         # Each GEMM multiplies two of x, w, grad (fprop x.w, dgrad grad.w,
         # wgrad grad.x); a GEMM of two 2D-scaled operands is not supported.
         for i, a in enumerate(dims):
-            for b in dims[i + 1:]:
+            for b in dims[i + 1 :]:
                 if getattr(self, a) == 2 and getattr(self, b) == 2:
-                    fail("Float8BlockScaling", f"2D by 2D block GEMMs are not supported: {a}=2 "
-                                               f"and {b}=2")
+                    fail("Float8BlockScaling", f"2D by 2D block GEMMs are not supported: {a}=2 and {b}=2")
         check_mm_params(self)
         for name in GEMMS:
             if not getattr(self, name).use_split_accumulator:
-                fail("Float8BlockScaling", f"{name}.use_split_accumulator must be True: FP8 block "
-                                           "scaling requires the split accumulator")
+                fail(
+                    "Float8BlockScaling",
+                    f"{name}.use_split_accumulator must be True: FP8 block scaling requires the split accumulator",
+                )
         if self.fp8_dpa or self.fp8_mha:
-            fail("Float8BlockScaling", "FP8 attention is not supported: fp8_dpa and fp8_mha must "
-                                       "be False")
+            fail("Float8BlockScaling", "FP8 attention is not supported: fp8_dpa and fp8_mha must be False")
         check_backward_override(self)
         set_fp8_quant(self, power_2_scale=not self.use_f32_scales)
 
@@ -196,8 +196,14 @@ class NVFP4BlockScaling(Recipe):
     fp4_quant_bwd_grad: QParams = derived()
 
     def __post_init__(self) -> None:
-        for name in ("disable_rht", "disable_stochastic_rounding", "disable_2d_quantization",
-                     "row_scaled_activation", "fp8_dpa", "fp8_mha"):
+        for name in (
+            "disable_rht",
+            "disable_stochastic_rounding",
+            "disable_2d_quantization",
+            "row_scaled_activation",
+            "fp8_dpa",
+            "fp8_mha",
+        ):
             check_bool(self, name)
         check_format(self, "fp4_format", (Format.E2M1,))
         check_format(self, "fp8_format", (Format.E4M3,))
@@ -205,21 +211,24 @@ class NVFP4BlockScaling(Recipe):
             if not isinstance(getattr(self, name), str):
                 refuse_type("NVFP4BlockScaling", name, "a str", getattr(self, name))
         check_choice(self, "nvfp4_4over6", NVFP4_4OVER6_SCOPES, env="NVTE_NVFP4_4OVER6")
-        check_choice(self, "nvfp4_4over6_e4m3_use_256", NVFP4_4OVER6_SCOPES,
-                     env="NVTE_NVFP4_4OVER6_E4M3_USE_256")
-        check_choice(self, "nvfp4_4over6_err_mode", NVFP4_4OVER6_ERR_MODES,
-                     env="NVTE_NVFP4_4OVER6_ERR_MODE")
+        check_choice(self, "nvfp4_4over6_e4m3_use_256", NVFP4_4OVER6_SCOPES, env="NVTE_NVFP4_4OVER6_E4M3_USE_256")
+        check_choice(self, "nvfp4_4over6_err_mode", NVFP4_4OVER6_ERR_MODES, env="NVTE_NVFP4_4OVER6_ERR_MODE")
         check_backward_override(self)
         if self.row_scaled_activation and self.backward_override is None:
-            fail("NVFP4BlockScaling", "row_scaled_activation=True requires backward_override "
-                                      "'high_precision' or 'dequantized', got None")
+            fail(
+                "NVFP4BlockScaling",
+                "row_scaled_activation=True requires backward_override 'high_precision' or 'dequantized', got None",
+            )
         set_field(self, "fp4_quant_fwd_inp", QParams(random_hadamard_transform=not self.disable_rht))
-        set_field(self, "fp4_quant_fwd_weight",
-                  QParams(fp4_2d_quantization=not self.disable_2d_quantization))
-        set_field(self, "fp4_quant_bwd_grad", QParams(
-            random_hadamard_transform=not self.disable_rht,
-            stochastic_rounding=not self.disable_stochastic_rounding,
-        ))
+        set_field(self, "fp4_quant_fwd_weight", QParams(fp4_2d_quantization=not self.disable_2d_quantization))
+        set_field(
+            self,
+            "fp4_quant_bwd_grad",
+            QParams(
+                random_hadamard_transform=not self.disable_rht,
+                stochastic_rounding=not self.disable_stochastic_rounding,
+            ),
+        )
 
     def _repr_fields(self) -> tuple:
         return (

@@ -68,8 +68,7 @@ class CustomRecipe(Recipe):
 
     def __post_init__(self) -> None:
         if not callable(self.qfactory):
-            refuse_type("CustomRecipe", "qfactory", "a callable(QuantizerRole) -> quantizer",
-                        self.qfactory)
+            refuse_type("CustomRecipe", "qfactory", "a callable(QuantizerRole) -> quantizer", self.qfactory)
         check_format(self, "fp8_format")
         for name in ("fp8_dpa", "fp8_mha"):
             check_bool(self, name)

@@ -75,19 +75,28 @@ class DelayedScaling(Recipe):
         check_int(self, "amax_history_len", minimum=1)
         algo = self.amax_compute_algo
         if not callable(algo) and algo not in AMAX_COMPUTE_ALGOS:
-            fail("DelayedScaling", "amax_compute_algo must be 'max', 'most_recent' or a "
-                                   f"callable(amax_history) -> amax, got {algo!r}")
+            fail(
+                "DelayedScaling",
+                f"amax_compute_algo must be 'max', 'most_recent' or a callable(amax_history) -> amax, got {algo!r}",
+            )
         sf_algo = self.scaling_factor_compute_algo
         if sf_algo is not None and not callable(sf_algo):
-            refuse_type("DelayedScaling", "scaling_factor_compute_algo",
-                        "None or a callable(amax, old_scale, fp8_max, recipe) -> scale", sf_algo)
+            refuse_type(
+                "DelayedScaling",
+                "scaling_factor_compute_algo",
+                "None or a callable(amax, old_scale, fp8_max, recipe) -> scale",
+                sf_algo,
+            )
         for name in ("reduce_amax", "fp8_dpa", "fp8_mha"):
             check_bool(self, name)
         check_backward_override(self)
         if self.backward_override is not None:
-            fail("DelayedScaling", "backward_override must be None: delayed scaling supports no "
-                                   f"backward override (got {self.backward_override!r}; its "
-                                   "default comes from NVTE_BACKWARD_OVERRIDE)")
+            fail(
+                "DelayedScaling",
+                "backward_override must be None: delayed scaling supports no "
+                f"backward override (got {self.backward_override!r}; its "
+                "default comes from NVTE_BACKWARD_OVERRIDE)",
+            )
 
     def _repr_fields(self) -> tuple:
         return (
@@ -148,4 +157,3 @@ class Float8CurrentScaling(Recipe):
 
     def _repr_fields(self) -> tuple:
         return fp8_repr(self)
-

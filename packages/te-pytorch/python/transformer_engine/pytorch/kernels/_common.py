@@ -23,6 +23,7 @@ lookups.
 from __future__ import annotations
 
 import torch
+
 from transformer_engine.core import DType, lib
 
 FLOAT32, FLOAT16, BFLOAT16 = int(DType.kFloat32), int(DType.kFloat16), int(DType.kBFloat16)

@@ -20,6 +20,7 @@ empty tensor inside the op and None from the public wrappers.
 from __future__ import annotations
 
 import torch
+
 from transformer_engine.core import lib
 
 from ._common import (
@@ -37,17 +38,14 @@ from ._common import (
 
 def _check_fp8(fp8_dtype: int) -> None:
     if fp8_dtype not in FP8_CODES:
-        raise TypeError(
-            f"fp8_dtype must be DType.kFloat8E4M3 or DType.kFloat8E5M2, got {fp8_dtype!r}"
-        )
+        raise TypeError(f"fp8_dtype must be DType.kFloat8E4M3 or DType.kFloat8E5M2, got {fp8_dtype!r}")
 
 
 def _fp8_outputs(x: torch.Tensor, rowwise: bool, columnwise: bool):
     if not (rowwise or columnwise):
         raise ValueError("at least one of 'rowwise' and 'columnwise' must be True")
     row = torch.empty(x.shape, dtype=torch.uint8, device=x.device) if rowwise else None
-    col = (torch.empty(matrix_t_shape(x.shape), dtype=torch.uint8, device=x.device)
-           if columnwise else None)
+    col = torch.empty(matrix_t_shape(x.shape), dtype=torch.uint8, device=x.device) if columnwise else None
     return row, col
 
 
@@ -70,7 +68,8 @@ def _quantize_fp8(x, scale, amax, fp8_dtype, rowwise, columnwise):
     row, col = _fp8_outputs(x, rowwise, columnwise)
     scale_inv = torch.empty((1,), dtype=torch.float32, device=x.device)
     lib.quantize_fp8(
-        hp_desc(x, "x"), desc(scale, FLOAT32),
+        hp_desc(x, "x"),
+        desc(scale, FLOAT32),
         None if row is None else desc(row, fp8_dtype),
         None if col is None else desc(col, fp8_dtype),
         desc(scale_inv, FLOAT32),
@@ -81,9 +80,9 @@ def _quantize_fp8(x, scale, amax, fp8_dtype, rowwise, columnwise):
 
 
 @torch.library.custom_op("te::quantize_fp8", mutates_args=("amax",))
-def _quantize_fp8_op(x: torch.Tensor, scale: torch.Tensor, amax: torch.Tensor | None,
-                     fp8_dtype: int, rowwise: bool, columnwise: bool
-                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _quantize_fp8_op(
+    x: torch.Tensor, scale: torch.Tensor, amax: torch.Tensor | None, fp8_dtype: int, rowwise: bool, columnwise: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     row, col, scale_inv = _quantize_fp8(x, scale, amax, fp8_dtype, rowwise, columnwise)
     return _or_empty(row, x), _or_empty(col, x), scale_inv
 
@@ -102,8 +101,7 @@ def quantize_fp8(x, scale, amax, fp8_dtype: int, rowwise: bool = True, columnwis
     scale_inv FP32 [1]).
     """
     if compiling():
-        row, col, scale_inv = torch.ops.te.quantize_fp8(x, scale, amax, fp8_dtype, rowwise,
-                                                        columnwise)
+        row, col, scale_inv = torch.ops.te.quantize_fp8(x, scale, amax, fp8_dtype, rowwise, columnwise)
         return (row if rowwise else None), (col if columnwise else None), scale_inv
     return _quantize_fp8(x, scale, amax, fp8_dtype, rowwise, columnwise)
 
@@ -111,8 +109,7 @@ def quantize_fp8(x, scale, amax, fp8_dtype: int, rowwise: bool = True, columnwis
 # --------------------------------------------------------------------------- current scaling
 
 
-def _quantize_fp8_current_scaling(x, fp8_dtype, rowwise, columnwise, force_pow_2_scales,
-                                  amax_epsilon):
+def _quantize_fp8_current_scaling(x, fp8_dtype, rowwise, columnwise, force_pow_2_scales, amax_epsilon):
     _check_fp8(fp8_dtype)
     x = contiguous(x)
     row, col = _fp8_outputs(x, rowwise, columnwise)
@@ -122,19 +119,21 @@ def _quantize_fp8_current_scaling(x, fp8_dtype, rowwise, columnwise, force_pow_2
         hp_desc(x, "x"),
         None if row is None else desc(row, fp8_dtype),
         None if col is None else desc(col, fp8_dtype),
-        scalar_desc(stats, 0), scalar_desc(stats, 1), scalar_desc(stats, 2),
-        force_pow_2_scales, amax_epsilon, stream_of(x),
+        scalar_desc(stats, 0),
+        scalar_desc(stats, 1),
+        scalar_desc(stats, 2),
+        force_pow_2_scales,
+        amax_epsilon,
+        stream_of(x),
     )
     return row, col, stats
 
 
 @torch.library.custom_op("te::quantize_fp8_current_scaling", mutates_args=())
-def _quantize_fp8_current_scaling_op(x: torch.Tensor, fp8_dtype: int, rowwise: bool,
-                                     columnwise: bool, force_pow_2_scales: bool,
-                                     amax_epsilon: float
-                                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    row, col, stats = _quantize_fp8_current_scaling(x, fp8_dtype, rowwise, columnwise,
-                                                    force_pow_2_scales, amax_epsilon)
+def _quantize_fp8_current_scaling_op(
+    x: torch.Tensor, fp8_dtype: int, rowwise: bool, columnwise: bool, force_pow_2_scales: bool, amax_epsilon: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    row, col, stats = _quantize_fp8_current_scaling(x, fp8_dtype, rowwise, columnwise, force_pow_2_scales, amax_epsilon)
     return _or_empty(row, x), _or_empty(col, x), stats
 
 
@@ -144,9 +143,14 @@ def _(x, fp8_dtype, rowwise, columnwise, force_pow_2_scales, amax_epsilon):
     return row, col, x.new_empty((3,), dtype=torch.float32)
 
 
-def quantize_fp8_current_scaling(x, fp8_dtype: int, rowwise: bool = True,
-                                 columnwise: bool = False, force_pow_2_scales: bool = False,
-                                 amax_epsilon: float = 0.0):
+def quantize_fp8_current_scaling(
+    x,
+    fp8_dtype: int,
+    rowwise: bool = True,
+    columnwise: bool = False,
+    force_pow_2_scales: bool = False,
+    amax_epsilon: float = 0.0,
+):
     """amax(x) -> scale -> quantize, in one core call.
 
     Returns (rowwise | None, columnwise | None, stats) with stats an FP32 [3]
@@ -154,10 +158,10 @@ def quantize_fp8_current_scaling(x, fp8_dtype: int, rowwise: bool = True,
     """
     if compiling():
         row, col, stats = torch.ops.te.quantize_fp8_current_scaling(
-            x, fp8_dtype, rowwise, columnwise, force_pow_2_scales, float(amax_epsilon))
+            x, fp8_dtype, rowwise, columnwise, force_pow_2_scales, float(amax_epsilon)
+        )
         return (row if rowwise else None), (col if columnwise else None), stats
-    return _quantize_fp8_current_scaling(x, fp8_dtype, rowwise, columnwise, force_pow_2_scales,
-                                         float(amax_epsilon))
+    return _quantize_fp8_current_scaling(x, fp8_dtype, rowwise, columnwise, force_pow_2_scales, float(amax_epsilon))
 
 
 # --------------------------------------------------------------------------- amax and scale
@@ -188,14 +192,22 @@ def compute_amax(x) -> torch.Tensor:
 def _compute_scale_from_amax(amax, fp8_dtype, force_pow_2_scales, amax_epsilon):
     _check_fp8(fp8_dtype)
     out = torch.empty((2,), dtype=torch.float32, device=amax.device)
-    lib.compute_scale_from_amax(desc(amax, FLOAT32), scalar_desc(out, 0), scalar_desc(out, 1),
-                                fp8_dtype, force_pow_2_scales, amax_epsilon, stream_of(amax))
+    lib.compute_scale_from_amax(
+        desc(amax, FLOAT32),
+        scalar_desc(out, 0),
+        scalar_desc(out, 1),
+        fp8_dtype,
+        force_pow_2_scales,
+        amax_epsilon,
+        stream_of(amax),
+    )
     return out
 
 
 @torch.library.custom_op("te::compute_scale_from_amax", mutates_args=())
-def _compute_scale_from_amax_op(amax: torch.Tensor, fp8_dtype: int, force_pow_2_scales: bool,
-                                amax_epsilon: float) -> torch.Tensor:
+def _compute_scale_from_amax_op(
+    amax: torch.Tensor, fp8_dtype: int, force_pow_2_scales: bool, amax_epsilon: float
+) -> torch.Tensor:
     return _compute_scale_from_amax(amax, fp8_dtype, force_pow_2_scales, amax_epsilon)
 
 
@@ -204,12 +216,12 @@ def _(amax, fp8_dtype, force_pow_2_scales, amax_epsilon):
     return amax.new_empty((2,), dtype=torch.float32)
 
 
-def compute_scale_from_amax(amax, fp8_dtype: int, force_pow_2_scales: bool = False,
-                            amax_epsilon: float = 0.0) -> torch.Tensor:
+def compute_scale_from_amax(
+    amax, fp8_dtype: int, force_pow_2_scales: bool = False, amax_epsilon: float = 0.0
+) -> torch.Tensor:
     """FP32 [2] tensor (scale, scale_inv) from a one-element FP32 amax (cast.h rules)."""
     if compiling():
-        return torch.ops.te.compute_scale_from_amax(amax, fp8_dtype, force_pow_2_scales,
-                                                    float(amax_epsilon))
+        return torch.ops.te.compute_scale_from_amax(amax, fp8_dtype, force_pow_2_scales, float(amax_epsilon))
     return _compute_scale_from_amax(amax, fp8_dtype, force_pow_2_scales, float(amax_epsilon))
 
 
@@ -222,14 +234,14 @@ def _dequantize_fp8(data, scale_inv, fp8_dtype, out_dtype):
         raise TypeError(f"argument 'data' must hold FP8 bytes as torch.uint8, got {data.dtype}")
     data = contiguous(data)
     out = torch.empty(data.shape, dtype=out_dtype, device=data.device)
-    lib.dequantize_fp8(desc(data, fp8_dtype), desc(scale_inv, FLOAT32), hp_desc(out, "out_dtype"),
-                       stream_of(data))
+    lib.dequantize_fp8(desc(data, fp8_dtype), desc(scale_inv, FLOAT32), hp_desc(out, "out_dtype"), stream_of(data))
     return out
 
 
 @torch.library.custom_op("te::dequantize_fp8", mutates_args=())
-def _dequantize_fp8_op(data: torch.Tensor, scale_inv: torch.Tensor, fp8_dtype: int,
-                       out_dtype: torch.dtype) -> torch.Tensor:
+def _dequantize_fp8_op(
+    data: torch.Tensor, scale_inv: torch.Tensor, fp8_dtype: int, out_dtype: torch.dtype
+) -> torch.Tensor:
     return _dequantize_fp8(data, scale_inv, fp8_dtype, out_dtype)
 
 
@@ -243,4 +255,3 @@ def dequantize_fp8(data, scale_inv, fp8_dtype: int, out_dtype=torch.float32) -> 
     if compiling():
         return torch.ops.te.dequantize_fp8(data, scale_inv, fp8_dtype, out_dtype)
     return _dequantize_fp8(data, scale_inv, fp8_dtype, out_dtype)
-

@@ -20,6 +20,7 @@ fuse_wgrad_accumulation path into `main_grad`.
 from __future__ import annotations
 
 import torch
+
 from transformer_engine.core import lib
 
 from ._common import (
@@ -43,8 +44,10 @@ def _operand(t: torch.Tensor, code: int, scale_inv, name: str):
         if code < 0 or t.dtype == torch.uint8:
             raise TypeError(f"argument '{name}' must be {_INPUT_TEXT}, got {t.dtype}")
     elif code not in FP8_CODES or t.dtype != torch.uint8:
-        raise TypeError(f"argument '{name}' with FP8 code {code} must be uint8 bytes and the code "
-                        f"DType.kFloat8E4M3 (7) or DType.kFloat8E5M2 (8); got {t.dtype}")
+        raise TypeError(
+            f"argument '{name}' with FP8 code {code} must be uint8 bytes and the code "
+            f"DType.kFloat8E4M3 (7) or DType.kFloat8E5M2 (8); got {t.dtype}"
+        )
     if t.dim() < 2:
         raise ValueError(f"argument '{name}' must have at least 2 dims, got shape {tuple(t.shape)}")
     sdesc = None if scale_inv is None else desc(scale_inv, FLOAT32)
@@ -66,8 +69,23 @@ def _out_shape(a, b, transa: bool, transb: bool) -> tuple:
     return ((m, n) if transa else (*a.shape[:-1], n)), m, n
 
 
-def _run(a, b, d, a_dtype, a_scale_inv, b_dtype, b_scale_inv, transa, transb, bias, pre_gelu,
-         bias_grad, alpha, beta, use_split_accumulator):
+def _run(
+    a,
+    b,
+    d,
+    a_dtype,
+    a_scale_inv,
+    b_dtype,
+    b_scale_inv,
+    transa,
+    transb,
+    bias,
+    pre_gelu,
+    bias_grad,
+    alpha,
+    beta,
+    use_split_accumulator,
+):
     a, b = contiguous(a), contiguous(b)
     a_desc, a_sdesc = _operand(a, a_dtype, a_scale_inv, "a")
     b_desc, b_sdesc = _operand(b, b_dtype, b_scale_inv, "b")
@@ -80,11 +98,44 @@ def _run(a, b, d, a_dtype, a_scale_inv, b_dtype, b_scale_inv, transa, transb, bi
     ws = None
     if a.is_cuda:
         nbytes = lib.gemm_workspace_size(
-            a_desc, b_desc, d_desc, a_sdesc, b_sdesc, c_desc, None, None, bias_desc, pre_desc,
-            grad_desc, alpha, beta, transa, transb, use_split_accumulator)
+            a_desc,
+            b_desc,
+            d_desc,
+            a_sdesc,
+            b_sdesc,
+            c_desc,
+            None,
+            None,
+            bias_desc,
+            pre_desc,
+            grad_desc,
+            alpha,
+            beta,
+            transa,
+            transb,
+            use_split_accumulator,
+        )
         ws = workspace(nbytes, a, stream)
-    lib.gemm(a_desc, b_desc, d_desc, a_sdesc, b_sdesc, c_desc, None, None, bias_desc, pre_desc,
-             grad_desc, ws, alpha, beta, transa, transb, use_split_accumulator, stream)
+    lib.gemm(
+        a_desc,
+        b_desc,
+        d_desc,
+        a_sdesc,
+        b_sdesc,
+        c_desc,
+        None,
+        None,
+        bias_desc,
+        pre_desc,
+        grad_desc,
+        ws,
+        alpha,
+        beta,
+        transa,
+        transb,
+        use_split_accumulator,
+        stream,
+    )
 
 
 def _check_out_dtype(out_dtype) -> None:
@@ -92,26 +143,80 @@ def _check_out_dtype(out_dtype) -> None:
         raise TypeError(f"argument 'out_dtype' must be float32, bfloat16 or float16, got {out_dtype}")
 
 
-def _gemm(a, b, a_dtype, a_scale_inv, b_dtype, b_scale_inv, transa, transb, out_dtype, bias,
-          gelu, bias_grad, use_split_accumulator, alpha):
+def _gemm(
+    a,
+    b,
+    a_dtype,
+    a_scale_inv,
+    b_dtype,
+    b_scale_inv,
+    transa,
+    transb,
+    out_dtype,
+    bias,
+    gelu,
+    bias_grad,
+    use_split_accumulator,
+    alpha,
+):
     _check_out_dtype(out_dtype)
     shape, m, n = _out_shape(a, b, transa, transb)
     d = torch.empty(shape, dtype=out_dtype, device=a.device)
     pre = torch.empty((m, n), dtype=out_dtype, device=a.device) if gelu else None
     grad = torch.empty((m,), dtype=out_dtype, device=a.device) if bias_grad else None
-    _run(a, b, d, a_dtype, a_scale_inv, b_dtype, b_scale_inv, transa, transb, bias, pre, grad,
-         alpha, 0.0, use_split_accumulator)
+    _run(
+        a,
+        b,
+        d,
+        a_dtype,
+        a_scale_inv,
+        b_dtype,
+        b_scale_inv,
+        transa,
+        transb,
+        bias,
+        pre,
+        grad,
+        alpha,
+        0.0,
+        use_split_accumulator,
+    )
     return d, pre, grad
 
 
 @torch.library.custom_op("te::gemm", mutates_args=())
-def _gemm_op(a: torch.Tensor, b: torch.Tensor, a_dtype: int, a_scale_inv: torch.Tensor | None,
-             b_dtype: int, b_scale_inv: torch.Tensor | None, transa: bool, transb: bool,
-             out_dtype: torch.dtype, bias: torch.Tensor | None, gelu: bool, bias_grad: bool,
-             use_split_accumulator: bool, alpha: float
-             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    d, pre, grad = _gemm(a, b, a_dtype, a_scale_inv, b_dtype, b_scale_inv, transa, transb,
-                         out_dtype, bias, gelu, bias_grad, use_split_accumulator, alpha)
+def _gemm_op(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    a_dtype: int,
+    a_scale_inv: torch.Tensor | None,
+    b_dtype: int,
+    b_scale_inv: torch.Tensor | None,
+    transa: bool,
+    transb: bool,
+    out_dtype: torch.dtype,
+    bias: torch.Tensor | None,
+    gelu: bool,
+    bias_grad: bool,
+    use_split_accumulator: bool,
+    alpha: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    d, pre, grad = _gemm(
+        a,
+        b,
+        a_dtype,
+        a_scale_inv,
+        b_dtype,
+        b_scale_inv,
+        transa,
+        transb,
+        out_dtype,
+        bias,
+        gelu,
+        bias_grad,
+        use_split_accumulator,
+        alpha,
+    )
     # Ops cannot return None, nor one tensor twice: separate empty placeholders.
     if pre is None:
         pre = a.new_empty((0,), dtype=out_dtype)
@@ -121,18 +226,47 @@ def _gemm_op(a: torch.Tensor, b: torch.Tensor, a_dtype: int, a_scale_inv: torch.
 
 
 @_gemm_op.register_fake
-def _(a, b, a_dtype, a_scale_inv, b_dtype, b_scale_inv, transa, transb, out_dtype, bias, gelu,
-      bias_grad, use_split_accumulator, alpha):
+def _(
+    a,
+    b,
+    a_dtype,
+    a_scale_inv,
+    b_dtype,
+    b_scale_inv,
+    transa,
+    transb,
+    out_dtype,
+    bias,
+    gelu,
+    bias_grad,
+    use_split_accumulator,
+    alpha,
+):
     shape, m, n = _out_shape(a, b, transa, transb)
-    return (a.new_empty(shape, dtype=out_dtype),
-            a.new_empty((m, n) if gelu else (0,), dtype=out_dtype),
-            a.new_empty((m,) if bias_grad else (0,), dtype=out_dtype))
+    return (
+        a.new_empty(shape, dtype=out_dtype),
+        a.new_empty((m, n) if gelu else (0,), dtype=out_dtype),
+        a.new_empty((m,) if bias_grad else (0,), dtype=out_dtype),
+    )
 
 
-def gemm(a, b, *, a_dtype: int = -1, a_scale_inv=None, b_dtype: int = -1, b_scale_inv=None,
-         transa: bool = False, transb: bool = False, out_dtype=torch.float32, bias=None,
-         gelu: bool = False, bias_grad: bool = False, use_split_accumulator: bool = True,
-         alpha: float = 1.0):
+def gemm(
+    a,
+    b,
+    *,
+    a_dtype: int = -1,
+    a_scale_inv=None,
+    b_dtype: int = -1,
+    b_scale_inv=None,
+    transa: bool = False,
+    transb: bool = False,
+    out_dtype=torch.float32,
+    bias=None,
+    gelu: bool = False,
+    bias_grad: bool = False,
+    use_split_accumulator: bool = True,
+    alpha: float = 1.0,
+):
     """D = alpha * op(a) @ op(b) (+ bias) (GELU), see the module docstring.
 
     Returns (D, pre_gelu_out | None, bias_grad | None); the last two have
@@ -140,57 +274,144 @@ def gemm(a, b, *, a_dtype: int = -1, a_scale_inv=None, b_dtype: int = -1, b_scal
     their scale_inv.
     """
     if compiling():
-        d, pre, grad = torch.ops.te.gemm(a, b, a_dtype, a_scale_inv, b_dtype, b_scale_inv,
-                                         transa, transb, out_dtype, bias, gelu, bias_grad,
-                                         use_split_accumulator, float(alpha))
+        d, pre, grad = torch.ops.te.gemm(
+            a,
+            b,
+            a_dtype,
+            a_scale_inv,
+            b_dtype,
+            b_scale_inv,
+            transa,
+            transb,
+            out_dtype,
+            bias,
+            gelu,
+            bias_grad,
+            use_split_accumulator,
+            float(alpha),
+        )
         return d, (pre if gelu else None), (grad if bias_grad else None)
-    return _gemm(a, b, a_dtype, a_scale_inv, b_dtype, b_scale_inv, transa, transb, out_dtype,
-                 bias, gelu, bias_grad, use_split_accumulator, float(alpha))
+    return _gemm(
+        a,
+        b,
+        a_dtype,
+        a_scale_inv,
+        b_dtype,
+        b_scale_inv,
+        transa,
+        transb,
+        out_dtype,
+        bias,
+        gelu,
+        bias_grad,
+        use_split_accumulator,
+        float(alpha),
+    )
 
 
-def _gemm_accumulate(a, b, a_dtype, a_scale_inv, b_dtype, b_scale_inv, transa, transb, out,
-                     beta, bias_grad, use_split_accumulator):
+def _gemm_accumulate(
+    a, b, a_dtype, a_scale_inv, b_dtype, b_scale_inv, transa, transb, out, beta, bias_grad, use_split_accumulator
+):
     _, m, n = _out_shape(a, b, transa, transb)
     if out.numel() != m * n or not out.is_contiguous():
-        raise ValueError(f"argument 'out' must be a contiguous tensor of {m}x{n} elements, got "
-                         f"shape {tuple(out.shape)}")
+        raise ValueError(
+            f"argument 'out' must be a contiguous tensor of {m}x{n} elements, got shape {tuple(out.shape)}"
+        )
     _check_out_dtype(out.dtype)
     grad = torch.empty((m,), dtype=out.dtype, device=a.device) if bias_grad else None
-    _run(a, b, out, a_dtype, a_scale_inv, b_dtype, b_scale_inv, transa, transb, None, None, grad,
-         1.0, beta, use_split_accumulator)
+    _run(
+        a,
+        b,
+        out,
+        a_dtype,
+        a_scale_inv,
+        b_dtype,
+        b_scale_inv,
+        transa,
+        transb,
+        None,
+        None,
+        grad,
+        1.0,
+        beta,
+        use_split_accumulator,
+    )
     return grad
 
 
 @torch.library.custom_op("te::gemm_accumulate", mutates_args=("out",))
-def _gemm_accumulate_op(a: torch.Tensor, b: torch.Tensor, a_dtype: int,
-                        a_scale_inv: torch.Tensor | None, b_dtype: int,
-                        b_scale_inv: torch.Tensor | None, transa: bool, transb: bool,
-                        out: torch.Tensor, beta: float, bias_grad: bool,
-                        use_split_accumulator: bool) -> torch.Tensor:
-    grad = _gemm_accumulate(a, b, a_dtype, a_scale_inv, b_dtype, b_scale_inv, transa, transb,
-                            out, beta, bias_grad, use_split_accumulator)
+def _gemm_accumulate_op(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    a_dtype: int,
+    a_scale_inv: torch.Tensor | None,
+    b_dtype: int,
+    b_scale_inv: torch.Tensor | None,
+    transa: bool,
+    transb: bool,
+    out: torch.Tensor,
+    beta: float,
+    bias_grad: bool,
+    use_split_accumulator: bool,
+) -> torch.Tensor:
+    grad = _gemm_accumulate(
+        a, b, a_dtype, a_scale_inv, b_dtype, b_scale_inv, transa, transb, out, beta, bias_grad, use_split_accumulator
+    )
     return a.new_empty((0,), dtype=out.dtype) if grad is None else grad
 
 
 @_gemm_accumulate_op.register_fake
-def _(a, b, a_dtype, a_scale_inv, b_dtype, b_scale_inv, transa, transb, out, beta, bias_grad,
-      use_split_accumulator):
+def _(a, b, a_dtype, a_scale_inv, b_dtype, b_scale_inv, transa, transb, out, beta, bias_grad, use_split_accumulator):
     _, m, _ = _out_shape(a, b, transa, transb)
     return a.new_empty((m,) if bias_grad else (0,), dtype=out.dtype)
 
 
-def gemm_accumulate(a, b, out, *, beta: float = 1.0, a_dtype: int = -1, a_scale_inv=None,
-                    b_dtype: int = -1, b_scale_inv=None, transa: bool = False,
-                    transb: bool = False, bias_grad: bool = False,
-                    use_split_accumulator: bool = True):
+def gemm_accumulate(
+    a,
+    b,
+    out,
+    *,
+    beta: float = 1.0,
+    a_dtype: int = -1,
+    a_scale_inv=None,
+    b_dtype: int = -1,
+    b_scale_inv=None,
+    transa: bool = False,
+    transb: bool = False,
+    bias_grad: bool = False,
+    use_split_accumulator: bool = True,
+):
     """out = op(a) @ op(b) + beta * out, in place (beta = 0 overwrites).
 
     Returns bias_grad (out's dtype) or None.
     """
     if compiling():
-        grad = torch.ops.te.gemm_accumulate(a, b, a_dtype, a_scale_inv, b_dtype, b_scale_inv,
-                                            transa, transb, out, float(beta), bias_grad,
-                                            use_split_accumulator)
+        grad = torch.ops.te.gemm_accumulate(
+            a,
+            b,
+            a_dtype,
+            a_scale_inv,
+            b_dtype,
+            b_scale_inv,
+            transa,
+            transb,
+            out,
+            float(beta),
+            bias_grad,
+            use_split_accumulator,
+        )
         return grad if bias_grad else None
-    return _gemm_accumulate(a, b, a_dtype, a_scale_inv, b_dtype, b_scale_inv, transa, transb, out,
-                            float(beta), bias_grad, use_split_accumulator)
+    return _gemm_accumulate(
+        a,
+        b,
+        a_dtype,
+        a_scale_inv,
+        b_dtype,
+        b_scale_inv,
+        transa,
+        transb,
+        out,
+        float(beta),
+        bias_grad,
+        use_split_accumulator,
+    )

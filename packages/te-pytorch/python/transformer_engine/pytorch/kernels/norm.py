@@ -18,6 +18,7 @@ from the public wrappers.
 from __future__ import annotations
 
 import torch
+
 from transformer_engine.core import lib
 
 from ._common import FLOAT32, compiling, contiguous, desc, hp_desc, stream_of, workspace
@@ -36,8 +37,7 @@ def _norm_fwd(x, gamma, beta, eps, zero_centered_gamma, out_dtype, fp8_dtype, sc
         y = torch.empty(x.shape, dtype=torch.uint8, device=x.device)
         y_desc = desc(y, fp8_dtype)
         scale_inv = torch.empty((1,), dtype=torch.float32, device=x.device)
-        fp8_descs = (desc(scale, FLOAT32), desc(scale_inv, FLOAT32),
-                     None if amax is None else desc(amax, FLOAT32))
+        fp8_descs = (desc(scale, FLOAT32), desc(scale_inv, FLOAT32), None if amax is None else desc(amax, FLOAT32))
     else:
         y = torch.empty(x.shape, dtype=out_dtype, device=x.device)
         y_desc = hp_desc(y, "out_dtype")
@@ -45,12 +45,29 @@ def _norm_fwd(x, gamma, beta, eps, zero_centered_gamma, out_dtype, fp8_dtype, sc
         fp8_descs = (None, None, None)
     stream = stream_of(x)
     if beta is None:
-        lib.rmsnorm_fwd(hp_desc(x, "x"), hp_desc(gamma, "gamma"), eps, zero_centered_gamma, y_desc,
-                        *fp8_descs, desc(rsigma, FLOAT32), stream)
+        lib.rmsnorm_fwd(
+            hp_desc(x, "x"),
+            hp_desc(gamma, "gamma"),
+            eps,
+            zero_centered_gamma,
+            y_desc,
+            *fp8_descs,
+            desc(rsigma, FLOAT32),
+            stream,
+        )
     else:
-        lib.layernorm_fwd(hp_desc(x, "x"), hp_desc(gamma, "gamma"),
-                          hp_desc(contiguous(beta), "beta"), eps, zero_centered_gamma, y_desc,
-                          *fp8_descs, desc(mu, FLOAT32), desc(rsigma, FLOAT32), stream)
+        lib.layernorm_fwd(
+            hp_desc(x, "x"),
+            hp_desc(gamma, "gamma"),
+            hp_desc(contiguous(beta), "beta"),
+            eps,
+            zero_centered_gamma,
+            y_desc,
+            *fp8_descs,
+            desc(mu, FLOAT32),
+            desc(rsigma, FLOAT32),
+            stream,
+        )
     return y, mu, rsigma, scale_inv
 
 
@@ -74,12 +91,18 @@ def _op_outputs(result, x):
 
 
 @torch.library.custom_op("te::layernorm_fwd", mutates_args=("amax",))
-def _layernorm_fwd_op(x: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor, eps: float,
-                      zero_centered_gamma: bool, out_dtype: torch.dtype, fp8_dtype: int,
-                      scale: torch.Tensor | None, amax: torch.Tensor | None
-                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    return _op_outputs(_norm_fwd(x, gamma, beta, eps, zero_centered_gamma, out_dtype, fp8_dtype,
-                                 scale, amax), x)
+def _layernorm_fwd_op(
+    x: torch.Tensor,
+    gamma: torch.Tensor,
+    beta: torch.Tensor,
+    eps: float,
+    zero_centered_gamma: bool,
+    out_dtype: torch.dtype,
+    fp8_dtype: int,
+    scale: torch.Tensor | None,
+    amax: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _op_outputs(_norm_fwd(x, gamma, beta, eps, zero_centered_gamma, out_dtype, fp8_dtype, scale, amax), x)
 
 
 @_layernorm_fwd_op.register_fake
@@ -88,12 +111,17 @@ def _(x, gamma, beta, eps, zero_centered_gamma, out_dtype, fp8_dtype, scale, ama
 
 
 @torch.library.custom_op("te::rmsnorm_fwd", mutates_args=("amax",))
-def _rmsnorm_fwd_op(x: torch.Tensor, gamma: torch.Tensor, eps: float, zero_centered_gamma: bool,
-                    out_dtype: torch.dtype, fp8_dtype: int, scale: torch.Tensor | None,
-                    amax: torch.Tensor | None
-                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    return _op_outputs(_norm_fwd(x, gamma, None, eps, zero_centered_gamma, out_dtype, fp8_dtype,
-                                 scale, amax), x)
+def _rmsnorm_fwd_op(
+    x: torch.Tensor,
+    gamma: torch.Tensor,
+    eps: float,
+    zero_centered_gamma: bool,
+    out_dtype: torch.dtype,
+    fp8_dtype: int,
+    scale: torch.Tensor | None,
+    amax: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _op_outputs(_norm_fwd(x, gamma, None, eps, zero_centered_gamma, out_dtype, fp8_dtype, scale, amax), x)
 
 
 @_rmsnorm_fwd_op.register_fake
@@ -101,8 +129,18 @@ def _(x, gamma, eps, zero_centered_gamma, out_dtype, fp8_dtype, scale, amax):
     return _fake_fwd(x, out_dtype, fp8_dtype, False)
 
 
-def norm_fwd(x, gamma, beta, eps: float, zero_centered_gamma: bool = False, *, out_dtype=None,
-             fp8_dtype: int = -1, scale=None, amax=None):
+def norm_fwd(
+    x,
+    gamma,
+    beta,
+    eps: float,
+    zero_centered_gamma: bool = False,
+    *,
+    out_dtype=None,
+    fp8_dtype: int = -1,
+    scale=None,
+    amax=None,
+):
     """LayerNorm (beta given) or RMSNorm (beta None) over the last dim of x.
 
     Returns (y, mu | None, rsigma, scale_inv | None). y has out_dtype (default
@@ -114,11 +152,13 @@ def norm_fwd(x, gamma, beta, eps: float, zero_centered_gamma: bool = False, *, o
     if compiling():
         if beta is None:
             y, _, rsigma, scale_inv = torch.ops.te.rmsnorm_fwd(
-                x, gamma, eps, zero_centered_gamma, out_dtype, fp8_dtype, scale, amax)
+                x, gamma, eps, zero_centered_gamma, out_dtype, fp8_dtype, scale, amax
+            )
             mu = None
         else:
             y, mu, rsigma, scale_inv = torch.ops.te.layernorm_fwd(
-                x, gamma, beta, eps, zero_centered_gamma, out_dtype, fp8_dtype, scale, amax)
+                x, gamma, beta, eps, zero_centered_gamma, out_dtype, fp8_dtype, scale, amax
+            )
         return y, mu, rsigma, (scale_inv if fp8_dtype >= 0 else None)
     return _norm_fwd(x, gamma, beta, eps, zero_centered_gamma, out_dtype, fp8_dtype, scale, amax)
 
@@ -136,20 +176,41 @@ def _norm_bwd(dz, x, mu, rsigma, gamma, zero_centered_gamma):
         ws = workspace(size(x_desc), x, stream)
     common = (hp_desc(dz, "dz"), x_desc)
     if mu is None:
-        lib.rmsnorm_bwd(*common, desc(contiguous(rsigma), FLOAT32), hp_desc(gamma, "gamma"),
-                        zero_centered_gamma, hp_desc(dx, "dx"), hp_desc(dgamma, "dgamma"), ws,
-                        stream)
+        lib.rmsnorm_bwd(
+            *common,
+            desc(contiguous(rsigma), FLOAT32),
+            hp_desc(gamma, "gamma"),
+            zero_centered_gamma,
+            hp_desc(dx, "dx"),
+            hp_desc(dgamma, "dgamma"),
+            ws,
+            stream,
+        )
     else:
-        lib.layernorm_bwd(*common, desc(contiguous(mu), FLOAT32), desc(contiguous(rsigma), FLOAT32),
-                          hp_desc(gamma, "gamma"), zero_centered_gamma, hp_desc(dx, "dx"),
-                          hp_desc(dgamma, "dgamma"), hp_desc(dbeta, "dbeta"), ws, stream)
+        lib.layernorm_bwd(
+            *common,
+            desc(contiguous(mu), FLOAT32),
+            desc(contiguous(rsigma), FLOAT32),
+            hp_desc(gamma, "gamma"),
+            zero_centered_gamma,
+            hp_desc(dx, "dx"),
+            hp_desc(dgamma, "dgamma"),
+            hp_desc(dbeta, "dbeta"),
+            ws,
+            stream,
+        )
     return dx, dgamma, dbeta
 
 
 @torch.library.custom_op("te::layernorm_bwd", mutates_args=())
-def _layernorm_bwd_op(dz: torch.Tensor, x: torch.Tensor, mu: torch.Tensor, rsigma: torch.Tensor,
-                      gamma: torch.Tensor, zero_centered_gamma: bool
-                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _layernorm_bwd_op(
+    dz: torch.Tensor,
+    x: torch.Tensor,
+    mu: torch.Tensor,
+    rsigma: torch.Tensor,
+    gamma: torch.Tensor,
+    zero_centered_gamma: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return _norm_bwd(dz, x, mu, rsigma, gamma, zero_centered_gamma)
 
 
@@ -159,8 +220,9 @@ def _(dz, x, mu, rsigma, gamma, zero_centered_gamma):
 
 
 @torch.library.custom_op("te::rmsnorm_bwd", mutates_args=())
-def _rmsnorm_bwd_op(dz: torch.Tensor, x: torch.Tensor, rsigma: torch.Tensor, gamma: torch.Tensor,
-                    zero_centered_gamma: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def _rmsnorm_bwd_op(
+    dz: torch.Tensor, x: torch.Tensor, rsigma: torch.Tensor, gamma: torch.Tensor, zero_centered_gamma: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
     dx, dgamma, _ = _norm_bwd(dz, x, None, rsigma, gamma, zero_centered_gamma)
     return dx, dgamma
 

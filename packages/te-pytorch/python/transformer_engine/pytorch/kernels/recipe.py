@@ -12,6 +12,7 @@ FLT_MAX. The tensors are updated in place.
 from __future__ import annotations
 
 import torch
+
 from transformer_engine.core import lib
 
 from ._common import FLOAT32, compiling, desc, stream_of
@@ -29,19 +30,31 @@ def _update(buffer, histories, scales, algo, fp8_dtype, margin):
     for name, group in (("amax_histories", histories), ("scales", scales)):
         for i, t in enumerate(group):
             if t.dtype != torch.float32 or not t.is_contiguous():
-                raise TypeError(f"argument '{name}[{i}]' must be a contiguous float32 tensor "
-                                f"(it is updated in place), got {t.dtype}")
+                raise TypeError(
+                    f"argument '{name}[{i}]' must be a contiguous float32 tensor "
+                    f"(it is updated in place), got {t.dtype}"
+                )
     lib.delayed_scaling_update(
         None if buffer is None else desc(buffer, FLOAT32),
         [desc(h, FLOAT32) for h in histories],
         [desc(s, FLOAT32) for s in scales],
-        None, ALGOS[algo], fp8_dtype, margin, stream_of(histories[0]),
+        None,
+        ALGOS[algo],
+        fp8_dtype,
+        margin,
+        stream_of(histories[0]),
     )
 
 
 @torch.library.custom_op("te::delayed_scaling_update", mutates_args=("histories", "scales"))
-def _update_op(buffer: torch.Tensor | None, histories: list[torch.Tensor],
-               scales: list[torch.Tensor], algo: str, fp8_dtype: int, margin: float) -> None:
+def _update_op(
+    buffer: torch.Tensor | None,
+    histories: list[torch.Tensor],
+    scales: list[torch.Tensor],
+    algo: str,
+    fp8_dtype: int,
+    margin: float,
+) -> None:
     _update(buffer, histories, scales, algo, fp8_dtype, margin)
 
 
@@ -50,15 +63,15 @@ def _(buffer, histories, scales, algo, fp8_dtype, margin):
     return None
 
 
-def delayed_scaling_update(buffer, histories, scales, *, algo: str = "max", fp8_dtype: int,
-                           margin: float = 0.0) -> None:
+def delayed_scaling_update(
+    buffer, histories, scales, *, algo: str = "max", fp8_dtype: int, margin: float = 0.0
+) -> None:
     """Roll each FP32 [L, n_k] history and recompute its FP32 [n_k] scales in place.
 
     buffer: None, or the FP32 concatenation of every history's row 0 after an
     all-reduce (MAX) across ranks.
     """
     if compiling():
-        torch.ops.te.delayed_scaling_update(buffer, list(histories), list(scales), algo,
-                                            fp8_dtype, float(margin))
+        torch.ops.te.delayed_scaling_update(buffer, list(histories), list(scales), algo, fp8_dtype, float(margin))
         return
     _update(buffer, histories, scales, algo, fp8_dtype, float(margin))

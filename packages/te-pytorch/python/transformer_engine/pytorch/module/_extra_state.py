@@ -22,6 +22,7 @@ import pickle
 import warnings
 
 import torch
+
 from transformer_engine.common.recipe import DelayedScaling, Format
 
 VERSION = 1
@@ -43,8 +44,7 @@ def _recipe_from_dict(data: dict) -> DelayedScaling:
     if data.get("type") != "DelayedScaling":
         raise ValueError(f"unknown recipe type in a checkpoint's _extra_state: {data.get('type')!r}")
     kwargs = {name: data[name] for name in _RECIPE_FIELDS}
-    return DelayedScaling(fp8_format=Format[data["fp8_format"]],
-                          amax_compute_algo=data["amax_compute_algo"], **kwargs)
+    return DelayedScaling(fp8_format=Format[data["fp8_format"]], amax_compute_algo=data["amax_compute_algo"], **kwargs)
 
 
 def save_extra_state(fp8_meta: dict):
@@ -61,16 +61,18 @@ def save_extra_state(fp8_meta: dict):
 
 def _load_reference_pickle(state: torch.Tensor):
     if os.environ.get(UNSAFE_PICKLE_EXTRA_STATE_ENV) != "1":
-        warnings.warn("ignoring a pickled _extra_state (the reference library's format): "
-                      f"set {UNSAFE_PICKLE_EXTRA_STATE_ENV}=1 to unpickle it if you trust the "
-                      "checkpoint", stacklevel=4)
+        warnings.warn(
+            "ignoring a pickled _extra_state (the reference library's format): "
+            f"set {UNSAFE_PICKLE_EXTRA_STATE_ENV}=1 to unpickle it if you trust the "
+            "checkpoint",
+            stacklevel=4,
+        )
         return None
     data = pickle.loads(state.detach().cpu().numpy().tobytes())
     recipe = data.get("recipe")
     if not isinstance(recipe, DelayedScaling):
         return None
-    return recipe, {k: data[k] for k in ("scale_fwd", "amax_history_fwd", "scale_bwd",
-                                         "amax_history_bwd")}
+    return recipe, {k: data[k] for k in ("scale_fwd", "amax_history_fwd", "scale_bwd", "amax_history_bwd")}
 
 
 def load_extra_state(state):
@@ -80,8 +82,9 @@ def load_extra_state(state):
     if isinstance(state, torch.Tensor):
         return None if state.numel() == 0 else _load_reference_pickle(state)
     if not isinstance(state, dict) or state.get("version") != VERSION:
-        raise ValueError("unrecognised _extra_state in a Transformer Engine checkpoint (expected "
-                         f"a dict with version {VERSION}, got {type(state).__name__})")
-    tensors = {k: state[k] for k in ("scale_fwd", "amax_history_fwd", "scale_bwd",
-                                     "amax_history_bwd")}
+        raise ValueError(
+            "unrecognised _extra_state in a Transformer Engine checkpoint (expected "
+            f"a dict with version {VERSION}, got {type(state).__name__})"
+        )
+    tensors = {k: state[k] for k in ("scale_fwd", "amax_history_fwd", "scale_bwd", "amax_history_bwd")}
     return _recipe_from_dict(state["recipe"]), tensors

@@ -53,7 +53,8 @@ def check_fp8_dims(tokens: int, in_features: int, out_features: int) -> None:
             f"dims) and in_features/out_features divisible by 16, got tokens={tokens}, "
             f"in_features={in_features}, out_features={out_features}. Pad the sequence or batch "
             "to a multiple of 16 (e.g. torch.nn.functional.pad) and the feature sizes of the "
-            "layer, or run this layer outside te.autocast")
+            "layer, or run this layer outside te.autocast"
+        )
 
 
 def _quantized_weight(a: LinearArgs, weight: torch.Tensor, need_columnwise: bool):
@@ -78,9 +79,18 @@ class LinearFunction(torch.autograd.Function):
             xr, xc, xs = a.input_q.quantize_parts(x, True, need_wgrad)
             wr, wc, ws = _quantized_weight(a, weight, inp.requires_grad)
             x_code, w_code = int(a.input_q.dtype), int(a.weight_q.dtype)
-            out, _, _ = kernels.gemm(xr, wr, a_dtype=x_code, a_scale_inv=xs, b_dtype=w_code,
-                                     b_scale_inv=ws, transb=True, out_dtype=a.act_dtype,
-                                     bias=bias, use_split_accumulator=a.split_acc[0])
+            out, _, _ = kernels.gemm(
+                xr,
+                wr,
+                a_dtype=x_code,
+                a_scale_inv=xs,
+                b_dtype=w_code,
+                b_scale_inv=ws,
+                transb=True,
+                out_dtype=a.act_dtype,
+                bias=bias,
+                use_split_accumulator=a.split_acc[0],
+            )
             ctx.save_for_backward(xc if need_wgrad else None, xs, wc, ws)
             ctx.codes = (x_code, w_code)
         else:
@@ -138,17 +148,33 @@ def _fp8_backward(ctx, a, dy, need_dgrad, need_wgrad, need_bgrad):
     if need_dgrad or need_wgrad:  # (only the bias may need a gradient)
         dyr, dyc, dys = a.grad_q.quantize_parts(dy, need_dgrad, need_wgrad)
     if need_dgrad:
-        dx, _, _ = kernels.gemm(dyr, wc, a_dtype=g_code, a_scale_inv=dys, b_dtype=w_code,
-                                b_scale_inv=ws, transb=True, out_dtype=a.act_dtype,
-                                use_split_accumulator=a.split_acc[1])
+        dx, _, _ = kernels.gemm(
+            dyr,
+            wc,
+            a_dtype=g_code,
+            a_scale_inv=dys,
+            b_dtype=w_code,
+            b_scale_inv=ws,
+            transb=True,
+            out_dtype=a.act_dtype,
+            use_split_accumulator=a.split_acc[1],
+        )
     if need_wgrad:
+
         def run(out, beta):
-            kw = {"a_dtype": g_code, "a_scale_inv": dys, "b_dtype": x_code, "b_scale_inv": xs,
-                  "transb": True, "use_split_accumulator": a.split_acc[2]}
+            kw = {
+                "a_dtype": g_code,
+                "a_scale_inv": dys,
+                "b_dtype": x_code,
+                "b_scale_inv": xs,
+                "transb": True,
+                "use_split_accumulator": a.split_acc[2],
+            }
             if out is None:
                 return kernels.gemm(dyc, xc, out_dtype=ctx.weight_dtype, **kw)[0], None
             kernels.gemm_accumulate(dyc, xc, out, beta=beta, **kw)
             return None, None
+
         dw, _ = _wgrad(ctx, a, run)
     if need_bgrad:
         db = dy.sum(dim=0, dtype=torch.float32)
@@ -161,13 +187,13 @@ def _hp_backward(ctx, a, dy, need_dgrad, need_wgrad, need_bgrad):
     if need_dgrad:
         dx, _, _ = kernels.gemm(dy, w, out_dtype=a.act_dtype)
     if need_wgrad:
+
         def run(out, beta):
             if out is None:
-                dw, _, grad = kernels.gemm(dy, x, transa=True, out_dtype=ctx.weight_dtype,
-                                           bias_grad=need_bgrad)
+                dw, _, grad = kernels.gemm(dy, x, transa=True, out_dtype=ctx.weight_dtype, bias_grad=need_bgrad)
                 return dw, grad
-            return None, kernels.gemm_accumulate(dy, x, out, beta=beta, transa=True,
-                                                 bias_grad=need_bgrad)
+            return None, kernels.gemm_accumulate(dy, x, out, beta=beta, transa=True, bias_grad=need_bgrad)
+
         dw, db = _wgrad(ctx, a, run)
     if need_bgrad and db is None:
         db = dy.sum(dim=0, dtype=torch.float32)

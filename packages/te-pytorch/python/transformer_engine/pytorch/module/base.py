@@ -25,8 +25,11 @@ def resolve_device(device) -> torch.device:
             return torch.device("cuda", torch.cuda.current_device())
         if not _WARNED_CPU_FALLBACK:
             _WARNED_CPU_FALLBACK = True
-            warnings.warn("CUDA is not available: Transformer Engine modules are created on the "
-                          "CPU (pass device='cpu' to silence this warning)", stacklevel=3)
+            warnings.warn(
+                "CUDA is not available: Transformer Engine modules are created on the "
+                "CPU (pass device='cpu' to silence this warning)",
+                stacklevel=3,
+            )
         return torch.device("cpu")
     return torch.device(device)
 
@@ -41,7 +44,8 @@ def not_yet_supported(owner: str, **settings) -> None:
             raise NotImplementedError(
                 f"{owner}: {name}={value!r} is not yet supported by transformer_engine.pytorch "
                 f"(tensor/sequence parallelism, communication overlap and delayed wgrad come "
-                f"with the distributed work); leave it at its default {default!r}")
+                f"with the distributed work); leave it at its default {default!r}"
+            )
 
 
 class TransformerEngineBaseModule(torch.nn.Module):
@@ -76,12 +80,18 @@ class TransformerEngineBaseModule(torch.nn.Module):
         # rebuilt silently; the changed recipe recompiles the graph anyway.)
         if old is not None and not torch.compiler.is_compiling():
             if type(old) is not type(recipe):
-                warnings.warn(f"Recipe type changed from {type(old).__name__} to "
-                              f"{type(recipe).__name__}: rebuilding the quantizers of "
-                              f"{type(self).__name__}", stacklevel=3)
+                warnings.warn(
+                    f"Recipe type changed from {type(old).__name__} to "
+                    f"{type(recipe).__name__}: rebuilding the quantizers of "
+                    f"{type(self).__name__}",
+                    stacklevel=3,
+                )
             else:
-                warnings.warn("Quantizer is being updated, this may affect model behavior "
-                              f"({type(self).__name__}: {old} -> {recipe})", stacklevel=3)
+                warnings.warn(
+                    "Quantizer is being updated, this may affect model behavior "
+                    f"({type(self).__name__}: {old} -> {recipe})",
+                    stacklevel=3,
+                )
         self._build_fp8_state(recipe, device, adopt=True)
 
     def _build_fp8_state(self, recipe, device, adopt: bool) -> None:
@@ -89,8 +99,7 @@ class TransformerEngineBaseModule(torch.nn.Module):
         for key, mode, count in (("scaling_fwd", "forward", 3 * n), ("scaling_bwd", "backward", 2 * n)):
             state = RecipeState.create(recipe, mode=mode, num_quantizers=count, device=device)
             old = self.fp8_meta[key]
-            if (adopt and isinstance(state, DelayedScalingRecipeState)
-                    and isinstance(old, DelayedScalingRecipeState)):
+            if adopt and isinstance(state, DelayedScalingRecipeState) and isinstance(old, DelayedScalingRecipeState):
                 state.adopt(old)
             self.fp8_meta[key] = state
             self.quantizers[key] = state.make_quantizers()
@@ -112,7 +121,8 @@ class TransformerEngineBaseModule(torch.nn.Module):
             raise RuntimeError(
                 "DelayedScaling cannot run under torch.compile: its amax history and scales are "
                 "updated outside the graph after each step. Use recipe.Float8CurrentScaling() "
-                "with torch.compile, or run this model eagerly")
+                "with torch.compile, or run this model eagerly"
+            )
         self.init_fp8_metadata(recipe, device)
         if recipe.delayed():
             s.forward_queue.add(self.fp8_meta["scaling_fwd"], s.fp8_group)
@@ -148,15 +158,19 @@ class TransformerEngineBaseModule(torch.nn.Module):
             meta.scale.copy_(tensors[f"scale_{key[-3:]}"])
             history = tensors[f"amax_history_{key[-3:]}"]
             if history.shape != meta.amax_history.shape:
-                raise ValueError(f"{type(self).__name__}: the checkpoint's amax_history_{key[-3:]} "
-                                 f"has shape {tuple(history.shape)}, expected "
-                                 f"{tuple(meta.amax_history.shape)}")
+                raise ValueError(
+                    f"{type(self).__name__}: the checkpoint's amax_history_{key[-3:]} "
+                    f"has shape {tuple(history.shape)}, expected "
+                    f"{tuple(meta.amax_history.shape)}"
+                )
             meta.amax_history.copy_(history)
 
-    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
-                              unexpected_keys, error_msgs):
-        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
-                                      unexpected_keys, error_msgs)
+    def _load_from_state_dict(
+        self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+    ):
+        super()._load_from_state_dict(
+            state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+        )
         # A checkpoint without FP8 state (e.g. from torch.nn modules) loads.
         key = prefix + "_extra_state"
         if key in missing_keys:

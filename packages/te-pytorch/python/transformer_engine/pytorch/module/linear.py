@@ -32,12 +32,12 @@ def _split_sizes(parameters_split, out_features: int) -> OrderedDict[str, int]:
     else:
         names = [name.rstrip("_") for name in parameters_split]
         if not names or out_features % len(names):
-            raise ValueError(f"parameters_split: out_features={out_features} cannot be split "
-                             f"equally into {len(names)} parameters")
+            raise ValueError(
+                f"parameters_split: out_features={out_features} cannot be split equally into {len(names)} parameters"
+            )
         sizes = OrderedDict((name, out_features // len(names)) for name in names)
     if sum(sizes.values()) != out_features:
-        raise ValueError(f"parameters_split sizes {dict(sizes)} must add up to "
-                         f"out_features={out_features}")
+        raise ValueError(f"parameters_split sizes {dict(sizes)} must add up to out_features={out_features}")
     return sizes
 
 
@@ -57,7 +57,8 @@ class _NoopCat(torch.autograd.Function):
         adjacent = all(p.is_contiguous() for p in parts) and all(
             p.untyped_storage().data_ptr() == first.untyped_storage().data_ptr()
             and p.storage_offset() == offset + sum(ctx.sizes[:i]) * first.shape[1]
-            for i, p in enumerate(parts))
+            for i, p in enumerate(parts)
+        )
         if adjacent:
             return first.as_strided((rows, first.shape[1]), (first.shape[1], 1), offset)
         return torch.cat(parts)
@@ -78,27 +79,52 @@ class Linear(TransformerEngineBaseModule):
     Under te.autocast the GEMMs run in FP8 with the autocast's recipe.
     """
 
-    def __init__(self, in_features: int, out_features: int, sequence_parallel: bool = False,
-                 fuse_wgrad_accumulation: bool = False, tp_group=None, tp_size: int = 1,
-                 get_rng_state_tracker=None, rng_tracker_name=None, init_method=None,
-                 bias: bool = True, return_bias: bool = False, params_dtype=None,
-                 parallel_mode=None, parameters_split=None, device="cuda",
-                 ub_overlap_ag: bool = False, ub_overlap_rs: bool = False,
-                 ub_overlap_rs_dgrad: bool = False, ub_bulk_dgrad: bool = False,
-                 ub_bulk_wgrad: bool = False, ub_name=None, delay_wgrad_compute: bool = False,
-                 symmetric_ar_type=None, save_original_input: bool = False, name=None) -> None:
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        sequence_parallel: bool = False,
+        fuse_wgrad_accumulation: bool = False,
+        tp_group=None,
+        tp_size: int = 1,
+        get_rng_state_tracker=None,
+        rng_tracker_name=None,
+        init_method=None,
+        bias: bool = True,
+        return_bias: bool = False,
+        params_dtype=None,
+        parallel_mode=None,
+        parameters_split=None,
+        device="cuda",
+        ub_overlap_ag: bool = False,
+        ub_overlap_rs: bool = False,
+        ub_overlap_rs_dgrad: bool = False,
+        ub_bulk_dgrad: bool = False,
+        ub_bulk_wgrad: bool = False,
+        ub_name=None,
+        delay_wgrad_compute: bool = False,
+        symmetric_ar_type=None,
+        save_original_input: bool = False,
+        name=None,
+    ) -> None:
         super().__init__(num_gemms=1)
         not_yet_supported(
-            "te.Linear", sequence_parallel=(sequence_parallel, False), tp_size=(tp_size, 1),
-            ub_overlap_ag=(ub_overlap_ag, False), ub_overlap_rs=(ub_overlap_rs, False),
+            "te.Linear",
+            sequence_parallel=(sequence_parallel, False),
+            tp_size=(tp_size, 1),
+            ub_overlap_ag=(ub_overlap_ag, False),
+            ub_overlap_rs=(ub_overlap_rs, False),
             ub_overlap_rs_dgrad=(ub_overlap_rs_dgrad, False),
-            ub_bulk_dgrad=(ub_bulk_dgrad, False), ub_bulk_wgrad=(ub_bulk_wgrad, False),
+            ub_bulk_dgrad=(ub_bulk_dgrad, False),
+            ub_bulk_wgrad=(ub_bulk_wgrad, False),
             delay_wgrad_compute=(delay_wgrad_compute, False),
             symmetric_ar_type=(symmetric_ar_type, None),
-            save_original_input=(save_original_input, False))
+            save_original_input=(save_original_input, False),
+        )
         if tp_group is not None and torch.distributed.get_world_size(tp_group) > 1:
-            raise NotImplementedError("te.Linear: a tp_group of more than one rank is not yet "
-                                      "supported by transformer_engine.pytorch")
+            raise NotImplementedError(
+                "te.Linear: a tp_group of more than one rank is not yet supported by transformer_engine.pytorch"
+            )
         if parallel_mode not in (None, "column", "row"):
             raise ValueError(f"parallel_mode must be None, 'column' or 'row', got {parallel_mode!r}")
         self.parameter_split_sizes = _split_sizes(parameters_split, out_features)
@@ -106,8 +132,10 @@ class Linear(TransformerEngineBaseModule):
         self._weight_names = tuple(f"{n}_weight" if n else "weight" for n in self.parameter_split_sizes)
         self._bias_names = tuple(f"{n}_bias" if n else "bias" for n in self.parameter_split_sizes)
         if fuse_wgrad_accumulation and len(self.parameter_split_sizes) > 1:
-            raise NotImplementedError("te.Linear: fuse_wgrad_accumulation with parameters_split "
-                                      "is not yet supported by transformer_engine.pytorch")
+            raise NotImplementedError(
+                "te.Linear: fuse_wgrad_accumulation with parameters_split "
+                "is not yet supported by transformer_engine.pytorch"
+            )
         self.in_features = in_features
         self.out_features = out_features
         self.use_bias = bias
@@ -123,15 +151,13 @@ class Linear(TransformerEngineBaseModule):
 
     def _allocate(self, device: torch.device) -> None:
         """One weight (and bias) buffer; split parameters are row slices of it."""
-        weight = torch.empty(self.out_features, self.in_features, device=device,
-                             dtype=self.params_dtype)
+        weight = torch.empty(self.out_features, self.in_features, device=device, dtype=self.params_dtype)
         bias = torch.empty(self.out_features, device=device, dtype=self.params_dtype)
         offset = 0
-        for size, w_name, b_name in zip(self.parameter_split_sizes.values(), self._weight_names,
-                                        self._bias_names):
-            self.register_parameter(w_name, torch.nn.Parameter(weight[offset:offset + size]))
+        for size, w_name, b_name in zip(self.parameter_split_sizes.values(), self._weight_names, self._bias_names):
+            self.register_parameter(w_name, torch.nn.Parameter(weight[offset : offset + size]))
             if self.use_bias:
-                self.register_parameter(b_name, torch.nn.Parameter(bias[offset:offset + size]))
+                self.register_parameter(b_name, torch.nn.Parameter(bias[offset : offset + size]))
             else:
                 self.register_parameter(b_name, None)
             offset += size
@@ -162,11 +188,17 @@ class Linear(TransformerEngineBaseModule):
             return getattr(self, names[0])
         return _NoopCat.apply(*(getattr(self, n).view(-1, 1) for n in names)).view(-1)
 
-    def forward(self, inp: torch.Tensor, is_first_microbatch: bool | None = None,
-                fp8_output: bool = False, fp8_grad: bool = False):
+    def forward(
+        self,
+        inp: torch.Tensor,
+        is_first_microbatch: bool | None = None,
+        fp8_output: bool = False,
+        fp8_grad: bool = False,
+    ):
         if fp8_output or fp8_grad:
-            raise NotImplementedError("te.Linear: fp8_output and fp8_grad are not yet supported "
-                                      "by transformer_engine.pytorch")
+            raise NotImplementedError(
+                "te.Linear: fp8_output and fp8_grad are not yet supported by transformer_engine.pytorch"
+            )
         weight = self._weight_tensor()
         _check_input(inp, weight, self.in_features)
         bias = self._bias_tensor() if self.use_bias else None
@@ -207,11 +239,11 @@ class Linear(TransformerEngineBaseModule):
 def _check_input(inp: torch.Tensor, weight: torch.Tensor, in_features: int) -> None:
     """Names what is wrong before the core sees the tensors."""
     if inp.dtype not in _SUPPORTED_INPUTS:
-        raise TypeError(f"te.Linear: input dtype {inp.dtype} is not supported; use float32, "
-                        "bfloat16 or float16")
+        raise TypeError(f"te.Linear: input dtype {inp.dtype} is not supported; use float32, bfloat16 or float16")
     if inp.device != weight.device:
-        raise ValueError(f"te.Linear: input is on {inp.device} but the weight is on "
-                         f"{weight.device}; move one of them (module.to(device) or inp.to(...))")
+        raise ValueError(
+            f"te.Linear: input is on {inp.device} but the weight is on "
+            f"{weight.device}; move one of them (module.to(device) or inp.to(...))"
+        )
     if inp.dim() == 0 or inp.shape[-1] != in_features:
-        raise ValueError(f"te.Linear: input must have shape [..., in_features={in_features}], got "
-                         f"{tuple(inp.shape)}")
+        raise ValueError(f"te.Linear: input must have shape [..., in_features={in_features}], got {tuple(inp.shape)}")

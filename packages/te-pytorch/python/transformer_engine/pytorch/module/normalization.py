@@ -49,13 +49,22 @@ class _Normalization(torch.nn.Module):
 
     _has_bias = True
 
-    def __init__(self, normalized_shape=None, eps: float = 1e-5, sequence_parallel=None,
-                 params_dtype=None, zero_centered_gamma: bool = False, hidden_size=None,
-                 *, device=None, dtype=None, sm_margin: int = 0) -> None:
+    def __init__(
+        self,
+        normalized_shape=None,
+        eps: float = 1e-5,
+        sequence_parallel=None,
+        params_dtype=None,
+        zero_centered_gamma: bool = False,
+        hidden_size=None,
+        *,
+        device=None,
+        dtype=None,
+        sm_margin: int = 0,
+    ) -> None:
         super().__init__()
         if hidden_size is not None:
-            warnings.warn("hidden_size is deprecated; use normalized_shape", DeprecationWarning,
-                          stacklevel=3)
+            warnings.warn("hidden_size is deprecated; use normalized_shape", DeprecationWarning, stacklevel=3)
             normalized_shape = hidden_size if normalized_shape is None else normalized_shape
         if params_dtype is not None:
             warnings.warn("params_dtype is deprecated; use dtype", DeprecationWarning, stacklevel=3)
@@ -71,11 +80,9 @@ class _Normalization(torch.nn.Module):
         self.sm_margin = sm_margin  # a CUDA occupancy hint of the reference; nothing to reserve here
         dtype = torch.get_default_dtype() if dtype is None else dtype
         target = torch.device("meta") if device == "meta" else resolve_device(device)
-        self.weight = torch.nn.Parameter(torch.empty(self.normalized_shape, device=target,
-                                                     dtype=dtype))
+        self.weight = torch.nn.Parameter(torch.empty(self.normalized_shape, device=target, dtype=dtype))
         if self._has_bias:
-            self.bias = torch.nn.Parameter(torch.empty(self.normalized_shape, device=target,
-                                                       dtype=dtype))
+            self.bias = torch.nn.Parameter(torch.empty(self.normalized_shape, device=target, dtype=dtype))
         for param in self.parameters():
             # Megatron-style frameworks all-reduce these gradients under sequence parallelism.
             param.sequence_parallel = bool(sequence_parallel)
@@ -102,22 +109,24 @@ class _Normalization(torch.nn.Module):
     def forward(self, inp: torch.Tensor) -> torch.Tensor:
         n = len(self.normalized_shape)
         if tuple(inp.shape[-n:]) != self.normalized_shape:
-            raise ValueError(f"{type(self).__name__}: input shape {tuple(inp.shape)} does not end "
-                             f"with normalized_shape {self.normalized_shape}")
+            raise ValueError(
+                f"{type(self).__name__}: input shape {tuple(inp.shape)} does not end "
+                f"with normalized_shape {self.normalized_shape}"
+            )
         if inp.device != self.weight.device:
-            raise ValueError(f"{type(self).__name__}: input is on {inp.device} but the weight is "
-                             f"on {self.weight.device}")
+            raise ValueError(
+                f"{type(self).__name__}: input is on {inp.device} but the weight is on {self.weight.device}"
+            )
         if inp.dtype not in (torch.float32, torch.bfloat16, torch.float16):
-            raise TypeError(f"{type(self).__name__}: input dtype {inp.dtype} is not supported; "
-                            "use float32, bfloat16 or float16")
+            raise TypeError(
+                f"{type(self).__name__}: input dtype {inp.dtype} is not supported; use float32, bfloat16 or float16"
+            )
         hidden = math.prod(self.normalized_shape)
         bias = self.bias if self._has_bias else None
-        return _NormFunction.apply(inp, self.weight, bias, self.eps, self.zero_centered_gamma,
-                                   hidden)
+        return _NormFunction.apply(inp, self.weight, bias, self.eps, self.zero_centered_gamma, hidden)
 
     def extra_repr(self) -> str:
-        return (f"{self.normalized_shape}, eps={self.eps}, "
-                f"zero_centered_gamma={self.zero_centered_gamma}")
+        return f"{self.normalized_shape}, eps={self.eps}, zero_centered_gamma={self.zero_centered_gamma}"
 
 
 class LayerNorm(_Normalization):

@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 import torch
+
 from transformer_engine.core import DType
 
 from .. import kernels
@@ -47,13 +48,15 @@ class Float8Tensor(QuantizedTensor):
     HANDLERS: ClassVar[dict] = {}
 
     @staticmethod
-    def __new__(cls, shape, dtype, data, fp8_scale_inv, fp8_dtype, requires_grad=False,
-                data_transpose=None, quantizer=None):
+    def __new__(
+        cls, shape, dtype, data, fp8_scale_inv, fp8_dtype, requires_grad=False, data_transpose=None, quantizer=None
+    ):
         source = data if data is not None else data_transpose
         if source is None:
             raise ValueError("Float8Tensor needs 'data' or 'data_transpose'")
         self = torch.Tensor._make_wrapper_subclass(
-            cls, tuple(shape), dtype=dtype, device=source.device, requires_grad=requires_grad)
+            cls, tuple(shape), dtype=dtype, device=source.device, requires_grad=requires_grad
+        )
         self._data = data
         self._transpose = data_transpose
         self._transpose_invalid = data_transpose is None
@@ -63,10 +66,15 @@ class Float8Tensor(QuantizedTensor):
         return self
 
     def _like(self, data, transpose, scale_inv=None, shape=None, device_move=False):
-        return Float8Tensor(self.shape if shape is None else shape, self.dtype, data,
-                            self._scale_inv if scale_inv is None else scale_inv, self._fp8_dtype,
-                            data_transpose=transpose,
-                            quantizer=None if device_move else self._quantizer)
+        return Float8Tensor(
+            self.shape if shape is None else shape,
+            self.dtype,
+            data,
+            self._scale_inv if scale_inv is None else scale_inv,
+            self._fp8_dtype,
+            data_transpose=transpose,
+            quantizer=None if device_move else self._quantizer,
+        )
 
     def _dequantize(self, dtype: torch.dtype) -> torch.Tensor:
         code = int(self._fp8_dtype)
@@ -75,8 +83,7 @@ class Float8Tensor(QuantizedTensor):
         cols = kernels.dequantize_fp8(self._transpose, self._scale_inv, code, dtype)
         return cols.t().reshape(self.shape)
 
-    def update_usage(self, *, rowwise_usage: bool | None = None,
-                     columnwise_usage: bool | None = None) -> None:
+    def update_usage(self, *, rowwise_usage: bool | None = None, columnwise_usage: bool | None = None) -> None:
         """Drop a copy that is not needed, or build the transpose from the data."""
         if columnwise_usage and self._transpose is None:
             self._transpose = _transpose_bytes(self._data)
@@ -94,20 +101,36 @@ class Float8Tensor(QuantizedTensor):
         self._transpose_invalid = True
 
     def get_metadata(self) -> dict:
-        return {"fp8_scale_inv": self._scale_inv, "fp8_dtype": self._fp8_dtype,
-                "quantizer": self._quantizer}
+        return {"fp8_scale_inv": self._scale_inv, "fp8_dtype": self._fp8_dtype, "quantizer": self._quantizer}
 
     def __reduce_ex__(self, protocol):
-        return (_make_float8_tensor, (tuple(self.shape), self.dtype, self._data, self._scale_inv,
-                                      int(self._fp8_dtype), self._transpose, self.requires_grad,
-                                      self._quantizer))
+        return (
+            _make_float8_tensor,
+            (
+                tuple(self.shape),
+                self.dtype,
+                self._data,
+                self._scale_inv,
+                int(self._fp8_dtype),
+                self._transpose,
+                self.requires_grad,
+                self._quantizer,
+            ),
+        )
 
 
-def _make_float8_tensor(shape, dtype, data, scale_inv, fp8_dtype, transpose, requires_grad,
-                        quantizer):
+def _make_float8_tensor(shape, dtype, data, scale_inv, fp8_dtype, transpose, requires_grad, quantizer):
     """Rebuilds a pickled Float8Tensor (registered as a safe global for weights_only loads)."""
-    return Float8Tensor(shape, dtype, data, scale_inv, fp8_dtype, requires_grad=requires_grad,
-                        data_transpose=transpose, quantizer=quantizer)
+    return Float8Tensor(
+        shape,
+        dtype,
+        data,
+        scale_inv,
+        fp8_dtype,
+        requires_grad=requires_grad,
+        data_transpose=transpose,
+        quantizer=quantizer,
+    )
 
 
 def _transpose_bytes(data: torch.Tensor) -> torch.Tensor:
@@ -123,6 +146,7 @@ def _handles(*funcs):
         for func in funcs:
             Float8Tensor.HANDLERS[func] = fn
         return fn
+
     return register
 
 
@@ -205,8 +229,9 @@ class Float8Quantizer(Quantizer):
     history's row 0), read by the recipe update after the step.
     """
 
-    def __init__(self, scale: torch.Tensor, amax: torch.Tensor, fp8_dtype, *, rowwise: bool = True,
-                 columnwise: bool = True) -> None:
+    def __init__(
+        self, scale: torch.Tensor, amax: torch.Tensor, fp8_dtype, *, rowwise: bool = True, columnwise: bool = True
+    ) -> None:
         super().__init__(rowwise=rowwise, columnwise=columnwise)
         self.scale = scale
         self.amax = amax
@@ -217,17 +242,15 @@ class Float8Quantizer(Quantizer):
         return kernels.quantize_fp8(x, self.scale, self.amax, int(self.dtype), rowwise, columnwise)
 
     def _quantize(self, tensor):
-        row, col, scale_inv = self.quantize_parts(tensor, self.rowwise_usage,
-                                                  self.columnwise_usage)
-        return Float8Tensor(tensor.shape, tensor.dtype, row, scale_inv, self.dtype,
-                            data_transpose=col, quantizer=self)
+        row, col, scale_inv = self.quantize_parts(tensor, self.rowwise_usage, self.columnwise_usage)
+        return Float8Tensor(tensor.shape, tensor.dtype, row, scale_inv, self.dtype, data_transpose=col, quantizer=self)
 
     def update_quantized(self, src, dst, *, noop_flag=None):
         if noop_flag is not None and bool(noop_flag.reshape(-1)[0] == 1):
             return dst
-        row, col, scale_inv = self.quantize_parts(src.to(dst.dtype), dst._data is not None
-                                                  or dst._transpose is None,
-                                                  dst._transpose is not None)
+        row, col, scale_inv = self.quantize_parts(
+            src.to(dst.dtype), dst._data is not None or dst._transpose is None, dst._transpose is not None
+        )
         _store(dst, row, col, scale_inv)
         return dst
 
@@ -237,18 +260,27 @@ class Float8Quantizer(Quantizer):
         data = torch.empty(shape, dtype=torch.uint8, device=device) if self.rowwise_usage else None
         transpose = None
         if self.columnwise_usage:
-            transpose = torch.empty(kernels._common.matrix_t_shape(shape), dtype=torch.uint8,
-                                    device=device)
+            transpose = torch.empty(kernels._common.matrix_t_shape(shape), dtype=torch.uint8, device=device)
         scale_inv = torch.ones((1,), dtype=torch.float32, device=device)
-        return Float8Tensor(shape, dtype, data, scale_inv, self.dtype, requires_grad=requires_grad,
-                            data_transpose=transpose, quantizer=self)
+        return Float8Tensor(
+            shape,
+            dtype,
+            data,
+            scale_inv,
+            self.dtype,
+            requires_grad=requires_grad,
+            data_transpose=transpose,
+            quantizer=self,
+        )
 
     def calibrate(self, tensor):
         torch.maximum(self.amax, kernels.compute_amax(tensor).view_as(self.amax), out=self.amax)
 
     def __reduce__(self):
-        return (_make_float8_quantizer, (self.scale, self.amax, int(self.dtype),
-                                         self.rowwise_usage, self.columnwise_usage))
+        return (
+            _make_float8_quantizer,
+            (self.scale, self.amax, int(self.dtype), self.rowwise_usage, self.columnwise_usage),
+        )
 
 
 def _make_float8_quantizer(scale, amax, fp8_dtype, rowwise, columnwise):
@@ -265,11 +297,21 @@ class Float8CurrentScalingQuantizer(Quantizer):
     use_existing_amax: take the amax from self.amax instead of the tensor.
     """
 
-    def __init__(self, fp8_dtype, device=None, *, rowwise: bool = True, columnwise: bool = True,
-                 use_existing_amax: bool = False, with_amax_reduction: bool = False,
-                 amax_reduction_group=None, force_pow_2_scales: bool = False,
-                 amax_epsilon: float = 0.0, scale: torch.Tensor | None = None,
-                 amax: torch.Tensor | None = None) -> None:
+    def __init__(
+        self,
+        fp8_dtype,
+        device=None,
+        *,
+        rowwise: bool = True,
+        columnwise: bool = True,
+        use_existing_amax: bool = False,
+        with_amax_reduction: bool = False,
+        amax_reduction_group=None,
+        force_pow_2_scales: bool = False,
+        amax_epsilon: float = 0.0,
+        scale: torch.Tensor | None = None,
+        amax: torch.Tensor | None = None,
+    ) -> None:
         super().__init__(rowwise=rowwise, columnwise=columnwise)
         self.dtype = fp8_dtype_of(fp8_dtype)
         device = torch.device("cpu") if device is None else torch.device(device)
@@ -286,14 +328,13 @@ class Float8CurrentScalingQuantizer(Quantizer):
         code = int(self.dtype)
         if not (self.use_existing_amax or self.with_amax_reduction):
             row, col, stats = kernels.quantize_fp8_current_scaling(
-                x, code, rowwise, columnwise, self.force_pow_2_scales, self.amax_epsilon)
+                x, code, rowwise, columnwise, self.force_pow_2_scales, self.amax_epsilon
+            )
             return row, col, stats[1:2]
         amax = self.amax if self.use_existing_amax else kernels.compute_amax(x)
         if self.with_amax_reduction:
-            torch.distributed.all_reduce(amax, op=torch.distributed.ReduceOp.MAX,
-                                         group=self.amax_reduction_group)
-        scales = kernels.compute_scale_from_amax(amax, code, self.force_pow_2_scales,
-                                                 self.amax_epsilon)
+            torch.distributed.all_reduce(amax, op=torch.distributed.ReduceOp.MAX, group=self.amax_reduction_group)
+        scales = kernels.compute_scale_from_amax(amax, code, self.force_pow_2_scales, self.amax_epsilon)
         row, col, _ = kernels.quantize_fp8(x, scales[0:1], None, code, rowwise, columnwise)
         return row, col, scales[1:2]
 
@@ -301,25 +342,39 @@ class Float8CurrentScalingQuantizer(Quantizer):
     update_quantized = Float8Quantizer.update_quantized
 
     def make_empty(self, shape, *, dtype=torch.float32, device=None, requires_grad=False):
-        return Float8Quantizer.make_empty(self, shape, dtype=dtype, device=device,
-                                          requires_grad=requires_grad)
+        return Float8Quantizer.make_empty(self, shape, dtype=dtype, device=device, requires_grad=requires_grad)
 
     def calibrate(self, tensor):
         torch.maximum(self.amax, kernels.compute_amax(tensor).view_as(self.amax), out=self.amax)
 
     def __reduce__(self):
         # A process group cannot be pickled: a loaded quantizer reduces over nothing.
-        return (_make_current_scaling_quantizer,
-                (int(self.dtype), self.scale.device, self.rowwise_usage, self.columnwise_usage,
-                 self.use_existing_amax, self.force_pow_2_scales, self.amax_epsilon))
+        return (
+            _make_current_scaling_quantizer,
+            (
+                int(self.dtype),
+                self.scale.device,
+                self.rowwise_usage,
+                self.columnwise_usage,
+                self.use_existing_amax,
+                self.force_pow_2_scales,
+                self.amax_epsilon,
+            ),
+        )
 
 
-def _make_current_scaling_quantizer(fp8_dtype, device, rowwise, columnwise, use_existing_amax,
-                                    force_pow_2_scales, amax_epsilon):
+def _make_current_scaling_quantizer(
+    fp8_dtype, device, rowwise, columnwise, use_existing_amax, force_pow_2_scales, amax_epsilon
+):
     return Float8CurrentScalingQuantizer(
-        fp8_dtype, device, rowwise=rowwise, columnwise=columnwise,
-        use_existing_amax=use_existing_amax, force_pow_2_scales=force_pow_2_scales,
-        amax_epsilon=amax_epsilon)
+        fp8_dtype,
+        device,
+        rowwise=rowwise,
+        columnwise=columnwise,
+        use_existing_amax=use_existing_amax,
+        force_pow_2_scales=force_pow_2_scales,
+        amax_epsilon=amax_epsilon,
+    )
 
 
 def _store(dst: Float8Tensor, row, col, scale_inv) -> None:
@@ -336,5 +391,12 @@ def _store(dst: Float8Tensor, row, col, scale_inv) -> None:
     dst._transpose_invalid = dst._transpose is None
 
 
-SAFE_GLOBALS = [Float8Tensor, _make_float8_tensor, Float8Quantizer, _make_float8_quantizer,
-                Float8CurrentScalingQuantizer, _make_current_scaling_quantizer, DType]
+SAFE_GLOBALS = [
+    Float8Tensor,
+    _make_float8_tensor,
+    Float8Quantizer,
+    _make_float8_quantizer,
+    Float8CurrentScalingQuantizer,
+    _make_current_scaling_quantizer,
+    DType,
+]

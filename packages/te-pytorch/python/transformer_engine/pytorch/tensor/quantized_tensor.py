@@ -57,12 +57,14 @@ class Quantizer:
     def _quantize(self, tensor: torch.Tensor) -> QuantizedTensor:
         raise NotImplementedError
 
-    def update_quantized(self, src: torch.Tensor, dst: QuantizedTensor, *,
-                         noop_flag: torch.Tensor | None = None) -> QuantizedTensor:
+    def update_quantized(
+        self, src: torch.Tensor, dst: QuantizedTensor, *, noop_flag: torch.Tensor | None = None
+    ) -> QuantizedTensor:
         raise NotImplementedError
 
-    def make_empty(self, shape, *, dtype: torch.dtype = torch.float32, device=None,
-                   requires_grad: bool = False) -> QuantizedTensor:
+    def make_empty(
+        self, shape, *, dtype: torch.dtype = torch.float32, device=None, requires_grad: bool = False
+    ) -> QuantizedTensor:
         raise NotImplementedError
 
     def calibrate(self, tensor: torch.Tensor) -> None:
