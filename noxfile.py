@@ -120,14 +120,15 @@ def wheels(session: nox.Session) -> None:
 
 @nox.session
 def compat(session: nox.Session) -> None:
-    """One te-core wheel against several framework versions (torch list grows with te-pytorch)."""
+    """One te-core wheel against several torch versions (posargs, default 2.13.0 and 2.14.1)."""
     session.install("numpy", "ml_dtypes", "pytest")
     session.run(
         "python", "-m", "pip", "wheel", "--no-deps", "-w", "build/compat-dist", f"./{CORE}", env={"TE_WITH_CUDA": "OFF"}
     )
     wheel = sorted(glob.glob("build/compat-dist/te_core-*.whl"))[-1]
     session.install(wheel)
-    for torch_version in session.posargs or ["2.13.0"]:
+    # Both versions lie on the CI machines' disk (2.14.1 is a CUDA build; its tests run on the CPU).
+    for torch_version in session.posargs or ["2.13.0", "2.14.1"]:
         session.install(f"torch=={torch_version}")
         session.install("--no-deps", "./packages/te-pytorch")
         session.run("pytest", "-q", "packages/te-pytorch/tests", f"{CORE}/tests", "-m", "not gpu")
