@@ -56,21 +56,13 @@ def cuda_compile_check(session: nox.Session) -> None:
 
 @nox.session(python=False)
 def lint(session: nox.Session) -> None:
-    """ruff on Python, clang-format check on C/C++/CUDA."""
+    """ruff (lint + format check) on Python, clang-format check on C/C++/CUDA."""
     session.run("python", "-m", "pip", "install", "-q", "ruff", "clang-format")
     session.run("ruff", "check", ".")
-    sources = [
-        f
-        for pattern in (
-            "core/**/*.h",
-            "core/**/*.c",
-            "core/**/*.cpp",
-            "core/**/*.cu",
-            f"{CORE}/src/**/*.cpp",
-            f"{CORE}/src/**/*.h",
-        )
-        for f in glob.glob(pattern, recursive=True)
-    ]
+    session.run("ruff", "format", "--check", ".")
+    patterns = ("core/**/*.h", "core/**/*.c", "core/**/*.cpp", "core/**/*.cu", "core/**/*.cuh")
+    patterns += (f"{CORE}/src/**/*.cpp", f"{CORE}/src/**/*.h")
+    sources = [f for pattern in patterns for f in glob.glob(pattern, recursive=True)]
     session.run("clang-format", "--dry-run", "--Werror", *sources)
 
 
