@@ -16,17 +16,33 @@ import secrets
 import sys
 from pathlib import Path
 
-import ml_dtypes
 import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
 
 import transformer_engine.core as tec  # noqa: E402
-from transformer_engine.core import GemmOutput, lib  # noqa: E402
+from transformer_engine.core import lib  # noqa: E402
 from transformer_engine.core._arrays import desc as cpu_desc  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gemm_gpu_helpers import (  # noqa: E402
+    BF16,
+    E4M3,
+    E5M2,
+    F16,
+    F32,
+    FP8_EXTRA_ROUNDINGS,
+    FP8_PAIRS,
+    FP8_SHAPES,
+    HIGH_PRECISION,
+    ODD_SHAPES,
+    TRANS,
+    DeviceArray,
+    gpu_gemm,
+    gpu_reference,
+)
 from gemm_reference import (  # noqa: E402
     U32,
     UNIT_ROUNDOFF,
@@ -47,174 +63,12 @@ pytestmark = [
     pytest.mark.skipif(not tec.built_with_cuda(), reason="te-core was built without CUDA"),
 ]
 
-F32 = np.dtype(np.float32)
-F16 = np.dtype(np.float16)
-BF16 = np.dtype(ml_dtypes.bfloat16)
-E4M3 = np.dtype(ml_dtypes.float8_e4m3fn)
-E5M2 = np.dtype(ml_dtypes.float8_e5m2)
-HIGH_PRECISION = [F32, BF16, F16]
-FP8_PAIRS = [(E4M3, E4M3), (E4M3, E5M2), (E5M2, E4M3)]
-TRANS = [(False, False), (False, True), (True, False), (True, True)]
-ODD_SHAPES = [(1, 1, 1), (5, 7, 3), (33, 65, 17), (257, 515, 263)]  # (M, N, K)
-FP8_SHAPES = [(16, 32, 48), (64, 48, 80), (272, 528, 272)]
-# cuBLASLt applies non-power-of-two FP8 scales to the sum (see gemm_reference).
-FP8_EXTRA_ROUNDINGS = 4
-HALF_TYPES = (BF16, F16)
-
-
-def fused_bias_rounding(out_dtype, bias, *, fp8_inputs=False, gelu=False, c=None):
-    """The 16-bit type a fused cuBLASLt BIAS epilogue may round the product to
-    before adding the bias, or None when the CUDA plan adds the bias in FP32.
-
-    Mirrors core/src/gemm/cuda_plan.cpp: BIAS is fused with a 16-bit D when the
-    bias has D's type; with an FP8 D (FP8 inputs, no C) when the bias is 16-bit
-    (cuBLASLt's C type, which we treat as a possible intermediate). GELU is
-    fused only with FP32 D, so a GELU GEMM never takes this term.
-    """
-    if bias is None or gelu:
-        return None
-    out_dtype, bias_dtype = np.dtype(out_dtype), np.asarray(bias).dtype
-    if out_dtype in HALF_TYPES and bias_dtype == out_dtype:
-        return out_dtype
-    if is_fp8(out_dtype) and fp8_inputs and c is None and bias_dtype in HALF_TYPES:
-        return bias_dtype
-    return None
-
-
-def gpu_reference(a, b, *, out_dtype=F32, **kwargs):
-    """gemm_reference.reference with the CUDA backend's terms: the FP8
-    tensor-core accumulation model (applies when both operands are FP8) and
-    the fused-BIAS rounding of `fused_bias_rounding`."""
-    c = kwargs.get("c") if kwargs.get("beta", 0.0) != 0.0 else None  # te_gemm drops C at beta 0
-    rounding = fused_bias_rounding(
-        out_dtype, kwargs.get("bias"), gelu=kwargs.get("gelu", False), fp8_inputs=is_fp8(np.asarray(a).dtype), c=c
-    )
-    return reference(a, b, tensor_core_fp8=True, rounded_before_bias=rounding, **kwargs)
-
 
 @pytest.fixture
 def rng():
     seed = secrets.randbits(64)
     print(f"gemm GPU test seed: {seed}")
     return np.random.default_rng(seed)
-
-
-class DeviceArray:
-    """A NumPy array's bytes in a CUDA buffer (optionally at a byte offset),
-    with its te descriptor."""
-
-    def __init__(self, shape, dtype, data=None, offset_bytes: int = 0):
-        self.shape = tuple(int(s) for s in shape)
-        self.dtype = np.dtype(dtype)
-        self.nbytes = int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
-        self.offset = offset_bytes
-        self.storage = torch.zeros(self.nbytes + offset_bytes + 1, dtype=torch.uint8, device="cuda")
-        if data is not None:
-            raw = np.ascontiguousarray(data, dtype=self.dtype).reshape(-1).view(np.uint8)
-            self.bytes().copy_(torch.from_numpy(raw.copy()))
-
-    @classmethod
-    def of(cls, array, offset_bytes: int = 0) -> DeviceArray:
-        array = np.asarray(array)
-        return cls(array.shape, array.dtype, array, offset_bytes)
-
-    def bytes(self):
-        return self.storage[self.offset : self.offset + self.nbytes]
-
-    def typed(self, torch_dtype):
-        return self.bytes().view(torch_dtype).view(self.shape)
-
-    def desc(self):
-        ptr = self.storage.data_ptr() + self.offset
-        return lib.TensorDesc(ptr, int(tec.te_dtype(self.dtype)), list(self.shape), 1, self.storage.device.index)
-
-    def numpy(self) -> np.ndarray:
-        torch.cuda.synchronize()
-        return self.bytes().cpu().numpy().view(self.dtype).reshape(self.shape)
-
-
-def gpu_gemm(
-    a,
-    b,
-    *,
-    transa=False,
-    transb=False,
-    a_scale_inv=None,
-    b_scale_inv=None,
-    c=None,
-    alpha=1.0,
-    beta=0.0,
-    bias=None,
-    gelu=False,
-    bias_grad=False,
-    out_dtype=F32,
-    d_scale=None,
-    use_split_accumulator=True,
-    pre_gelu_dtype=None,
-    bias_grad_dtype=None,
-    amax_start=0.0,
-    c_in_place=False,
-    offset_bytes=0,
-    stream=None,
-) -> GemmOutput:
-    """The GPU twin of transformer_engine.core.gemm (same arguments, NumPy in and out)."""
-    a, b = np.asarray(a), np.asarray(b)
-    out_dtype = np.dtype(out_dtype)
-    m = a.shape[-1] if transa else int(np.prod(a.shape[:-1]))
-    n = b.shape[0] if transb else b.shape[-1]
-    side = out_dtype if not is_fp8(out_dtype) else F32
-    keep = []  # every buffer stays alive until the GEMM has finished
-
-    def device(array=None, shape=None, dtype=None, offset=0):
-        if array is None:
-            x = DeviceArray(shape, dtype, offset_bytes=offset)
-        else:
-            x = DeviceArray.of(array, offset)
-        keep.append(x)
-        return x
-
-    def scalar_desc(value):
-        return None if value is None else device(np.array(value, np.float32)).desc()
-
-    da, db = device(a, offset=offset_bytes), device(b, offset=offset_bytes)
-    if c_in_place:  # D starts as C and is updated in place
-        d = device(np.asarray(c, out_dtype).reshape(m, n))
-        dc = d
-    else:
-        d = device(shape=(m, n), dtype=out_dtype, offset=offset_bytes)
-        dc = None if c is None else device(np.asarray(c).reshape(m, n))
-    pre_dtype = side if pre_gelu_dtype is None else pre_gelu_dtype
-    grad_dtype = side if bias_grad_dtype is None else bias_grad_dtype
-    pre = device(shape=(m, n), dtype=pre_dtype) if gelu else None
-    grad = device(shape=(m,), dtype=grad_dtype) if bias_grad else None
-    amax = device(np.array(amax_start, np.float32)) if is_fp8(out_dtype) else None
-    args = {
-        "a_scale_inv": scalar_desc(a_scale_inv),
-        "b_scale_inv": scalar_desc(b_scale_inv),
-        "c": None if dc is None else dc.desc(),
-        "d_scale": scalar_desc(d_scale),
-        "d_amax": None if amax is None else amax.desc(),
-        "bias": None if bias is None else device(bias).desc(),
-        "pre_gelu_out": None if pre is None else pre.desc(),
-        "bias_grad": None if grad is None else grad.desc(),
-        "alpha": float(alpha),
-        "beta": float(beta),
-        "transa": bool(transa),
-        "transb": bool(transb),
-        "use_split_accumulator": bool(use_split_accumulator),
-    }
-    size = lib.gemm_workspace_size(da.desc(), db.desc(), d.desc(), **args)
-    workspace = device(shape=(size,), dtype=np.uint8)
-    stream = stream or torch.cuda.current_stream()
-    torch.cuda.synchronize()  # buffers were filled on the current stream; `stream` may differ
-    lib.gemm(da.desc(), db.desc(), d.desc(), workspace=workspace.desc(), stream=stream.cuda_stream, **args)
-    stream.synchronize()
-    return GemmOutput(
-        d.numpy(),
-        None if pre is None else pre.numpy(),
-        None if grad is None else grad.numpy(),
-        None if amax is None else amax.numpy()[()],
-    )
 
 
 # ---------------------------------------------------------------------------
@@ -587,33 +441,26 @@ def test_bound_is_not_vacuous():
     assert (17 + 4) * U32 < 2e-6
 
 
-def _torch_desc(t, code):
-    return lib.TensorDesc(t.data_ptr(), int(code), list(t.shape), 1, t.device.index or 0)
-
-
-def test_fp8_scales_at_unaligned_addresses():
-    """scale_inv tensors that are elements 1 and 2 of a stats tensor (4- and 8-byte
-    offsets): cuBLASLt needs 16-byte aligned scale pointers, so the core stages them
+def test_fp8_scales_at_unaligned_addresses(rng):
+    """scale_inv tensors 4 bytes past a 16-byte boundary (e.g. element 1 of a stats
+    tensor): cuBLASLt needs 16-byte aligned scale pointers, so the core stages them
     in the workspace; the result must equal the call with aligned scales exactly."""
     m, n, k = 64, 48, 80
-    a = (torch.randn(m, k, device="cuda") * 8).to(torch.float8_e4m3fn)
-    b = (torch.randn(n, k, device="cuda") * 8).to(torch.float8_e4m3fn)
-    stats = torch.tensor([0.0, 0.37, 0.011, 0.0], device="cuda")
-    aligned_a, aligned_b = stats[1:2].clone(), stats[2:3].clone()
-    code = tec.DType
+    a, b = random_operands(rng, m, n, k, False, True, E4M3, E4M3)
+    sa, sb = np.array(0.37, np.float32), np.array(0.011, np.float32)
+    da, db = DeviceArray.of(a), DeviceArray.of(b)
     outs = []
-    for sa, sb in ((stats[1:2], stats[2:3]), (aligned_a, aligned_b)):
-        d = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
-        args = dict(a_scale_inv=_torch_desc(sa, code.kFloat32), b_scale_inv=_torch_desc(sb, code.kFloat32), transb=True)
-        da, db = _torch_desc(a.view(torch.uint8), code.kFloat8E4M3), _torch_desc(b.view(torch.uint8), code.kFloat8E4M3)
-        dd = _torch_desc(d, code.kBFloat16)
-        ws = torch.empty(lib.gemm_workspace_size(da, db, dd, **args), device="cuda", dtype=torch.uint8)
+    for offset in (4, 0):
+        scale_a, scale_b = DeviceArray.of(sa, offset), DeviceArray.of(sb, offset)
+        d = DeviceArray((m, n), BF16)
+        args = dict(a_scale_inv=scale_a.desc(), b_scale_inv=scale_b.desc(), transb=True)
+        size = lib.gemm_workspace_size(da.desc(), db.desc(), d.desc(), **args)
+        ws = DeviceArray((size,), np.uint8)
         lib.gemm(
-            da, db, dd, workspace=_torch_desc(ws, code.kByte), stream=torch.cuda.current_stream().cuda_stream, **args
+            da.desc(), db.desc(), d.desc(), workspace=ws.desc(), stream=torch.cuda.current_stream().cuda_stream, **args
         )
-        outs.append(d)
-    torch.cuda.synchronize()
-    assert stats[1:2].data_ptr() % 16 != 0
-    assert torch.equal(outs[0], outs[1])
-    expected = (a.float() * 0.37) @ (b.float() * 0.011).T
-    assert torch.allclose(outs[0].float(), expected, rtol=2e-2, atol=1e-3)
+        assert (scale_a.storage.data_ptr() + scale_a.offset) % 16 == offset
+        outs.append(d.numpy().astype(np.float32))
+    np.testing.assert_array_equal(outs[0], outs[1])
+    ref = gpu_reference(a, b, transb=True, a_scale_inv=sa, b_scale_inv=sb, out_dtype=BF16)
+    assert_close(outs[0].astype(BF16), ref.out, ref.err32, "D (unaligned scales)")
