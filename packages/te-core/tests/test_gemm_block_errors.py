@@ -10,7 +10,7 @@ from gemm_block_cases import linear_cases, random_linear
 import transformer_engine.core as tec
 from transformer_engine.core import BlockOperand, lib
 from transformer_engine.core._arrays import desc
-from transformer_engine.core.gemm_block import _DEFAULTS, _prepare
+from transformer_engine.core.gemm_block import _prepare
 
 
 @pytest.fixture
@@ -153,8 +153,8 @@ def test_grouped_groups_share_formats(cases):
 
 def test_grouped_groups_share_output_type(cases):
     case = cases["fp8_block"]["fprop"]
-    g0 = _prepare(case.a, case.b, **_DEFAULTS)
-    g1 = _prepare(case.a, case.b, **{**_DEFAULTS, "out_dtype": ml_dtypes.bfloat16})
+    g0 = _prepare(case.a, case.b)
+    g1 = _prepare(case.a, case.b, out_dtype=ml_dtypes.bfloat16)
     with pytest.raises(ValueError, match="group 1: the type of 'd' differs from group 0's"):
         lib.gemm_block_grouped([g0.params, g1.params])
 

@@ -134,17 +134,17 @@ def _prepare(
     a,
     b,
     *,
-    transa,
-    transb,
-    a_columnwise,
-    b_columnwise,
-    c,
-    alpha,
-    beta,
-    bias,
-    out_dtype,
-    use_split_accumulator,
-    force_emulation,
+    transa=False,
+    transb=True,
+    a_columnwise=False,
+    b_columnwise=False,
+    c=None,
+    alpha=1.0,
+    beta=0.0,
+    bias=None,
+    out_dtype=np.float32,
+    use_split_accumulator=True,
+    force_emulation=False,
 ) -> _Prepared:
     a_op, b_op = operand(a, columnwise=a_columnwise), operand(b, columnwise=b_columnwise)
     for name, op in (("a", a_op), ("b", b_op)):
@@ -213,24 +213,9 @@ def gemm_block(
 
 def plan_gemm_block(a, b, **kwargs) -> tuple[str, int]:
     """(path, workspace bytes) that gemm_block(a, b, **kwargs) takes (te_gemm_block_plan)."""
-    p = _prepare(a, b, **{**_DEFAULTS, **kwargs})
+    p = _prepare(a, b, **kwargs)
     path, size = lib.gemm_block_plan(p.params)
     return PATHS[path], size
-
-
-_DEFAULTS = dict(
-    transa=False,
-    transb=True,
-    a_columnwise=False,
-    b_columnwise=False,
-    c=None,
-    alpha=1.0,
-    beta=0.0,
-    bias=None,
-    out_dtype=np.float32,
-    use_split_accumulator=True,
-    force_emulation=False,
-)
 
 
 def _per_group(value, count: int, name: str) -> list:
@@ -252,9 +237,8 @@ def gemm_block_grouped(
     if len(a) != len(b):
         raise ValueError(f"arguments 'a' and 'b' must list the same number of groups, got {len(a)} and {len(b)}")
     count = len(a)
-    shared = {**_DEFAULTS, **kwargs}
     groups = [
-        _prepare(a[i], b[i], **{**shared, "c": ci, "alpha": al, "beta": be, "bias": bi})
+        _prepare(a[i], b[i], **kwargs, c=ci, alpha=al, beta=be, bias=bi)
         for i, (ci, al, be, bi) in enumerate(
             zip(
                 _per_group(c, count, "c"),
