@@ -9,15 +9,10 @@
 namespace te::activation {
 namespace {
 
-constexpr std::initializer_list<te_dtype> kHighPrecision = {TE_DTYPE_FLOAT32, TE_DTYPE_BFLOAT16,
-                                                            TE_DTYPE_FLOAT16};
 constexpr std::initializer_list<te_dtype> kAnyOutput = {TE_DTYPE_FLOAT32, TE_DTYPE_BFLOAT16,
                                                         TE_DTYPE_FLOAT16, TE_DTYPE_FLOAT8E4M3,
                                                         TE_DTYPE_FLOAT8E5M2};
-constexpr std::initializer_list<te_dtype> kFp8 = {TE_DTYPE_FLOAT8E4M3, TE_DTYPE_FLOAT8E5M2};
-constexpr const char* kHighPrecisionText = "float32, bfloat16 or float16";
 constexpr const char* kAnyOutputText = "float32, bfloat16, float16, float8_e4m3 or float8_e5m2";
-constexpr const char* kFp8Text = "float8_e4m3 or float8_e5m2";
 
 const char* kind_name(te_activation kind) {
   static const char* const names[] = {"gelu",   "relu",   "silu",  "qgelu",

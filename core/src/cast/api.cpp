@@ -9,12 +9,6 @@
 namespace te::cast {
 namespace {
 
-constexpr std::initializer_list<te_dtype> kHighPrecision = {TE_DTYPE_FLOAT32, TE_DTYPE_BFLOAT16,
-                                                            TE_DTYPE_FLOAT16};
-constexpr std::initializer_list<te_dtype> kFp8 = {TE_DTYPE_FLOAT8E4M3, TE_DTYPE_FLOAT8E5M2};
-constexpr const char* kHighPrecisionText = "float32, bfloat16 or float16";
-constexpr const char* kFp8Text = "float8_e4m3 or float8_e5m2";
-
 float* optional_fp32_scalar(te_tensor* t, const char* name, const te_tensor& input) {
   if (t == nullptr) return nullptr;
   Arg(t, name).scalar_fp32().same_device(input, "input");

@@ -9,11 +9,6 @@
 namespace te::fp8_block {
 namespace {
 
-constexpr std::initializer_list<te_dtype> kHighPrecision = {TE_DTYPE_FLOAT32, TE_DTYPE_BFLOAT16,
-                                                            TE_DTYPE_FLOAT16};
-constexpr std::initializer_list<te_dtype> kFp8 = {TE_DTYPE_FLOAT8E4M3, TE_DTYPE_FLOAT8E5M2};
-constexpr const char* kHighPrecisionText = "float32, bfloat16 or float16";
-constexpr const char* kFp8Text = "float8_e4m3 or float8_e5m2";
 // K % 16: FP8 GEMMs need it, and the CUDA kernels move 16-byte vectors.
 constexpr int64_t kColsMultiple = 16;
 

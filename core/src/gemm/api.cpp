@@ -15,9 +15,6 @@ constexpr std::initializer_list<te_dtype> kInputTypes = {TE_DTYPE_FLOAT32, TE_DT
                                                          TE_DTYPE_FLOAT16, TE_DTYPE_FLOAT8E4M3,
                                                          TE_DTYPE_FLOAT8E5M2};
 constexpr const char* kInputText = "float32, bfloat16, float16, float8_e4m3 or float8_e5m2";
-constexpr std::initializer_list<te_dtype> kHighPrecision = {TE_DTYPE_FLOAT32, TE_DTYPE_BFLOAT16,
-                                                            TE_DTYPE_FLOAT16};
-constexpr const char* kHighPrecisionText = "float32, bfloat16 or float16";
 
 // te_gemm_workspace_size reads no data pointer: it validates copies of the
 // descriptors whose NULL data is replaced by distinct dummy pointers (never

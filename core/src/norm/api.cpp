@@ -11,10 +11,6 @@
 namespace te::norm {
 namespace {
 
-constexpr std::initializer_list<te_dtype> kHighPrecision = {TE_DTYPE_FLOAT32, TE_DTYPE_BFLOAT16,
-                                                            TE_DTYPE_FLOAT16};
-constexpr const char* kHighPrecisionText = "float32, bfloat16 or float16";
-
 // Every buffer of the family must start at a multiple of its element size:
 // the kernels access elements (and, when the address allows, 16-byte
 // vectors) directly, and a CUDA element access at a misaligned address is a

@@ -11,10 +11,6 @@
 namespace te::nvfp4 {
 namespace {
 
-constexpr std::initializer_list<te_dtype> kHighPrecision = {TE_DTYPE_FLOAT32, TE_DTYPE_BFLOAT16,
-                                                            TE_DTYPE_FLOAT16};
-constexpr const char* kHighPrecisionText = "float32, bfloat16 or float16";
-
 // The [M, K] view of a tensor of rank >= 1, with NVFP4's last-dimension rule.
 struct MatrixView {
   int64_t rows, cols;

@@ -46,6 +46,13 @@ class Arg {
   const char* name_;
 };
 
+// The dtype sets most entry points accept, with the words their messages use.
+constexpr std::initializer_list<te_dtype> kHighPrecision = {TE_DTYPE_FLOAT32, TE_DTYPE_BFLOAT16,
+                                                            TE_DTYPE_FLOAT16};
+constexpr const char* kHighPrecisionText = "float32, bfloat16 or float16";
+constexpr std::initializer_list<te_dtype> kFp8 = {TE_DTYPE_FLOAT8E4M3, TE_DTYPE_FLOAT8E5M2};
+constexpr const char* kFp8Text = "float8_e4m3 or float8_e5m2";
+
 // Validates the shape/dtype fields themselves (rank, non-negative dims).
 void check_descriptor(const te_tensor* t, const char* name);
 
