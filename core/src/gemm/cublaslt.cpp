@@ -6,8 +6,10 @@
 // key of everything the heuristic sees (types, shapes, layouts, epilogue,
 // pointer alignments, workspace size, device).
 //
-// Algorithm choice: cuBLASLt's heuristic, no timing (timing would need a
-// synchronization and extra launches, which graph capture forbids). The
+// Algorithm choice: cuBLASLt's heuristic answers (up to 8), the first by
+// default. Large high-precision GEMMs are timed once instead (autotune.cpp):
+// the heuristic's first answer is not always its fastest, and torch.matmul's
+// cuBLAS path sometimes finds a faster kernel than that first answer. The
 // preference carries the 32 MiB workspace (cuda_plan.h) and the operands'
 // actual pointer alignments (up to 256 bytes), so kernels that need more
 // alignment than a buffer has are excluded and none that it has is lost.
@@ -23,6 +25,8 @@
 #include <array>
 #include <mutex>
 #include <unordered_map>
+#include <utility>
+#include <vector>
 
 #include "gemm/cublas_check.h"
 
@@ -204,26 +208,18 @@ AlgoKey make_key(const LtCall& c) {
 struct CachedAlgo {
   cublasStatus_t status;  // SUCCESS when an algorithm was found
   cublasLtMatmulAlgo_t algo;
+  std::vector<cublasLtMatmulAlgo_t> candidates;  // the heuristic's usable answers, best first
+  bool settled = false;                          // timed, or not worth timing
 };
 
 constexpr size_t kMaxCachedAlgos = 4096;  // then start over: shapes are few in practice
-// Heuristic answers asked for: the first usable one is taken (see find_lt_algo).
+// Heuristic answers asked for (see find_lt_algo).
 constexpr int kHeuristicResults = 8;
 
 }  // namespace
 
-cublasStatus_t find_lt_algo(const LtCall& call, cublasLtMatmulAlgo_t* algo) {
-  static std::mutex mutex;
-  static std::unordered_map<AlgoKey, CachedAlgo, AlgoKeyHash> cache;
-  const AlgoKey key = make_key(call);
-  {
-    std::lock_guard<std::mutex> lock(mutex);
-    auto it = cache.find(key);
-    if (it != cache.end()) {
-      *algo = it->second.algo;
-      return it->second.status;
-    }
-  }
+cublasStatus_t heuristic_candidates(const LtCall& call,
+                                    std::vector<cublasLtMatmulAlgo_t>* candidates) {
   Descriptors desc(call);
   cublasLtMatmulPreferenceOpaque_t pref;
   TE_GEMM_CHECK_CUBLAS(cublasLtMatmulPreferenceInit(&pref));
@@ -238,33 +234,65 @@ cublasStatus_t find_lt_algo(const LtCall& call, cublasLtMatmulAlgo_t* algo) {
   cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
       handle_for(call.device), &desc.op, &desc.a, &desc.b, &desc.c, &desc.d, &pref,
       static_cast<int>(results.size()), results.data(), &count);
-  // cuBLASLt's first usable answer: results come best-estimated first, each
-  // for exactly this descriptor (epilogue, types, alignments) and within the
-  // workspace; the checks below only guard that promise.
-  const cublasLtMatmulHeuristicResult_t* chosen = nullptr;
-  for (int i = 0; status == CUBLAS_STATUS_SUCCESS && i < count && chosen == nullptr; ++i)
+  // Results come best-estimated first, each for exactly this descriptor
+  // (epilogue, types, alignments) and within the workspace; the checks below
+  // only guard that promise.
+  candidates->clear();
+  for (int i = 0; status == CUBLAS_STATUS_SUCCESS && i < count; ++i)
     if (results[i].state == CUBLAS_STATUS_SUCCESS &&
         results[i].workspaceSize <= call.workspace_bytes)
-      chosen = &results[i];
-  if (status == CUBLAS_STATUS_SUCCESS && chosen == nullptr) status = CUBLAS_STATUS_NOT_SUPPORTED;
-  *algo = chosen != nullptr ? chosen->algo : cublasLtMatmulAlgo_t{};
-  // Cache answers about the configuration, not passing failures.
-  if (status != CUBLAS_STATUS_SUCCESS && status != CUBLAS_STATUS_NOT_SUPPORTED &&
-      status != CUBLAS_STATUS_INVALID_VALUE)
-    return status;
-  std::lock_guard<std::mutex> lock(mutex);
-  if (cache.size() >= kMaxCachedAlgos) cache.clear();
-  cache.emplace(key, CachedAlgo{status, *algo});
+      candidates->push_back(results[i].algo);
+  if (status == CUBLAS_STATUS_SUCCESS && candidates->empty()) status = CUBLAS_STATUS_NOT_SUPPORTED;
   return status;
 }
 
-void run_lt_matmul(const LtCall& call, const cublasLtMatmulAlgo_t& algo, cudaStream_t stream) {
+cublasStatus_t find_lt_algo(const LtCall& call, cublasLtMatmulAlgo_t* algo,
+                            const cudaStream_t* tune_stream) {
+  static std::mutex mutex;
+  static std::unordered_map<AlgoKey, CachedAlgo, AlgoKeyHash> cache;
+  const AlgoKey key = make_key(call);
+  const bool tune = tune_stream != nullptr && worth_timing(call, *tune_stream);
+  std::vector<cublasLtMatmulAlgo_t> candidates;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    auto it = cache.find(key);
+    if (it != cache.end()) {
+      if (!tune || it->second.settled || it->second.candidates.size() < 2) {
+        *algo = it->second.algo;
+        return it->second.status;
+      }
+      candidates = it->second.candidates;
+    }
+  }
+  cublasStatus_t status = CUBLAS_STATUS_SUCCESS;
+  if (candidates.empty()) {
+    status = heuristic_candidates(call, &candidates);
+    // Cache answers about the configuration, not passing failures.
+    if (status != CUBLAS_STATUS_SUCCESS && status != CUBLAS_STATUS_NOT_SUPPORTED &&
+        status != CUBLAS_STATUS_INVALID_VALUE)
+      return status;
+  }
+  size_t chosen = 0;
+  if (tune && candidates.size() > 1) chosen = fastest_algo(call, candidates, *tune_stream);
+  *algo = candidates.empty() ? cublasLtMatmulAlgo_t{} : candidates[chosen];
+  std::lock_guard<std::mutex> lock(mutex);
+  if (cache.size() >= kMaxCachedAlgos) cache.clear();
+  cache[key] = CachedAlgo{status, *algo, std::move(candidates), tune};
+  return status;
+}
+
+cublasStatus_t try_lt_matmul(const LtCall& call, const cublasLtMatmulAlgo_t& algo,
+                             cudaStream_t stream) {
   Descriptors desc(call);
   const void* alpha = call.device_alpha ? static_cast<const void*>(call.device_alpha) : &call.alpha;
   const void* beta = call.device_alpha ? static_cast<const void*>(call.device_beta) : &call.beta;
-  TE_GEMM_CHECK_CUBLAS(cublasLtMatmul(
-      handle_for(call.device), &desc.op, alpha, call.a.data, &desc.a, call.b.data, &desc.b, beta,
-      call.c, &desc.c, call.d, &desc.d, &algo, call.workspace, call.workspace_bytes, stream));
+  return cublasLtMatmul(handle_for(call.device), &desc.op, alpha, call.a.data, &desc.a, call.b.data,
+                        &desc.b, beta, call.c, &desc.c, call.d, &desc.d, &algo, call.workspace,
+                        call.workspace_bytes, stream);
+}
+
+void run_lt_matmul(const LtCall& call, const cublasLtMatmulAlgo_t& algo, cudaStream_t stream) {
+  TE_GEMM_CHECK_CUBLAS(try_lt_matmul(call, algo, stream));
 }
 
 }  // namespace te::gemm

@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "gemm/cuda_plan.h"
 #include "te/types.h"
@@ -52,12 +53,28 @@ struct LtCall {
   size_t workspace_bytes = 0;
 };
 
-// The algorithm cuBLASLt's heuristic picks for this call (cached per
-// configuration). CUBLAS_STATUS_SUCCESS when found; otherwise the heuristic's
-// status (NOT_SUPPORTED when it has no kernel; INVALID_VALUE for a type or
-// epilogue combination cuBLASLt rejects), so the caller can fall back.
-cublasStatus_t find_lt_algo(const LtCall& call, cublasLtMatmulAlgo_t* algo);
+// The algorithm for this call, cached per configuration: cuBLASLt's
+// heuristic's first usable answer, or, when `tune_stream` is given and
+// worth_timing() says yes, the fastest of its answers timed once on that
+// stream. CUBLAS_STATUS_SUCCESS when found; otherwise the heuristic's status
+// (NOT_SUPPORTED when it has no kernel; INVALID_VALUE for a type or epilogue
+// combination cuBLASLt rejects), so the caller can fall back.
+cublasStatus_t find_lt_algo(const LtCall& call, cublasLtMatmulAlgo_t* algo,
+                            const cudaStream_t* tune_stream = nullptr);
 
 void run_lt_matmul(const LtCall& call, const cublasLtMatmulAlgo_t& algo, cudaStream_t stream);
+// run_lt_matmul without the error check: the launch's status.
+cublasStatus_t try_lt_matmul(const LtCall& call, const cublasLtMatmulAlgo_t& algo,
+                             cudaStream_t stream);
+
+// autotune.cpp. Whether timing the candidates of `call` on `stream` is allowed
+// and worth it: TE_GEMM_AUTOTUNE is not 0, the GEMM is large, high precision
+// (no FP8 scales to stage, no amax), re-running it leaves the same result (D
+// does not alias C under beta != 0) and the stream is not being captured.
+bool worth_timing(const LtCall& call, cudaStream_t stream);
+// Index of the fastest candidate (the first when timing fails), each run a
+// few times on `stream` (this synchronizes with it).
+size_t fastest_algo(const LtCall& call, const std::vector<cublasLtMatmulAlgo_t>& candidates,
+                    cudaStream_t stream);
 
 }  // namespace te::gemm

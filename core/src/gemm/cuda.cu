@@ -142,13 +142,15 @@ struct Choice {
 };
 
 // Chooses before enqueuing anything, so that a fused configuration cuBLASLt
-// rejects can still switch to the unfused plan.
-Choice choose(const GemmArgs& g, char* ws, size_t available) {
+// rejects can still switch to the unfused plan. With `tune_stream`, a large
+// high-precision GEMM seen for the first time times its candidates there.
+Choice choose(const GemmArgs& g, char* ws, size_t available,
+              const cudaStream_t* tune_stream = nullptr) {
   Choice c;
   c.plan = make_cuda_plan(g, /*allow_fusion=*/true);
   if (!c.plan.run_matmul) return c;
   c.call = make_call(g, c.plan, ws);
-  c.status = find_lt_algo(c.call, &c.algo);
+  c.status = find_lt_algo(c.call, &c.algo, tune_stream);
   if (c.status == CUBLAS_STATUS_SUCCESS) return c;
   const CudaPlan unfused = make_cuda_plan(g, /*allow_fusion=*/false);
   const bool differs = unfused.lt_epilogue != c.plan.lt_epilogue ||
@@ -163,7 +165,7 @@ Choice choose(const GemmArgs& g, char* ws, size_t available) {
   }
   c.plan = unfused;
   c.call = make_call(g, c.plan, ws);
-  c.status = find_lt_algo(c.call, &c.algo);
+  c.status = find_lt_algo(c.call, &c.algo, tune_stream);
   return c;
 }
 
@@ -232,14 +234,15 @@ void enqueue(const GemmArgs& g, const Choice& choice, char* ws, cudaStream_t str
 
 void gemm(const GemmArgs& g, te_stream stream_handle) {
   char* ws = aligned_base(g.workspace);
-  const Choice choice = choose(g, ws, g.workspace_bytes);
+  const auto stream = static_cast<cudaStream_t>(stream_handle);
+  const Choice choice = choose(g, ws, g.workspace_bytes, &stream);
   if (choice.no_room)
     fail(TE_ERROR_CUBLAS, "cuBLASLt rejects the fused epilogue of this GEMM (",
          cublasLtGetStatusName(choice.fused_status), ", epilogue ",
          epilogue_name(make_cuda_plan(g, true).lt_epilogue), ") and the unfused fallback needs ",
          choice.plan.total_bytes, " bytes of workspace, got ", g.workspace_bytes);
   if (choice.status != CUBLAS_STATUS_SUCCESS) fail_no_algo(g, choice.call, choice.status);
-  enqueue(g, choice, ws, static_cast<cudaStream_t>(stream_handle));
+  enqueue(g, choice, ws, stream);
 }
 
 bool lt_supported(const GemmArgs& g, size_t* workspace_bytes) {
