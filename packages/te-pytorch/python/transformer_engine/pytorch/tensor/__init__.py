@@ -6,14 +6,14 @@ torch.load(..., weights_only=True) (torch's default) restores them.
 
 import torch
 
+from . import _block_tensor, float8_blockwise_tensor, mxfp8_tensor, nvfp4_tensor
+from .float8_blockwise_tensor import Float8BlockQuantizer, Float8BlockwiseQTensor
 from .float8_tensor import (
     SAFE_GLOBALS,
     Float8CurrentScalingQuantizer,
     Float8Quantizer,
     Float8Tensor,
 )
-from . import _block_tensor, float8_blockwise_tensor, mxfp8_tensor, nvfp4_tensor
-from .float8_blockwise_tensor import Float8BlockQuantizer, Float8BlockwiseQTensor
 from .mxfp8_tensor import MXFP8Quantizer, MXFP8Tensor
 from .nvfp4_tensor import NVFP4Quantizer, NVFP4Tensor
 from .quantized_tensor import QuantizedTensor, Quantizer

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-import torch
-
 from .. import kernels
 from ..kernels.gemm_block import SCALING
 from ._block_tensor import BlockQuantizedTensor, BlockQuantizer
