@@ -8,8 +8,6 @@ GPU; test_cpu_and_cuda_bytes_agree compares the two backends directly.
 
 from __future__ import annotations
 
-import io
-
 import numpy as np
 import pytest
 import torch
