@@ -82,8 +82,8 @@ def _warn_emulated(kind: str, device: torch.device) -> None:
     where = "the CPU" if device.type == "cpu" else f"this GPU ({torch.cuda.get_device_name(device)})"
     warnings.warn(
         f"{where} has no native {_NAMES[kind]} GEMM for these operands: the GEMM is emulated by "
-        "dequantizing its operands and running a dense GEMM (BF16 on CUDA, FP32 on the CPU); results match the quantized values, "
-        "speed does not. (Shown once per format.)",
+        "dequantizing its operands and running a dense GEMM (BF16 on CUDA, FP32 on the CPU); results "
+        "match the quantized values, speed does not. (Shown once per format.)",
         stacklevel=4,
     )
 
