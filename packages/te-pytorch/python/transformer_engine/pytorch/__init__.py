@@ -13,10 +13,12 @@ torch, so any torch >= 2.4 works, CPU-only builds included (the core's CPU
 backend then runs every op and emulates the FP8 numerics bit-exactly).
 
 Implemented: Linear, LayerNorm, RMSNorm; autocast (and the deprecated
-fp8_autocast) with DelayedScaling and Float8CurrentScaling; Float8Tensor and
-its quantizers; the te-core ops as torch.ops.te.*. The block-scaled recipes
-(MXFP8, FP8 block, NVFP4), LayerNormLinear, LayerNormMLP and the rest of the
-reference's API come later; using a block recipe raises NotImplementedError.
+fp8_autocast) with DelayedScaling, Float8CurrentScaling and the block-scaled
+recipes MXFP8BlockScaling, Float8BlockScaling and NVFP4BlockScaling (GEMMs
+emulated where the device has no native kernel, with a one-time warning);
+Float8Tensor, MXFP8Tensor, Float8BlockwiseQTensor, NVFP4Tensor and their
+quantizers; the te-core ops as torch.ops.te.*. The rest of the reference's
+API comes later.
 """
 
 import re as _re
@@ -47,9 +49,15 @@ from .quantization import (
     get_default_recipe,
 )
 from .tensor import (
+    Float8BlockQuantizer,
+    Float8BlockwiseQTensor,
     Float8CurrentScalingQuantizer,
     Float8Quantizer,
     Float8Tensor,
+    MXFP8Quantizer,
+    MXFP8Tensor,
+    NVFP4Quantizer,
+    NVFP4Tensor,
     QuantizedTensor,
     Quantizer,
 )
@@ -59,11 +67,17 @@ __version__ = "0.1.0"
 __all__ = [
     "DType",
     "FP8GlobalStateManager",
+    "Float8BlockQuantizer",
+    "Float8BlockwiseQTensor",
     "Float8CurrentScalingQuantizer",
     "Float8Quantizer",
     "Float8Tensor",
     "LayerNorm",
     "Linear",
+    "MXFP8Quantizer",
+    "MXFP8Tensor",
+    "NVFP4Quantizer",
+    "NVFP4Tensor",
     "QuantizedTensor",
     "Quantizer",
     "QuantizerRole",

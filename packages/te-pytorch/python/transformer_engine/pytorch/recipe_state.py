@@ -11,7 +11,10 @@ which fp8_meta and checkpoints expose).
   amax_history[0][i] (the staging row); the update after the step rolls the
   history and recomputes the scales (quantization.py, §3.3 of the reference).
 - Float8CurrentScaling: stateless; each tensor is scaled by its own amax.
-- MXFP8BlockScaling, Float8BlockScaling, NVFP4BlockScaling, CustomRecipe: not
+- MXFP8BlockScaling, Float8BlockScaling, NVFP4BlockScaling: stateless block
+  quantizers (BlockScalingRecipeState) configured from the recipe's fields
+  (§3.2, §3.5-3.7 of the reference).
+- CustomRecipe, and the options listed in _unsupported_options: not
   implemented yet in te-pytorch; create() says so instead of faking them.
 """
 
@@ -22,14 +25,32 @@ import torch
 from transformer_engine.common.recipe import Format, Recipe
 from transformer_engine.core import DType
 
-from .tensor import Float8CurrentScalingQuantizer, Float8Quantizer
+from .tensor import (
+    Float8BlockQuantizer,
+    Float8CurrentScalingQuantizer,
+    Float8Quantizer,
+    MXFP8Quantizer,
+    NVFP4Quantizer,
+)
 
 _COMING = {
-    "mxfp8": ("MXFP8BlockScaling", "MXFP8Quantizer"),
-    "block": ("Float8BlockScaling", "Float8BlockQuantizer"),
-    "nvfp4": ("NVFP4BlockScaling", "NVFP4Quantizer"),
     "custom": ("CustomRecipe", "the custom quantizer factory"),
 }
+_BLOCK_KINDS = ("mxfp8", "block", "nvfp4")
+
+
+def _unsupported_options(recipe) -> list[str]:
+    """Recipe settings the block recipes of te-pytorch cannot honour yet."""
+    found = []
+    if getattr(recipe, "backward_override", None) is not None:
+        found.append(f"backward_override={recipe.backward_override!r}")
+    if recipe._kind == "nvfp4":
+        if recipe.row_scaled_activation:
+            found.append("row_scaled_activation=True")
+        for name in ("nvfp4_4over6",):
+            if getattr(recipe, name) != "none":
+                found.append(f"{name}={getattr(recipe, name)!r}")
+    return found
 
 
 def check_recipe_support(recipe) -> None:
@@ -43,6 +64,13 @@ def check_recipe_support(recipe) -> None:
             f"({quantizer}) is coming in a later release. Use recipe.DelayedScaling() or "
             "recipe.Float8CurrentScaling() meanwhile."
         )
+    if recipe._kind in _BLOCK_KINDS:
+        found = _unsupported_options(recipe)
+        if found:
+            raise NotImplementedError(
+                f"{type(recipe).__name__}: {', '.join(found)} is not yet supported by "
+                "transformer_engine.pytorch; leave these options at their defaults"
+            )
 
 
 def fp8_dtype_for(recipe, forward: bool) -> DType:
@@ -63,6 +91,8 @@ class RecipeState:
         check_recipe_support(recipe)
         if recipe.delayed():
             return DelayedScalingRecipeState(recipe, mode, num_quantizers, device)
+        if recipe._kind in _BLOCK_KINDS:
+            return BlockScalingRecipeState(recipe, mode, num_quantizers, device)
         return Float8CurrentScalingRecipeState(recipe, mode, num_quantizers, device)
 
     def make_quantizers(self) -> list:
@@ -122,6 +152,53 @@ class Float8CurrentScalingRecipeState(RecipeState):
                 )
             )
         return quantizers
+
+
+class BlockScalingRecipeState(RecipeState):
+    """MXFP8 / FP8 block / NVFP4: stateless; one quantizer per slot, set by its role.
+
+    Roles: forward slot 3g+0 input, 3g+1 weight, 3g+2 output (as the input);
+    backward 2g+0 grad_output, 2g+1 grad_input (as the gradient).
+    """
+
+    def __init__(self, recipe, mode: str, num_quantizers: int, device) -> None:
+        self.recipe = recipe
+        self.mode = mode
+        self.dtype = fp8_dtype_for(recipe, mode == "forward")
+        self.num_quantizers = num_quantizers
+        self.device = device
+
+    def _role(self, i: int) -> str:
+        if self.mode == "forward":
+            return "weight" if i % 3 == 1 else "input"
+        return "grad"
+
+    def make_quantizers(self) -> list:
+        return [self._quantizer(self._role(i)) for i in range(self.num_quantizers)]
+
+    def _quantizer(self, role: str):
+        r = self.recipe
+        if r._kind == "mxfp8":
+            return MXFP8Quantizer(self.dtype, with_2d_quantization=role == "weight" and r.enable_2d_quantization)
+        if r._kind == "block":
+            dim = {"input": r.x_block_scaling_dim, "weight": r.w_block_scaling_dim, "grad": r.grad_block_scaling_dim}
+            qparams = {"input": r.fp8_quant_fwd_inp, "weight": r.fp8_quant_fwd_weight, "grad": r.fp8_quant_bwd_grad}
+            return Float8BlockQuantizer(
+                self.dtype,
+                rowwise=True,
+                columnwise=True,
+                amax_epsilon=qparams[role].amax_epsilon,
+                force_pow_2_scales=qparams[role].power_2_scale,
+                block_scaling_dim=dim[role],
+            )
+        qparams = {"input": r.fp4_quant_fwd_inp, "weight": r.fp4_quant_fwd_weight, "grad": r.fp4_quant_bwd_grad}[role]
+        rht = qparams.random_hadamard_transform
+        return NVFP4Quantizer(
+            with_rht=rht,
+            with_post_rht_amax=rht,
+            with_2d_quantization=qparams.fp4_2d_quantization,
+            stochastic_rounding=qparams.stochastic_rounding,
+        )
 
 
 def mm_split_accumulator(recipe) -> tuple[bool, bool, bool]:

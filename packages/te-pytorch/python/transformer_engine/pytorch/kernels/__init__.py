@@ -15,8 +15,12 @@ from .cast import (
     quantize_fp8,
     quantize_fp8_current_scaling,
 )
+from .fp8_block import dequantize_fp8_block, quantize_fp8_block
 from .gemm import gemm, gemm_accumulate
+from .gemm_block import gemm_block, gemm_block_accumulate
+from .mxfp8 import dequantize_mxfp8, quantize_mxfp8
 from .norm import norm_bwd, norm_fwd
+from .nvfp4 import dequantize_nvfp4, quantize_nvfp4
 from .recipe import delayed_scaling_update
 
 __all__ = [
@@ -24,10 +28,18 @@ __all__ = [
     "compute_scale_from_amax",
     "delayed_scaling_update",
     "dequantize_fp8",
+    "dequantize_fp8_block",
+    "dequantize_mxfp8",
+    "dequantize_nvfp4",
     "gemm",
     "gemm_accumulate",
+    "gemm_block",
+    "gemm_block_accumulate",
     "norm_bwd",
     "norm_fwd",
     "quantize_fp8",
+    "quantize_fp8_block",
     "quantize_fp8_current_scaling",
+    "quantize_mxfp8",
+    "quantize_nvfp4",
 ]

@@ -9,6 +9,10 @@ write in the same pass as the rowwise bytes, so all three GEMMs are in the
 "TN" form Hopper FP8 needs and the core copies nothing. Backward keeps only
 what it uses: the FP8 columnwise x (when W needs a gradient) and the FP8
 columnwise W (when x needs one) -- never the high-precision input.
+The block recipes (MXFP8, FP8 block, NVFP4) run the same three GEMMs on
+their rowwise/columnwise copies through the Operand interface of
+_operand.py (kernels.gemm_block; emulated where the device has no native
+kernel, with a one-time warning).
 The bias gradient is summed from the high-precision dy (the FP8 dy would
 add its quantization error to it).
 
@@ -21,6 +25,7 @@ from __future__ import annotations
 import torch
 
 from .. import kernels
+from ._operand import Operand, operand_gemm, quantize_operand
 
 
 class LinearArgs:
@@ -46,26 +51,38 @@ class LinearArgs:
         self.bwd_queue = None
 
 
-def check_fp8_dims(tokens: int, in_features: int, out_features: int) -> None:
-    if tokens % 16 or in_features % 16 or out_features % 16:
+# Each quantized dim is the reduction dim K of one of the three GEMMs, so
+# every format's rule applies to tokens, in_features and out_features alike.
+_DIM_RULES = {
+    "fp8": (16, "FP8 GEMMs need"),
+    "fp8_block": (16, "FP8 block-scaled GEMMs need"),
+    "mxfp8": (32, "MXFP8 has one scale per 32 elements along each dim, so it needs"),
+    "nvfp4": (32, "NVFP4 has one scale per 16 elements and its GEMMs take K in steps of 32, so it needs"),
+}
+
+
+def check_fp8_dims(tokens: int, in_features: int, out_features: int, kind: str = "fp8") -> None:
+    """ValueError naming the dims a format cannot take, and how to pad them."""
+    multiple, why = _DIM_RULES[kind]
+    if tokens % multiple or in_features % multiple or out_features % multiple:
         raise ValueError(
-            "te.Linear under FP8 needs the number of tokens (the product of the input's leading "
-            f"dims) and in_features/out_features divisible by 16, got tokens={tokens}, "
+            f"te.Linear under {kind.upper()} quantization: {why} the number of tokens (the product of the "
+            f"input's leading dims) and in_features/out_features divisible by {multiple}, got tokens={tokens}, "
             f"in_features={in_features}, out_features={out_features}. Pad the sequence or batch "
-            "to a multiple of 16 (e.g. torch.nn.functional.pad) and the feature sizes of the "
+            f"to a multiple of {multiple} (e.g. torch.nn.functional.pad) and the feature sizes of the "
             "layer, or run this layer outside te.autocast"
         )
 
 
-def _quantized_weight(a: LinearArgs, weight: torch.Tensor, need_columnwise: bool):
-    """(rowwise, columnwise, scale_inv) of W; cached across microbatches when asked."""
+def _quantized_weight(a: LinearArgs, weight: torch.Tensor, need_columnwise: bool) -> Operand:
+    """The Operand of W (rowwise, and columnwise when needed); cached across microbatches when asked."""
     module = a.module
     if a.reuse_weight and module._weight_cache is not None:
         return module._weight_cache
-    parts = a.weight_q.quantize_parts(weight, True, need_columnwise or a.cache_weight)
+    op = quantize_operand(a.weight_q, weight, rowwise=True, columnwise=need_columnwise or a.cache_weight)
     if a.cache_weight:
-        module._weight_cache = parts
-    return parts
+        module._weight_cache = op
+    return op
 
 
 class LinearFunction(torch.autograd.Function):
@@ -74,25 +91,20 @@ class LinearFunction(torch.autograd.Function):
         in_features = weight.shape[1]
         x = inp.reshape(-1, in_features)
         if a.fp8:
-            check_fp8_dims(x.shape[0], in_features, weight.shape[0])
+            kind = getattr(a.input_q, "KIND", "fp8")
+            check_fp8_dims(x.shape[0], in_features, weight.shape[0], kind)
             need_wgrad = weight.requires_grad
-            xr, xc, xs = a.input_q.quantize_parts(x, True, need_wgrad)
-            wr, wc, ws = _quantized_weight(a, weight, inp.requires_grad)
-            x_code, w_code = int(a.input_q.dtype), int(a.weight_q.dtype)
-            out, _, _ = kernels.gemm(
-                xr,
-                wr,
-                a_dtype=x_code,
-                a_scale_inv=xs,
-                b_dtype=w_code,
-                b_scale_inv=ws,
-                transb=True,
-                out_dtype=a.act_dtype,
-                bias=bias,
-                use_split_accumulator=a.split_acc[0],
+            x_op = quantize_operand(a.input_q, x, rowwise=True, columnwise=need_wgrad)
+            w_op = _quantized_weight(a, weight, inp.requires_grad)
+            out = operand_gemm(
+                x_op, False, w_op, False, out_dtype=a.act_dtype, bias=bias, use_split_accumulator=a.split_acc[0]
             )
-            ctx.save_for_backward(xc if need_wgrad else None, xs, wc, ws)
-            ctx.codes = (x_code, w_code)
+            # Backward keeps the quantized copies it uses, never the high-precision input.
+            x_keep = x_op.drop(rowwise=True, columnwise=not need_wgrad)
+            w_keep = w_op.drop(rowwise=True, columnwise=not inp.requires_grad)
+            ctx.operands = (x_keep, w_keep)
+            ctx.n_x = len(x_keep.tensors())
+            ctx.save_for_backward(*x_keep.tensors(), *w_keep.tensors())
         else:
             x = x.to(a.act_dtype)
             w = weight.to(a.act_dtype)
@@ -141,39 +153,19 @@ def _wgrad(ctx, a: LinearArgs, run):
 
 
 def _fp8_backward(ctx, a, dy, need_dgrad, need_wgrad, need_bgrad):
-    xc, xs, wc, ws = ctx.saved_tensors
-    x_code, w_code = ctx.codes
-    g_code = int(a.grad_q.dtype)
+    saved = ctx.saved_tensors
+    x_keep, w_keep = ctx.operands
+    x_op, w_op = x_keep.with_tensors(saved[: ctx.n_x]), w_keep.with_tensors(saved[ctx.n_x :])
     dx = dw = db = None
     if need_dgrad or need_wgrad:  # (only the bias may need a gradient)
-        dyr, dyc, dys = a.grad_q.quantize_parts(dy, need_dgrad, need_wgrad)
+        dy_op = quantize_operand(a.grad_q, dy, rowwise=need_dgrad, columnwise=need_wgrad)
     if need_dgrad:
-        dx, _, _ = kernels.gemm(
-            dyr,
-            wc,
-            a_dtype=g_code,
-            a_scale_inv=dys,
-            b_dtype=w_code,
-            b_scale_inv=ws,
-            transb=True,
-            out_dtype=a.act_dtype,
-            use_split_accumulator=a.split_acc[1],
-        )
+        dx = operand_gemm(dy_op, False, w_op, True, out_dtype=a.act_dtype, use_split_accumulator=a.split_acc[1])
     if need_wgrad:
 
         def run(out, beta):
-            kw = {
-                "a_dtype": g_code,
-                "a_scale_inv": dys,
-                "b_dtype": x_code,
-                "b_scale_inv": xs,
-                "transb": True,
-                "use_split_accumulator": a.split_acc[2],
-            }
-            if out is None:
-                return kernels.gemm(dyc, xc, out_dtype=ctx.weight_dtype, **kw)[0], None
-            kernels.gemm_accumulate(dyc, xc, out, beta=beta, **kw)
-            return None, None
+            kw = {"use_split_accumulator": a.split_acc[2], "out": out, "beta": beta}
+            return operand_gemm(dy_op, True, x_op, True, out_dtype=ctx.weight_dtype, **kw), None
 
         dw, _ = _wgrad(ctx, a, run)
     if need_bgrad:
