@@ -22,16 +22,25 @@ echo "== tests (CPU and GPU)"
 # te-pytorch is pure Python: used from the source tree (the machine has no
 # network to fetch its build backend); transformer_engine is a namespace package.
 export PYTHONPATH="$PWD/packages/te-pytorch/python${PYTHONPATH:+:$PYTHONPATH}"
+# pytest-xdist (on the device image) spreads the tests over processes sharing the GPU.
+workers=()
+if "$PY" -c "import xdist" 2>/dev/null; then workers=(-n "${TE_PYTEST_WORKERS:-8}"); fi
 set +e
-"$PY" -m pytest -q -p no:cacheprovider packages/te-core/tests packages/te-pytorch/tests \
-  ${TE_GPU_PYTEST_ARGS:-} > "$OUT/tests.log" 2>&1
+"$PY" -m pytest -q -p no:cacheprovider "${workers[@]}" --durations=15 packages/te-core/tests \
+  packages/te-pytorch/tests ${TE_GPU_PYTEST_ARGS:-} > "$OUT/tests.log" 2>&1
 tests_rc=$?
 set -e
 tail -25 "$OUT/tests.log"
 
 echo "== benchmarks"
-for extra in bench/bench_norm.py bench/bench_activation.py bench/bench_te_pytorch_linear.py; do
-  if [ -f "$extra" ]; then "$PY" "$extra" 2>&1 | tee "$OUT/$(basename "$extra" .py).log"; fi
+# Standalone kernel drivers (candidate configurations of one kernel, timed and
+# checked against the CPU backend), when present.
+for driver in bench/kernels/run_*.sh; do
+  if [ -f "$driver" ]; then bash "$driver" 2>&1 | tee "$OUT/$(basename "$driver" .sh).log" || echo "($driver failed)"; fi
+done
+for extra in bench/bench_norm.py bench/bench_activation.py bench/bench_te_pytorch_linear.py \
+  bench/bench_te_pytorch_mlp.py bench/bench_host_overhead.py; do
+  if [ -f "$extra" ]; then "$PY" "$extra" 2>&1 | tee "$OUT/$(basename "$extra" .py).log" || echo "($extra failed)"; fi
 done
 "$PY" bench/bench_core.py --markdown "$OUT/bench.md" ${TE_BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log"
 exit $tests_rc
