@@ -36,31 +36,46 @@ constexpr Fp8Format kE4M3{3, 7, 448.0f, 0x7E};
 constexpr Fp8Format kE5M2{2, 15, 57344.0f, 0x7B};
 constexpr uint8_t kFp8CanonicalNaN = 0x7F;
 
+// v / 2^shift rounded to nearest, ties to even (shift >= 0).
+TE_HD uint32_t shift_right_rne(uint32_t v, int shift) {
+  if (shift == 0) return v;
+  if (shift > 31) return 0;  // v < 2^32 <= half of 2^shift
+  const uint32_t quotient = v >> shift;
+  const uint32_t remainder = v & ((1u << shift) - 1u);
+  const uint32_t half = 1u << (shift - 1);
+  return quotient + (remainder > half || (remainder == half && (quotient & 1u)) ? 1u : 0u);
+}
+
 // float -> FP8: round to nearest even, saturate to +-max_finite (inf too),
 // NaN -> 0x7F. Denormals of the FP8 format are produced, never flushed.
+// Works on the bits: with e the unbiased exponent of |x| and M its 24-bit
+// significand (hidden bit included),
+//   FP8 normal   (e >= 1 - bias): the float's [exponent|mantissa] bits shifted
+//                right by 23 - m with RNE; a carry out of the mantissa bumps the
+//                exponent, as it should; then rebias from 127 to `bias`;
+//   FP8 denormal (e <  1 - bias): code = RNE(M / 2^(23 - m + (1 - bias) - e)),
+//                the count of 2^(1 - bias - m) units (2^m units is the
+//                smallest normal, whose code is also 2^m);
+// and any code above max_code (E4M3's NaN byte, E5M2's inf/NaN) saturates.
 TE_HD uint8_t float_to_fp8(float x, const Fp8Format& f) {
-  if (x != x) return kFp8CanonicalNaN;
-  const uint8_t sign = std::signbit(x) ? 0x80 : 0x00;
-  const float a = std::fabs(x);
-  if (a >= f.max_finite) return sign | f.max_code;
-  if (a == 0.0f) return sign;
-  const int min_normal_exp = 1 - f.exponent_bias;  // exponent of the smallest normal
-  int exp;
-  std::frexp(a, &exp);  // a = m * 2^exp, m in [0.5, 1): floor(log2 a) = exp - 1
-  int unit_exp = (exp - 1 < min_normal_exp ? min_normal_exp : exp - 1) - f.mantissa_bits;
-  // a / 2^unit_exp is exact; rint rounds half to even.
-  const float units = std::rint(std::ldexp(a, -unit_exp));
-  const float v = std::ldexp(units, unit_exp);
-  if (v >= f.max_finite) return sign | f.max_code;
-  if (v == 0.0f) return sign;  // rounded down to (signed) zero
-  std::frexp(v, &exp);
-  if (exp - 1 < min_normal_exp) {  // denormal: code = v / 2^(min_normal_exp - mantissa_bits)
-    return sign | static_cast<uint8_t>(std::ldexp(v, f.mantissa_bits - min_normal_exp));
+  const uint32_t bits = bit_cast_value<uint32_t>(x);
+  const uint8_t sign = static_cast<uint8_t>((bits >> 24) & 0x80u);
+  const uint32_t magnitude = bits & 0x7FFFFFFFu;
+  if (magnitude > 0x7F800000u) return kFp8CanonicalNaN;
+  if (bit_cast_value<float>(magnitude) >= f.max_finite) return sign | f.max_code;
+  const int biased_exp = static_cast<int>(magnitude >> 23);
+  if (biased_exp == 0) return sign;  // zero or float denormal (< 2^-126): rounds to 0
+  const int exp = biased_exp - 127;
+  const int min_normal_exp = 1 - f.exponent_bias;
+  uint32_t code;
+  if (exp >= min_normal_exp) {
+    code = shift_right_rne(magnitude, 23 - f.mantissa_bits) -
+           (static_cast<uint32_t>(127 - f.exponent_bias) << f.mantissa_bits);
+  } else {
+    const uint32_t significand = (magnitude & 0x7FFFFFu) | 0x800000u;
+    code = shift_right_rne(significand, 23 - f.mantissa_bits + min_normal_exp - exp);
   }
-  const int biased = exp - 1 + f.exponent_bias;
-  const int mantissa =
-      static_cast<int>(std::ldexp(v, f.mantissa_bits - (exp - 1))) - (1 << f.mantissa_bits);
-  return sign | static_cast<uint8_t>((biased << f.mantissa_bits) | mantissa);
+  return sign | static_cast<uint8_t>(code > f.max_code ? f.max_code : code);
 }
 
 TE_HD float fp8_to_float(uint8_t code, const Fp8Format& f) {

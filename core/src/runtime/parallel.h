@@ -1,6 +1,6 @@
 // A minimal parallel-for for the CPU backend: splits [0, n) into contiguous
-// chunks over std::thread workers. Small ranges run on the calling thread, so
-// tiny ops pay no thread start-up.
+// chunks run by the calling thread and a pool of worker threads started once
+// (parallel.cpp). Small ranges run on the calling thread alone.
 #pragma once
 
 #include <cstdint>
