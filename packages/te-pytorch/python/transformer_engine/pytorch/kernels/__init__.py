@@ -8,6 +8,7 @@ registered ops while torch.compile traces. Autograd lives in the modules, not
 in these ops.
 """
 
+from .activation import activation_bwd, activation_fwd
 from .cast import (
     compute_amax,
     compute_scale_from_amax,
@@ -20,6 +21,8 @@ from .norm import norm_bwd, norm_fwd
 from .recipe import delayed_scaling_update
 
 __all__ = [
+    "activation_bwd",
+    "activation_fwd",
     "compute_amax",
     "compute_scale_from_amax",
     "delayed_scaling_update",

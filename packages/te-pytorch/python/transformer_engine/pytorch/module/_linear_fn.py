@@ -21,6 +21,7 @@ from __future__ import annotations
 import torch
 
 from .. import kernels
+from ..tensor import Float8Tensor
 
 
 class LinearArgs:
@@ -46,10 +47,10 @@ class LinearArgs:
         self.bwd_queue = None
 
 
-def check_fp8_dims(tokens: int, in_features: int, out_features: int) -> None:
+def check_fp8_dims(tokens: int, in_features: int, out_features: int, owner: str = "te.Linear") -> None:
     if tokens % 16 or in_features % 16 or out_features % 16:
         raise ValueError(
-            "te.Linear under FP8 needs the number of tokens (the product of the input's leading "
+            f"{owner} under FP8 needs the number of tokens (the product of the input's leading "
             f"dims) and in_features/out_features divisible by 16, got tokens={tokens}, "
             f"in_features={in_features}, out_features={out_features}. Pad the sequence or batch "
             "to a multiple of 16 (e.g. torch.nn.functional.pad) and the feature sizes of the "
@@ -72,11 +73,14 @@ class LinearFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, inp, weight, bias, a: LinearArgs):
         in_features = weight.shape[1]
-        x = inp.reshape(-1, in_features)
         if a.fp8:
-            check_fp8_dims(x.shape[0], in_features, weight.shape[0])
+            check_fp8_dims(inp.numel() // in_features, in_features, weight.shape[0])
             need_wgrad = weight.requires_grad
-            xr, xc, xs = a.input_q.quantize_parts(x, True, need_wgrad)
+            if isinstance(inp, Float8Tensor):
+                # Already quantized by the producer (LayerNormLinear's fused norm).
+                xr, xc, xs = inp._data.view(-1, in_features), inp._transpose, inp._scale_inv
+            else:
+                xr, xc, xs = a.input_q.quantize_parts(inp.reshape(-1, in_features), True, need_wgrad)
             wr, wc, ws = _quantized_weight(a, weight, inp.requires_grad)
             x_code, w_code = int(a.input_q.dtype), int(a.weight_q.dtype)
             out, _, _ = kernels.gemm(
@@ -94,7 +98,7 @@ class LinearFunction(torch.autograd.Function):
             ctx.save_for_backward(xc if need_wgrad else None, xs, wc, ws)
             ctx.codes = (x_code, w_code)
         else:
-            x = x.to(a.act_dtype)
+            x = inp.reshape(-1, in_features).to(a.act_dtype)
             w = weight.to(a.act_dtype)
             out, _, _ = kernels.gemm(x, w, transb=True, out_dtype=a.act_dtype, bias=bias)
             ctx.save_for_backward(x, w)

@@ -236,14 +236,14 @@ class Linear(TransformerEngineBaseModule):
         a.bwd_queue = self.backward_update_queue(recipe, needs_grad)
 
 
-def _check_input(inp: torch.Tensor, weight: torch.Tensor, in_features: int) -> None:
+def _check_input(inp: torch.Tensor, weight: torch.Tensor, in_features: int, owner: str = "te.Linear") -> None:
     """Names what is wrong before the core sees the tensors."""
     if inp.dtype not in _SUPPORTED_INPUTS:
-        raise TypeError(f"te.Linear: input dtype {inp.dtype} is not supported; use float32, bfloat16 or float16")
+        raise TypeError(f"{owner}: input dtype {inp.dtype} is not supported; use float32, bfloat16 or float16")
     if inp.device != weight.device:
         raise ValueError(
-            f"te.Linear: input is on {inp.device} but the weight is on "
+            f"{owner}: input is on {inp.device} but the weight is on "
             f"{weight.device}; move one of them (module.to(device) or inp.to(...))"
         )
     if inp.dim() == 0 or inp.shape[-1] != in_features:
-        raise ValueError(f"te.Linear: input must have shape [..., in_features={in_features}], got {tuple(inp.shape)}")
+        raise ValueError(f"{owner}: input must have shape [..., in_features={in_features}], got {tuple(inp.shape)}")
