@@ -12,11 +12,13 @@ Pure Python on top of te-core's native core: nothing here is compiled against
 torch, so any torch >= 2.4 works, CPU-only builds included (the core's CPU
 backend then runs every op and emulates the FP8 numerics bit-exactly).
 
-Implemented: Linear, LayerNorm, RMSNorm; autocast (and the deprecated
+Implemented: Linear, LayerNormLinear, LayerNormMLP (LayerNorm or RMSNorm;
+gelu, relu, silu, qgelu, srelu and the gated geglu, reglu, swiglu, qgeglu,
+sreglu, glu, clamped_swiglu), LayerNorm, RMSNorm; autocast (and the deprecated
 fp8_autocast) with DelayedScaling and Float8CurrentScaling; Float8Tensor and
 its quantizers; the te-core ops as torch.ops.te.*. The block-scaled recipes
-(MXFP8, FP8 block, NVFP4), LayerNormLinear, LayerNormMLP and the rest of the
-reference's API come later; using a block recipe raises NotImplementedError.
+(MXFP8, FP8 block, NVFP4) and the rest of the reference's API come later;
+using a block recipe raises NotImplementedError.
 """
 
 import re as _re
@@ -39,7 +41,7 @@ _check_torch_version()
 
 from . import kernels
 from .device import get_device_compute_capability, is_fp8_available
-from .module import LayerNorm, Linear, RMSNorm
+from .module import LayerNorm, LayerNormLinear, LayerNormMLP, Linear, RMSNorm
 from .quantization import (
     FP8GlobalStateManager,
     autocast,
@@ -63,6 +65,8 @@ __all__ = [
     "Float8Quantizer",
     "Float8Tensor",
     "LayerNorm",
+    "LayerNormLinear",
+    "LayerNormMLP",
     "Linear",
     "QuantizedTensor",
     "Quantizer",

@@ -140,9 +140,7 @@ def activation_fwd(
     return _activation_fwd(x, kind, out_dtype, fp8_dtype, scale, amax, rowwise, columnwise, *args)
 
 
-def _activation_bwd(
-    grad, x, kind, out_dtype, fp8_dtype, scale, amax, rowwise, columnwise, dbias, limit, alpha, offset
-):
+def _activation_bwd(grad, x, kind, out_dtype, fp8_dtype, scale, amax, rowwise, columnwise, dbias, limit, alpha, offset):
     grad, x = contiguous(grad), contiguous(x)
     if tuple(grad.shape) != _out_shape(x, kind):
         raise ValueError(

@@ -159,4 +159,3 @@ class LayerNormLinear(Linear):
             f"in_features={self.in_features}, out_features={self.out_features}, "
             f"normalization={self.normalization}, eps={self.eps}, zero_centered_gamma={self.zero_centered_gamma}"
         )
-
