@@ -66,9 +66,10 @@ def _outputs(shape, like, out_dtype, fp8_dtype, scale, rowwise, columnwise):
 
 def _activation_fwd(x, kind, out_dtype, fp8_dtype, scale, amax, rowwise, columnwise, limit, alpha, offset):
     x = contiguous(x)
+    x_desc = hp_desc(x, "x")
     row, col, scale_inv, descs = _outputs(_out_shape(x, kind), x, out_dtype, fp8_dtype, scale, rowwise, columnwise)
     amax_desc = None if amax is None else desc(amax, FLOAT32)
-    lib.activation_fwd(kind, hp_desc(x, "x"), *descs, amax_desc, limit, alpha, offset, stream_of(x))
+    lib.activation_fwd(kind, x_desc, *descs, amax_desc, limit, alpha, offset, stream_of(x))
     return row, col, scale_inv
 
 
@@ -142,18 +143,18 @@ def activation_fwd(
 
 def _activation_bwd(grad, x, kind, out_dtype, fp8_dtype, scale, amax, rowwise, columnwise, dbias, limit, alpha, offset):
     grad, x = contiguous(grad), contiguous(x)
+    x_desc, grad_desc = hp_desc(x, "x"), hp_desc(grad, "grad")
     if tuple(grad.shape) != _out_shape(x, kind):
         raise ValueError(
             f"argument 'grad' must have the forward output's shape {_out_shape(x, kind)}, got {tuple(grad.shape)}"
         )
     row, col, scale_inv, descs = _outputs(x.shape, x, out_dtype, fp8_dtype, scale, rowwise, columnwise)
     bias = torch.empty((x.shape[-1],), dtype=torch.float32, device=x.device) if dbias else None
-    x_desc = hp_desc(x, "x")
     stream = stream_of(x)
     ws = workspace(lib.activation_bwd_workspace_size(x_desc, dbias), x, stream) if (dbias and x.is_cuda) else None
     lib.activation_bwd(
         kind,
-        hp_desc(grad, "grad"),
+        grad_desc,
         x_desc,
         *descs,
         None if amax is None else desc(amax, FLOAT32),
