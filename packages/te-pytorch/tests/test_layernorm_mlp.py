@@ -168,8 +168,9 @@ def _saved_bytes(layer, x, fp8_recipe):
 
 @RECIPES
 def test_fp8_saves_fp8_activations_and_fewer_bytes_than_bf16(fp8_recipe):
-    layer = te.LayerNormMLP(64, 256, normalization="RMSNorm", activation="swiglu", params_dtype=torch.bfloat16)
-    layer = layer.to("cpu")
+    layer = te.LayerNormMLP(
+        64, 256, normalization="RMSNorm", activation="swiglu", params_dtype=torch.bfloat16, device="cpu"
+    )
     x = torch.randn(64, 64, dtype=torch.bfloat16, requires_grad=True)
     bf16_bytes, _ = _saved_bytes(layer, x, None)
     fp8_bytes, tensors = _saved_bytes(layer, x, fp8_recipe)
