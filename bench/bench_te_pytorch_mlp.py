@@ -23,6 +23,7 @@ import statistics
 import time
 
 import torch
+from bench_te_pytorch_linear import _event_ms  # (bench/ is on sys.path when run as a script)
 
 import transformer_engine.pytorch as te
 from transformer_engine.common import recipe
@@ -53,24 +54,17 @@ def _forward(layer, x, fp8_recipe):
         return layer(x)
 
 
-def _event_ms(step, device, iters: int) -> float:
+def _time_ms(step, device, iters: int) -> float:
+    """Median ms of one step after warm-up: CUDA events on the GPU, wall time on the CPU."""
     for _ in range(3):
         step()
-    if device.type != "cuda":  # wall time on the CPU
-        times = []
-        for _ in range(iters):
-            start = time.perf_counter()
-            step()
-            times.append((time.perf_counter() - start) * 1e3)
-        return statistics.median(times)
+    if device.type == "cuda":
+        return _event_ms(step, device, iters)
     times = []
     for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
+        start = time.perf_counter()
         step()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
+        times.append((time.perf_counter() - start) * 1e3)
     return statistics.median(times)
 
 
@@ -134,7 +128,7 @@ def main() -> None:
             _forward(layer, x, fp8_recipe).backward(dy)
             layer.zero_grad(set_to_none=True)
 
-        ms = _event_ms(step, device, args.iters)
+        ms = _time_ms(step, device, args.iters)
         saved, peak = _memory(layer, x, dy, fp8_recipe, device)
         hooks = _hook_bytes(layer, x, fp8_recipe)
         rows[label] = (ms, saved, peak, hooks)

@@ -12,7 +12,9 @@ from __future__ import annotations
 import math
 
 import torch
-from pt_helpers import UNIT_ROUNDOFF, fp8_error, matmul_bound
+from pt_helpers import UNIT_ROUNDOFF, fp8_error
+
+import transformer_engine.pytorch as te
 
 U_OUT = {torch.float32: 2.0**-24, torch.bfloat16: 2.0**-8}
 # Largest |f'| of the activations (gelu-tanh 1.13, silu 1.10, qgelu 1.09, relu 1)
@@ -77,6 +79,17 @@ def fp8_ln_error(ln, scale, dtype):
     return hp + fp8_error(ln.abs() + hp, "e4m3", scale)
 
 
+def run_module(layer, x, dy, fp8_recipe=None, **kwargs):
+    """(forward result, dx) of one step of `layer` under `fp8_recipe` (None: high precision)."""
+    x = x.detach().clone().requires_grad_()
+    layer.zero_grad(set_to_none=True)
+    with te.autocast(enabled=fp8_recipe is not None, recipe=fp8_recipe):
+        out = layer(x, **kwargs)
+    y = out[0] if isinstance(out, tuple) else out
+    y.backward(dy)
+    return out, x.grad
+
+
 def rel_norm_error(actual, expected) -> float:
     expected = expected.double()
     return ((actual.double() - expected).norm() / expected.norm()).item()
@@ -87,6 +100,3 @@ def rel_norm_error(actual, expected) -> float:
 # those along the path, doubled for cancellation in the products and sums.
 def fp8_grad_bound(n_e4m3: int, n_e5m2: int) -> float:
     return 2 * (n_e4m3 * UNIT_ROUNDOFF["e4m3"] + n_e5m2 * UNIT_ROUNDOFF["e5m2"])
-
-
-__all__ = ["matmul_bound"]

@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 import torch
 from pt_helpers import accumulation_u, assert_within, matmul_bound
-from pt_norm_mlp_ref import U_OUT, fp8_grad_bound, fp8_ln_error, norm64, params64, rel_norm_error
+from pt_norm_mlp_ref import U_OUT, fp8_grad_bound, fp8_ln_error, norm64, params64, rel_norm_error, run_module
 
 import transformer_engine.pytorch as te
 from transformer_engine.common import recipe
@@ -41,16 +41,6 @@ def _make(normalization, dtype, device, zcg=False, **kw):
     return layer
 
 
-def _run(layer, x, dy, fp8_recipe=None, **kwargs):
-    x = x.detach().clone().requires_grad_()
-    layer.zero_grad(set_to_none=True)
-    with te.autocast(enabled=fp8_recipe is not None, recipe=fp8_recipe):
-        out = layer(x, **kwargs)
-    y = out[0] if isinstance(out, tuple) else out
-    y.backward(dy)
-    return out, x.grad
-
-
 def _reference(layer, x, dy):
     p = params64(layer)
     x64 = x.detach().double().requires_grad_()
@@ -74,7 +64,7 @@ def test_high_precision_matches_float64(device, dtype, normalization, zcg):
     layer = _make(normalization, dtype, device, zcg)
     x = (torch.randn(3, 5, 48, device=device) * 2 + 0.5).to(dtype)
     dy = torch.randn(3, 5, 64, device=device).to(dtype)
-    y, dx = _run(layer, x, dy)
+    y, dx = run_module(layer, x, dy)
     assert y.dtype == dtype and y.shape == (3, 5, 64)
     ref_y, ln, ref_dx, p = _reference(layer, x, dy)
     w, b = layer.weight.double(), layer.bias.double()
@@ -93,14 +83,14 @@ def test_fp8_matches_float64_within_format_bounds(device, fp8_recipe, normalizat
     dy = torch.randn(2, 24, 64, device=device).to(dtype)
     if fp8_recipe.delayed():
         for _ in range(2):  # the history now holds these tensors' amaxes
-            _run(layer, x, dy, fp8_recipe)
+            run_module(layer, x, dy, fp8_recipe)
     ref_y, ln, ref_dx, p = _reference(layer, x, dy)
     ln2, w = ln.reshape(-1, 48), layer.weight.double()
     if fp8_recipe.delayed():
         s_ln, s_w = (v.item() for v in layer.fp8_meta["scaling_fwd"].scale[:2])
     else:
         s_ln, s_w = 448.0 / ln2.abs().max().item(), 448.0 / w.abs().max().item()
-    y, dx = _run(layer, x, dy, fp8_recipe)
+    y, dx = run_module(layer, x, dy, fp8_recipe)
     e_ln, e_w = fp8_ln_error(ln2, s_ln, dtype), fp8_ln_error(w, s_w, torch.float32)
     bound = matmul_bound(ln2, w, e_ln, e_w, dtype, accumulation_u(device, False))
     assert_within(y.reshape(-1, 64), ref_y.reshape(-1, 64), bound + U_OUT[dtype] * layer.bias.double().abs(), "y")
@@ -173,8 +163,8 @@ def test_fuse_wgrad_accumulation(device, fp8_recipe):
     layer.weight.main_grad = torch.zeros_like(layer.weight, dtype=torch.float32)
     x, dy = torch.randn(16, 32, device=device), torch.randn(16, 48, device=device)
     for _ in range(2):
-        _run(layer, x, dy, fp8_recipe)
-    _run(reference, x, dy, fp8_recipe)
+        run_module(layer, x, dy, fp8_recipe)
+    run_module(reference, x, dy, fp8_recipe)
     assert layer.weight.grad is None and layer.weight.grad_added_to_main_grad
     torch.testing.assert_close(layer.weight.main_grad, 2 * reference.weight.grad, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(layer.layer_norm_weight.grad, reference.layer_norm_weight.grad)

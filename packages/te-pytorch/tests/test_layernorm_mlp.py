@@ -19,7 +19,16 @@ import warnings
 import pytest
 import torch
 from pt_helpers import accumulation_u, assert_within, fp8_error, matmul_bound
-from pt_norm_mlp_ref import U_OUT, act64, fp8_grad_bound, fp8_ln_error, layernorm_mlp64, params64, rel_norm_error
+from pt_norm_mlp_ref import (
+    U_OUT,
+    act64,
+    fp8_grad_bound,
+    fp8_ln_error,
+    layernorm_mlp64,
+    params64,
+    rel_norm_error,
+    run_module,
+)
 
 import transformer_engine.pytorch as te
 from transformer_engine.common import recipe
@@ -47,16 +56,6 @@ def _make(kind, normalization, dtype, device, **kw):
         layer.fc1_bias.normal_(0, 0.3)
         layer.fc2_bias.normal_(0, 0.3)
     return layer
-
-
-def _run(layer, x, dy, fp8_recipe=None, **kwargs):
-    x = x.detach().clone().requires_grad_()
-    layer.zero_grad(set_to_none=True)
-    with te.autocast(enabled=fp8_recipe is not None, recipe=fp8_recipe):
-        out = layer(x, **kwargs)
-    y = out[0] if isinstance(out, tuple) else out
-    y.backward(dy)
-    return out, x.grad
 
 
 def _reference(layer, x, dy):
@@ -118,7 +117,7 @@ def test_high_precision_matches_float64(device, kind, dtype):
     layer = _make(kind, normalization, dtype, device, **kw)
     x = (torch.randn(3, 5, H, device=device) * 2 + 0.5).to(dtype)
     dy = torch.randn(3, 5, H, device=device).to(dtype)
-    y, dx = _run(layer, x, dy)
+    y, dx = run_module(layer, x, dy)
     assert y.dtype == dtype and y.shape == (3, 5, H)
     (out, ln, h, act), ref_dx, p = _reference(layer, x, dy)
     assert_within(y.reshape(-1, H), out, _output_bound(layer, ln, h, act, dtype, device), "y")
@@ -140,7 +139,7 @@ def test_fp8_matches_float64_within_format_bounds(device, fp8_recipe, kind):
     dy = torch.randn(2, 24, H, device=device).to(dtype)
     if fp8_recipe.delayed():
         for _ in range(2):  # the history now holds these tensors' amaxes
-            _run(layer, x, dy, fp8_recipe)
+            run_module(layer, x, dy, fp8_recipe)
     (out, ln, h, act), ref_dx, p = _reference(layer, x, dy)
     if fp8_recipe.delayed():
         scale = layer.fp8_meta["scaling_fwd"].scale
@@ -148,7 +147,7 @@ def test_fp8_matches_float64_within_format_bounds(device, fp8_recipe, kind):
     else:
         amaxes = (ln, layer.fc1_weight, act, layer.fc2_weight)
         scales = [448.0 / t.double().abs().max().item() for t in amaxes]
-    y, dx = _run(layer, x, dy, fp8_recipe)
+    y, dx = run_module(layer, x, dy, fp8_recipe)
     assert_within(y.reshape(-1, H), out, _output_bound(layer, ln, h, act, dtype, device, scales), "FP8 y")
     _check_grads(layer, dx, ref_dx, p, fp8_grad_bound(2, 2))
 
@@ -240,9 +239,9 @@ def test_fuse_wgrad_accumulation(device, fp8_recipe):
     for w in (layer.fc1_weight, layer.fc2_weight):
         w.main_grad = torch.zeros_like(w, dtype=torch.float32)
     x, dy = torch.randn(16, 32, device=device), torch.randn(16, 32, device=device)
-    _run(reference, x, dy, fp8_recipe)
+    run_module(reference, x, dy, fp8_recipe)
     for _ in range(2):
-        _run(layer, x, dy, fp8_recipe)
+        run_module(layer, x, dy, fp8_recipe)
     for name in ("fc1_weight", "fc2_weight"):
         w = getattr(layer, name)
         assert w.grad is None and w.grad_added_to_main_grad

@@ -16,7 +16,6 @@ import torch
 from ..quantization import FP8GlobalStateManager
 from ._linear_fn import LinearArgs, LinearFunction, check_fp8_dims
 from ._norm_parts import NormFP8Function, allocate_norm_params, check_normalization, reset_norm_params
-from .base import not_yet_supported
 from .linear import Linear, _check_input
 from .normalization import _NormFunction
 
@@ -66,26 +65,16 @@ class LayerNormLinear(Linear):
         symmetric_ar_type=None,
         name=None,
     ) -> None:
-        not_yet_supported(
-            _OWNER,
-            sequence_parallel=(sequence_parallel, False),
-            tp_size=(tp_size, 1),
-            ub_overlap_ag=(ub_overlap_ag, False),
-            ub_overlap_rs=(ub_overlap_rs, False),
-            ub_overlap_rs_dgrad=(ub_overlap_rs_dgrad, False),
-            ub_bulk_dgrad=(ub_bulk_dgrad, False),
-            ub_bulk_wgrad=(ub_bulk_wgrad, False),
-            delay_wgrad_compute=(delay_wgrad_compute, False),
-            symmetric_ar_type=(symmetric_ar_type, None),
-        )
         # Read by _allocate, which Linear.__init__ calls (plain attributes may
         # be set before nn.Module.__init__).
         self._norm_has_bias = check_normalization(_OWNER, normalization)
         super().__init__(
             in_features,
             out_features,
+            sequence_parallel=sequence_parallel,
             fuse_wgrad_accumulation=fuse_wgrad_accumulation,
             tp_group=tp_group,
+            tp_size=tp_size,
             get_rng_state_tracker=get_rng_state_tracker,
             init_method=init_method,
             bias=bias,
@@ -94,7 +83,14 @@ class LayerNormLinear(Linear):
             parallel_mode=parallel_mode,
             parameters_split=parameters_split,
             device=device,
+            ub_overlap_ag=ub_overlap_ag,
+            ub_overlap_rs=ub_overlap_rs,
+            ub_overlap_rs_dgrad=ub_overlap_rs_dgrad,
+            ub_bulk_dgrad=ub_bulk_dgrad,
+            ub_bulk_wgrad=ub_bulk_wgrad,
             ub_name=ub_name,
+            delay_wgrad_compute=delay_wgrad_compute,
+            symmetric_ar_type=symmetric_ar_type,
             name=name,
         )
         self.eps = float(eps)

@@ -108,8 +108,9 @@ class Linear(TransformerEngineBaseModule):
         name=None,
     ) -> None:
         super().__init__(num_gemms=1)
+        owner = f"te.{type(self).__name__}"  # (LayerNormLinear passes its arguments through)
         not_yet_supported(
-            "te.Linear",
+            owner,
             sequence_parallel=(sequence_parallel, False),
             tp_size=(tp_size, 1),
             ub_overlap_ag=(ub_overlap_ag, False),
@@ -123,7 +124,7 @@ class Linear(TransformerEngineBaseModule):
         )
         if tp_group is not None and torch.distributed.get_world_size(tp_group) > 1:
             raise NotImplementedError(
-                "te.Linear: a tp_group of more than one rank is not yet supported by transformer_engine.pytorch"
+                f"{owner}: a tp_group of more than one rank is not yet supported by transformer_engine.pytorch"
             )
         if parallel_mode not in (None, "column", "row"):
             raise ValueError(f"parallel_mode must be None, 'column' or 'row', got {parallel_mode!r}")
