@@ -311,3 +311,22 @@ def test_error_messages():
     with pytest.raises(NotImplementedError, match="Float8BlockScaling is not supported"):
         with te.autocast(recipe=recipe.Float8BlockScaling()):
             layer(torch.randn(16, 32))
+
+
+@pytest.mark.parametrize("fp8_recipe", [None, recipe.Float8CurrentScaling(), recipe.DelayedScaling()])
+def test_torch_autocast_output_dtype_bias_free_and_param_grads(fp8_recipe):
+    # (LayerNormLinear alongside: the same conventions.)
+    x = torch.randn(32, 64, requires_grad=True)
+    for layer in (
+        te.LayerNormMLP(64, 96, bias=False, activation="geglu", device="cpu"),
+        te.LayerNormLinear(64, 48, bias=False, normalization="RMSNorm", device="cpu"),
+    ):
+        with (
+            torch.autocast("cpu", dtype=torch.bfloat16),
+            te.autocast(enabled=fp8_recipe is not None, recipe=fp8_recipe),
+        ):
+            y = layer(x)
+        assert y.dtype == torch.bfloat16
+        y.float().sum().backward()
+        for name, param in layer.named_parameters():
+            assert param.grad is not None and param.grad.dtype == torch.float32, name
