@@ -12,13 +12,15 @@ Pure Python on top of te-core's native core: nothing here is compiled against
 torch, so any torch >= 2.4 works, CPU-only builds included (the core's CPU
 backend then runs every op and emulates the FP8 numerics bit-exactly).
 
-Implemented: Linear, LayerNorm, RMSNorm; autocast (and the deprecated
-fp8_autocast) with DelayedScaling, Float8CurrentScaling and the block-scaled
-recipes MXFP8BlockScaling, Float8BlockScaling and NVFP4BlockScaling (GEMMs
-emulated where the device has no native kernel, with a one-time warning);
-Float8Tensor, MXFP8Tensor, Float8BlockwiseQTensor, NVFP4Tensor and their
-quantizers; the te-core ops as torch.ops.te.*. The rest of the reference's
-API comes later.
+Implemented: Linear, LayerNormLinear, LayerNormMLP (LayerNorm or RMSNorm;
+gelu, relu, silu, qgelu, srelu and the gated geglu, reglu, swiglu, qgeglu,
+sreglu, glu, clamped_swiglu), LayerNorm, RMSNorm; autocast (and the deprecated
+fp8_autocast) with DelayedScaling, Float8CurrentScaling and (te.Linear so far)
+the block-scaled recipes MXFP8BlockScaling, Float8BlockScaling and
+NVFP4BlockScaling (GEMMs emulated where the device has no native kernel, with
+a one-time warning); Float8Tensor, MXFP8Tensor, Float8BlockwiseQTensor,
+NVFP4Tensor and their quantizers; the te-core ops as torch.ops.te.*. The rest
+of the reference's API comes later.
 """
 
 import re as _re
@@ -41,7 +43,7 @@ _check_torch_version()
 
 from . import kernels
 from .device import get_device_compute_capability, is_fp8_available
-from .module import LayerNorm, Linear, RMSNorm
+from .module import LayerNorm, LayerNormLinear, LayerNormMLP, Linear, RMSNorm
 from .quantization import (
     FP8GlobalStateManager,
     autocast,
@@ -73,6 +75,8 @@ __all__ = [
     "Float8Quantizer",
     "Float8Tensor",
     "LayerNorm",
+    "LayerNormLinear",
+    "LayerNormMLP",
     "Linear",
     "MXFP8Quantizer",
     "MXFP8Tensor",

@@ -8,6 +8,7 @@ registered ops while torch.compile traces. Autograd lives in the modules, not
 in these ops.
 """
 
+from .activation import activation_bwd, activation_fwd
 from .cast import (
     compute_amax,
     compute_scale_from_amax,
@@ -24,6 +25,8 @@ from .nvfp4 import dequantize_nvfp4, quantize_nvfp4
 from .recipe import delayed_scaling_update
 
 __all__ = [
+    "activation_bwd",
+    "activation_fwd",
     "compute_amax",
     "compute_scale_from_amax",
     "delayed_scaling_update",

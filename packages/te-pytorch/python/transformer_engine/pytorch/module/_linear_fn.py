@@ -25,6 +25,7 @@ from __future__ import annotations
 import torch
 
 from .. import kernels
+from ..tensor import Float8Tensor
 from ._operand import Operand, operand_gemm, quantize_operand
 
 
@@ -61,12 +62,14 @@ _DIM_RULES = {
 }
 
 
-def check_fp8_dims(tokens: int, in_features: int, out_features: int, kind: str = "fp8") -> None:
+def check_fp8_dims(
+    tokens: int, in_features: int, out_features: int, kind: str = "fp8", owner: str = "te.Linear"
+) -> None:
     """ValueError naming the dims a format cannot take, and how to pad them."""
     multiple, why = _DIM_RULES[kind]
     if tokens % multiple or in_features % multiple or out_features % multiple:
         raise ValueError(
-            f"te.Linear under {kind.upper()} quantization: {why} the number of tokens (the product of the "
+            f"{owner} under {kind.upper()} quantization: {why} the number of tokens (the product of the "
             f"input's leading dims) and in_features/out_features divisible by {multiple}, got tokens={tokens}, "
             f"in_features={in_features}, out_features={out_features}. Pad the sequence or batch "
             f"to a multiple of {multiple} (e.g. torch.nn.functional.pad) and the feature sizes of the "
@@ -85,16 +88,25 @@ def _quantized_weight(a: LinearArgs, weight: torch.Tensor, need_columnwise: bool
     return op
 
 
+def _operand_of_float8(t: Float8Tensor, in_features: int, a: LinearArgs) -> Operand:
+    """The per-tensor Operand of an input its producer already quantized."""
+    fields = {"row": t._data.view(-1, in_features), "col": t._transpose, "scale_inv": t._scale_inv}
+    return Operand("fp8", {**fields, "code": int(a.input_q.dtype)})
+
+
 class LinearFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, inp, weight, bias, a: LinearArgs):
         in_features = weight.shape[1]
-        x = inp.reshape(-1, in_features)
         if a.fp8:
             kind = getattr(a.input_q, "KIND", "fp8")
-            check_fp8_dims(x.shape[0], in_features, weight.shape[0], kind)
+            check_fp8_dims(inp.numel() // in_features, in_features, weight.shape[0], kind)
             need_wgrad = weight.requires_grad
-            x_op = quantize_operand(a.input_q, x, rowwise=True, columnwise=need_wgrad)
+            if isinstance(inp, Float8Tensor):
+                # Already quantized by the producer (LayerNormLinear's fused norm).
+                x_op = _operand_of_float8(inp, in_features, a)
+            else:
+                x_op = quantize_operand(a.input_q, inp.reshape(-1, in_features), rowwise=True, columnwise=need_wgrad)
             w_op = _quantized_weight(a, weight, inp.requires_grad)
             out = operand_gemm(
                 x_op, False, w_op, False, out_dtype=a.act_dtype, bias=bias, use_split_accumulator=a.split_acc[0]
@@ -106,7 +118,7 @@ class LinearFunction(torch.autograd.Function):
             ctx.n_x = len(x_keep.tensors())
             ctx.save_for_backward(*x_keep.tensors(), *w_keep.tensors())
         else:
-            x = x.to(a.act_dtype)
+            x = inp.reshape(-1, in_features).to(a.act_dtype)
             w = weight.to(a.act_dtype)
             out, _, _ = kernels.gemm(x, w, transb=True, out_dtype=a.act_dtype, bias=bias)
             ctx.save_for_backward(x, w)

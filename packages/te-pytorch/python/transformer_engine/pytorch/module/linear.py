@@ -108,8 +108,9 @@ class Linear(TransformerEngineBaseModule):
         name=None,
     ) -> None:
         super().__init__(num_gemms=1)
+        owner = f"te.{type(self).__name__}"  # (LayerNormLinear passes its arguments through)
         not_yet_supported(
-            "te.Linear",
+            owner,
             sequence_parallel=(sequence_parallel, False),
             tp_size=(tp_size, 1),
             ub_overlap_ag=(ub_overlap_ag, False),
@@ -123,7 +124,7 @@ class Linear(TransformerEngineBaseModule):
         )
         if tp_group is not None and torch.distributed.get_world_size(tp_group) > 1:
             raise NotImplementedError(
-                "te.Linear: a tp_group of more than one rank is not yet supported by transformer_engine.pytorch"
+                f"{owner}: a tp_group of more than one rank is not yet supported by transformer_engine.pytorch"
             )
         if parallel_mode not in (None, "column", "row"):
             raise ValueError(f"parallel_mode must be None, 'column' or 'row', got {parallel_mode!r}")
@@ -236,14 +237,14 @@ class Linear(TransformerEngineBaseModule):
         a.bwd_queue = self.backward_update_queue(recipe, needs_grad)
 
 
-def _check_input(inp: torch.Tensor, weight: torch.Tensor, in_features: int) -> None:
+def _check_input(inp: torch.Tensor, weight: torch.Tensor, in_features: int, owner: str = "te.Linear") -> None:
     """Names what is wrong before the core sees the tensors."""
     if inp.dtype not in _SUPPORTED_INPUTS:
-        raise TypeError(f"te.Linear: input dtype {inp.dtype} is not supported; use float32, bfloat16 or float16")
+        raise TypeError(f"{owner}: input dtype {inp.dtype} is not supported; use float32, bfloat16 or float16")
     if inp.device != weight.device:
         raise ValueError(
-            f"te.Linear: input is on {inp.device} but the weight is on "
+            f"{owner}: input is on {inp.device} but the weight is on "
             f"{weight.device}; move one of them (module.to(device) or inp.to(...))"
         )
     if inp.dim() == 0 or inp.shape[-1] != in_features:
-        raise ValueError(f"te.Linear: input must have shape [..., in_features={in_features}], got {tuple(inp.shape)}")
+        raise ValueError(f"{owner}: input must have shape [..., in_features={in_features}], got {tuple(inp.shape)}")

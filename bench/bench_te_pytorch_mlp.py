@@ -1,0 +1,147 @@
+"""te.LayerNormMLP fwd+bwd against a torch BF16 composition in the same run.
+
+Case (shared/reference/targets.md): RMSNorm + SwiGLU, hidden 4096, FFN 14336,
+8192 tokens, BF16 parameters; recipes BF16 (no FP8), DelayedScaling and
+Float8CurrentScaling. Columns:
+- event ms: CUDA-event time of one fwd+bwd step, median after warm-up
+  (target <= 6.9 ms under FP8; wall time on the CPU);
+- saved MiB: memory allocated by the forward that is still held after it,
+  less the output (what the step keeps for backward; the input and the
+  parameters existed before), and "hooks MiB" the same counted through
+  torch.autograd.graph.saved_tensors_hooks (tensors saved for backward, less
+  the parameters and the input);
+- peak MiB: peak allocated during one step above the memory before it
+  (target under FP8: saved <= 0.7x and peak <= 1x the te BF16 run's).
+Runs on the CPU too, on a small case (a smoke test; times mean little):
+    python bench/bench_te_pytorch_mlp.py [--device cpu] [--iters N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+from bench_te_pytorch_linear import _event_ms  # (bench/ is on sys.path when run as a script)
+
+import transformer_engine.pytorch as te
+from transformer_engine.common import recipe
+
+GPU_CASE = (4096, 14336, 8192)  # hidden, ffn, tokens
+CPU_CASE = (256, 512, 128)
+RECIPES = {"te bf16": None, "delayed": recipe.DelayedScaling(), "current": recipe.Float8CurrentScaling()}
+MIB = 2.0**20
+
+
+class TorchMLP(torch.nn.Module):
+    """The plain torch composition: RMSNorm, fc1 (2F outputs), silu(a) * b, fc2."""
+
+    def __init__(self, hidden, ffn, device):
+        super().__init__()
+        kw = {"device": device, "dtype": torch.bfloat16}
+        self.norm = torch.nn.RMSNorm(hidden, eps=1e-5, **kw)
+        self.fc1 = torch.nn.Linear(hidden, 2 * ffn, **kw)
+        self.fc2 = torch.nn.Linear(ffn, hidden, **kw)
+
+    def forward(self, x):
+        a, b = self.fc1(self.norm(x)).chunk(2, dim=-1)
+        return self.fc2(torch.nn.functional.silu(a) * b)
+
+
+def _forward(layer, x, fp8_recipe):
+    with te.autocast(enabled=fp8_recipe is not None, recipe=fp8_recipe):
+        return layer(x)
+
+
+def _time_ms(step, device, iters: int) -> float:
+    """Median ms of one step after warm-up: CUDA events on the GPU, wall time on the CPU."""
+    for _ in range(3):
+        step()
+    if device.type == "cuda":
+        return _event_ms(step, device, iters)
+    times = []
+    for _ in range(iters):
+        start = time.perf_counter()
+        step()
+        times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times)
+
+
+def _hook_bytes(layer, x, fp8_recipe) -> int:
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        y = _forward(layer, x, fp8_recipe)
+    existing = {p.data_ptr() for p in layer.parameters()} | {x.data_ptr()}
+    seen, total = set(), 0
+    for t in saved:
+        key = (t.data_ptr(), t.numel(), t.dtype)
+        if t.data_ptr() not in existing and key not in seen:
+            seen.add(key)
+            total += t.numel() * t.element_size()
+    del y
+    return total
+
+
+def _memory(layer, x, dy, fp8_recipe, device):
+    """(saved bytes, peak bytes above the start) of one training step, CUDA only."""
+    if device.type != "cuda":
+        return float("nan"), float("nan")
+    layer.zero_grad(set_to_none=True)
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    y = _forward(layer, x, fp8_recipe)
+    torch.cuda.synchronize()
+    saved = torch.cuda.memory_allocated() - before - y.numel() * y.element_size()
+    y.backward(dy)
+    del y
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - before
+    layer.zero_grad(set_to_none=True)
+    return saved, peak
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--iters", type=int, default=20)
+    args = parser.parse_args()
+    device = torch.device(args.device)
+    hidden, ffn, tokens = GPU_CASE if device.type == "cuda" else CPU_CASE
+    print(f"torch {torch.__version__}, device {device}")
+    print(f"LayerNormMLP RMSNorm+SwiGLU {hidden}/{ffn}, {tokens} tokens, bf16 params")
+    x = torch.randn(tokens, hidden, device=device, dtype=torch.bfloat16, requires_grad=True)
+    dy = torch.randn(tokens, hidden, device=device, dtype=torch.bfloat16)
+    header = f"{'run':10s} {'event ms':>9s} {'vs torch':>9s} {'saved MiB':>10s} {'hooks MiB':>10s} {'peak MiB':>9s}"
+    print(header)
+    rows = {}
+    models = {"torch": (TorchMLP(hidden, ffn, device), None)}
+    for label, fp8_recipe in RECIPES.items():
+        layer = te.LayerNormMLP(
+            hidden, ffn, normalization="RMSNorm", activation="swiglu", params_dtype=torch.bfloat16, device=device
+        )
+        models[label] = (layer, fp8_recipe)
+    for label, (layer, fp8_recipe) in models.items():
+
+        def step(layer=layer, fp8_recipe=fp8_recipe):
+            _forward(layer, x, fp8_recipe).backward(dy)
+            layer.zero_grad(set_to_none=True)
+
+        ms = _time_ms(step, device, args.iters)
+        saved, peak = _memory(layer, x, dy, fp8_recipe, device)
+        hooks = _hook_bytes(layer, x, fp8_recipe)
+        rows[label] = (ms, saved, peak, hooks)
+        ratio = ms / rows["torch"][0]
+        print(f"{label:10s} {ms:9.3f} {ratio:8.2f}x {saved / MIB:10.1f} {hooks / MIB:10.1f} {peak / MIB:9.1f}")
+    bf16 = rows["te bf16"]
+    for label in ("delayed", "current"):
+        ms, saved, peak, hooks = rows[label]
+        print(
+            f"{label}: time {ms:.3f} ms (target <= 6.9), saved {saved / bf16[1]:.2f}x te bf16 "
+            f"(hooks {hooks / bf16[3]:.2f}x; target <= 0.70), peak {peak / bf16[2]:.2f}x te bf16 (target <= 1.00)"
+        )
+
+
+if __name__ == "__main__":
+    main()
