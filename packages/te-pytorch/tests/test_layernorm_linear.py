@@ -28,9 +28,9 @@ RECIPES = pytest.mark.parametrize(
 HP_GRAD = {torch.float32: 2.0**-16, torch.bfloat16: 2.0**-5}
 
 
-def _make(normalization, dtype, device, zcg=False, **kw):
+def _make(normalization, dtype, device, zcg=False, in_features=48, **kw):
     layer = te.LayerNormLinear(
-        48, 64, normalization=normalization, zero_centered_gamma=zcg, params_dtype=dtype, device=device, **kw
+        in_features, 64, normalization=normalization, zero_centered_gamma=zcg, params_dtype=dtype, device=device, **kw
     )
     with torch.no_grad():  # non-trivial norm parameters and bias
         layer.layer_norm_weight.normal_(0.0 if zcg else 1.0, 0.3)
@@ -210,6 +210,48 @@ def test_parallel_and_overlap_arguments_are_not_yet_supported(kwargs):
         te.LayerNormLinear(32, 48, device="cpu", **kwargs)
 
 
+BLOCK_RECIPES = pytest.mark.parametrize(
+    "fp8_recipe",
+    [recipe.MXFP8BlockScaling(), recipe.Float8BlockScaling(), recipe.NVFP4BlockScaling()],
+    ids=["mxfp8", "fp8_block", "nvfp4"],
+)
+
+
+@BLOCK_RECIPES
+@pytest.mark.parametrize("normalization", ["LayerNorm", "RMSNorm"])
+def test_block_recipes_equal_norm_then_linear(device, fp8_recipe, normalization):
+    """Under the block recipes the norm writes high precision and te.Linear's
+    quantizers take it from there, so LayerNormLinear is exactly te.LayerNorm /
+    te.RMSNorm followed by te.Linear with the same parameters (te.Linear's own
+    accuracy under each recipe is tested in test_block_linear.py)."""
+    torch.manual_seed(7)
+    layer = _make(normalization, torch.float32, device, in_features=64)
+    norm_cls = te.LayerNorm if normalization == "LayerNorm" else te.RMSNorm
+    norm = norm_cls(64, eps=layer.eps, device=device)
+    linear = te.Linear(64, 64, device=device)
+    with torch.no_grad():
+        norm.weight.copy_(layer.layer_norm_weight)
+        if normalization == "LayerNorm":
+            norm.bias.copy_(layer.layer_norm_bias)
+        linear.weight.copy_(layer.weight)
+        linear.bias.copy_(layer.bias)
+    x = torch.randn(64, 64, device=device)
+    dy = torch.randn(64, 64, device=device)
+    outs, grads = [], []
+    for run in (layer, lambda t: linear(norm(t))):
+        xi = x.clone().requires_grad_()
+        torch.manual_seed(11)  # (NVFP4's stochastic rounding draws from torch's generator)
+        with te.autocast(recipe=fp8_recipe):
+            y = run(xi)
+        y.backward(dy)
+        outs.append(y.detach())
+        grads.append(xi.grad)
+    assert torch.equal(outs[0], outs[1])
+    assert torch.equal(grads[0], grads[1])
+    assert torch.equal(layer.weight.grad, linear.weight.grad)
+    assert torch.equal(layer.layer_norm_weight.grad, norm.weight.grad)
+
+
 def test_error_messages():
     with pytest.raises(ValueError, match="normalization must be 'LayerNorm' or 'RMSNorm', got 'BatchNorm'"):
         te.LayerNormLinear(32, 48, normalization="BatchNorm", device="cpu")
@@ -220,9 +262,11 @@ def test_error_messages():
         layer(torch.randn(4, 32, dtype=torch.float64))
     with pytest.raises(NotImplementedError, match="fp8_output and fp8_grad are not yet supported"):
         layer(torch.randn(4, 32), fp8_output=True)
-    with pytest.raises(ValueError, match="te.LayerNormLinear under FP8 needs the number of tokens"):
+    with pytest.raises(
+        ValueError, match="te.LayerNormLinear under FP8 quantization: FP8 GEMMs need the number of tokens"
+    ):
         with te.autocast(recipe=recipe.DelayedScaling()):
             layer(torch.randn(5, 32))
-    with pytest.raises(NotImplementedError, match="MXFP8BlockScaling is not supported"):
+    with pytest.raises(ValueError, match="te.LayerNormLinear under MXFP8 quantization"):
         with te.autocast(recipe=recipe.MXFP8BlockScaling()):
             layer(torch.randn(16, 32))

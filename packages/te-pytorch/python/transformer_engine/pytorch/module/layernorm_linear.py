@@ -131,7 +131,8 @@ class LayerNormLinear(Linear):
         recipe = self.fp8_state_for_forward(inp.device)
         fp8 = recipe is not None and FP8GlobalStateManager.fp8_enabled
         if fp8:
-            check_fp8_dims(inp.numel() // self.in_features, self.in_features, self.out_features, owner=_OWNER)
+            kind = getattr(self.quantizers["scaling_fwd"][0], "KIND", "fp8")
+            check_fp8_dims(inp.numel() // self.in_features, self.in_features, self.out_features, kind, _OWNER)
         norm_args = (inp, self.layer_norm_weight, self.layer_norm_bias, self.eps, self.zero_centered_gamma)
         if fp8 and recipe.delayed() and not self.return_layernorm_output:
             quantizer = self.quantizers["scaling_fwd"][0]

@@ -172,6 +172,11 @@ class LayerNormMLP(TransformerEngineBaseModule):
         a.fuse_wgrad = self.fuse_wgrad_accumulation
         a.fc1_param, a.fc2_param = self.fc1_weight, self.fc2_weight
         recipe = self.fp8_state_for_forward(inp.device)
+        if recipe is not None and not (recipe.delayed() or recipe.float8_current_scaling()):
+            raise NotImplementedError(
+                f"{_OWNER}: {type(recipe).__name__} is not supported yet (te.Linear and te.LayerNormLinear "
+                "run it); use recipe.DelayedScaling() or recipe.Float8CurrentScaling() for this module"
+            )
         if recipe is not None:
             self._setup_fp8(a, recipe, inp, is_first_microbatch)
         fc2_bias = None if self.return_bias else self.fc2_bias
