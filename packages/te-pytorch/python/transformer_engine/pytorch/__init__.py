@@ -13,9 +13,11 @@ torch, so any torch >= 2.4 works, CPU-only builds included (the core's CPU
 backend then runs every op and emulates the FP8 numerics bit-exactly).
 
 Implemented: Linear, LayerNorm, RMSNorm; autocast (and the deprecated
-fp8_autocast) with DelayedScaling, Float8CurrentScaling and the block-scaled
-recipes MXFP8BlockScaling, Float8BlockScaling and NVFP4BlockScaling (GEMMs
-emulated where the device has no native kernel, with a one-time warning);
+fp8_autocast) and quantized_model_init (weights held only in a quantized
+format; the deprecated fp8_model_init) with DelayedScaling,
+Float8CurrentScaling and the block-scaled recipes MXFP8BlockScaling,
+Float8BlockScaling and NVFP4BlockScaling (GEMMs emulated where the device
+has no native kernel, with a one-time warning);
 Float8Tensor, MXFP8Tensor, Float8BlockwiseQTensor, NVFP4Tensor and their
 quantizers; the te-core ops as torch.ops.te.*. The rest of the reference's
 API comes later.
@@ -46,7 +48,9 @@ from .quantization import (
     FP8GlobalStateManager,
     autocast,
     fp8_autocast,
+    fp8_model_init,
     get_default_recipe,
+    quantized_model_init,
 )
 from .tensor import (
     Float8BlockQuantizer,
@@ -84,8 +88,10 @@ __all__ = [
     "RMSNorm",
     "autocast",
     "fp8_autocast",
+    "fp8_model_init",
     "get_default_recipe",
     "get_device_compute_capability",
     "is_fp8_available",
     "kernels",
+    "quantized_model_init",
 ]
