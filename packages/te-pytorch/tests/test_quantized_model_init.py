@@ -91,8 +91,12 @@ def test_weights_are_quantized_only(device, kind):
 
 
 @pytest.mark.parametrize("kind", list(RECIPES))
-def test_forward_backward_match_dequantized_weight_model(device, kind):
+def test_forward_backward_match_dequantized_weight_model(device, kind, monkeypatch):
     layer = _quantized_linear(kind, device)
+    # The weight is never requantized: its quantizer must not run in forward or backward.
+    weight_q = layer.quantizers["scaling_fwd"][1]
+    method = "quantize_fields" if hasattr(weight_q, "quantize_fields") else "quantize_parts"
+    monkeypatch.setattr(weight_q, method, lambda *a, **k: pytest.fail("the weight was requantized"))
     with torch.no_grad():
         layer.bias.normal_()
     w_row = layer.weight.detach().dequantize()
@@ -145,7 +149,11 @@ def test_optimizer_step_requantizes_in_place(device, kind, optimizer):
     before = w.detach().dequantize()
     buffers = [t.data_ptr() for t in _tensor_fields(w)]
     # The same optimizer on a plain parameter holding the dequantized value gives the update.
-    make = {"sgd": lambda p: torch.optim.SGD(p, lr=0.5), "adam": lambda p: torch.optim.Adam(p, lr=1e-2)}[optimizer]
+    # (foreach=False: the per-tensor loop for both; quantized parameters never take the foreach path.)
+    make = {
+        "sgd": lambda p: torch.optim.SGD(p, lr=0.5, foreach=False),
+        "adam": lambda p: torch.optim.Adam(p, lr=1e-2, foreach=False),
+    }[optimizer]
     plain = torch.nn.Parameter(before.clone())
     plain.grad = grad.clone()
     make([plain]).step()
