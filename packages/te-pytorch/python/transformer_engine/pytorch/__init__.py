@@ -15,12 +15,14 @@ backend then runs every op and emulates the FP8 numerics bit-exactly).
 Implemented: Linear, LayerNormLinear, LayerNormMLP (LayerNorm or RMSNorm;
 gelu, relu, silu, qgelu, srelu and the gated geglu, reglu, swiglu, qgeglu,
 sreglu, glu, clamped_swiglu), LayerNorm, RMSNorm; autocast (and the deprecated
-fp8_autocast) with DelayedScaling, Float8CurrentScaling and (te.Linear so far)
-the block-scaled recipes MXFP8BlockScaling, Float8BlockScaling and
-NVFP4BlockScaling (GEMMs emulated where the device has no native kernel, with
-a one-time warning); Float8Tensor, MXFP8Tensor, Float8BlockwiseQTensor,
-NVFP4Tensor and their quantizers; the te-core ops as torch.ops.te.*. The rest
-of the reference's API comes later.
+fp8_autocast) and quantized_model_init (te.Linear weights held only in a
+quantized format; the deprecated fp8_model_init) with DelayedScaling,
+Float8CurrentScaling and the block-scaled recipes MXFP8BlockScaling,
+Float8BlockScaling and NVFP4BlockScaling (Linear and LayerNormLinear so far;
+GEMMs emulated where the device has no native kernel, with a one-time
+warning); Float8Tensor, MXFP8Tensor, Float8BlockwiseQTensor, NVFP4Tensor and
+their quantizers; the te-core ops as torch.ops.te.*. The rest of the
+reference's API comes later.
 """
 
 import re as _re
@@ -48,7 +50,9 @@ from .quantization import (
     FP8GlobalStateManager,
     autocast,
     fp8_autocast,
+    fp8_model_init,
     get_default_recipe,
+    quantized_model_init,
 )
 from .tensor import (
     Float8BlockQuantizer,
@@ -88,8 +92,10 @@ __all__ = [
     "RMSNorm",
     "autocast",
     "fp8_autocast",
+    "fp8_model_init",
     "get_default_recipe",
     "get_device_compute_capability",
     "is_fp8_available",
     "kernels",
+    "quantized_model_init",
 ]

@@ -254,3 +254,8 @@ def _unfused_update(recipe, buffer, states: list) -> None:
         else:
             new = recipe.scaling_factor_compute_algo(amax, state.scale, fp8_max, recipe)
         state.scale.copy_(new)
+
+
+# --------------------------------------------------------------------------- model init
+# (in _model_init.py; re-exported here, where the reference defines them)
+from ._model_init import fp8_model_init, quantized_model_init  # noqa: E402, F401

@@ -25,8 +25,8 @@ from __future__ import annotations
 import torch
 
 from .. import kernels
-from ..tensor import Float8Tensor
-from ._operand import Operand, operand_gemm, quantize_operand
+from ..tensor import Float8Tensor, QuantizedTensor
+from ._operand import Operand, operand_gemm, quantize_operand, tensor_operand
 
 
 class LinearArgs:
@@ -79,6 +79,8 @@ def check_fp8_dims(
 
 def _quantized_weight(a: LinearArgs, weight: torch.Tensor, need_columnwise: bool) -> Operand:
     """The Operand of W (rowwise, and columnwise when needed); cached across microbatches when asked."""
+    if isinstance(weight, QuantizedTensor):  # quantized_model_init: the parameter's own bytes
+        return tensor_operand(weight, columnwise=need_columnwise)
     module = a.module
     if a.reuse_weight and module._weight_cache is not None:
         return module._weight_cache

@@ -26,10 +26,12 @@ import warnings
 import torch
 
 from .. import kernels
+from ..tensor import Float8BlockwiseQTensor, Float8Tensor, MXFP8Tensor, NVFP4Tensor
 from ..tensor._block_tensor import BlockQuantizer
 
 _WARNED: set = set()
 _NAMES = {"mxfp8": "MXFP8", "fp8_block": "FP8 block-scaled", "nvfp4": "NVFP4"}
+_BLOCK_KINDS = {MXFP8Tensor: "mxfp8", Float8BlockwiseQTensor: "fp8_block", NVFP4Tensor: "nvfp4"}
 
 
 class Operand:
@@ -73,6 +75,26 @@ def quantize_operand(quantizer, x: torch.Tensor, *, rowwise: bool, columnwise: b
         return Operand(quantizer.KIND, quantizer.quantize_fields(x, rowwise, columnwise), quantizer.TENSOR)
     row, col, scale_inv = quantizer.quantize_parts(x, rowwise, columnwise)
     return Operand("fp8", {"row": row, "col": col, "scale_inv": scale_inv, "code": int(quantizer.dtype)})
+
+
+def tensor_operand(t, *, columnwise: bool) -> Operand:
+    """The Operand of a quantized tensor's own copies (a weight made by
+    quantized_model_init): no requantization. columnwise: the transposed GEMMs
+    need that copy; per-tensor FP8 builds it from the bytes (exact, kept on
+    the tensor), the block formats must have been quantized with it."""
+    if isinstance(t, Float8Tensor):
+        if columnwise and t._transpose is None:
+            t.update_usage(columnwise_usage=True)
+        return Operand(
+            "fp8", {"row": t._data, "col": t._transpose, "scale_inv": t._scale_inv, "code": int(t._fp8_dtype)}
+        )
+    if columnwise and not t.has(True):
+        raise RuntimeError(
+            f"this {type(t).__name__} weight has no columnwise copy (it was created under quantized_model_init "
+            "with gradients disabled, for inference), so no input gradient can be computed through it; "
+            "create the module with gradients enabled to train it"
+        )
+    return Operand(_BLOCK_KINDS[type(t)], t.fields(), type(t))
 
 
 def _warn_emulated(kind: str, device: torch.device) -> None:

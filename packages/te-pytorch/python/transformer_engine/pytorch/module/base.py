@@ -8,8 +8,10 @@ import warnings
 
 import torch
 
+from .._model_init import check_weight_recipe, model_init_settings, quantized_parameter
 from ..quantization import FP8GlobalStateManager
 from ..recipe_state import DelayedScalingRecipeState, RecipeState
+from ..tensor import QuantizedTensor
 from ._extra_state import load_extra_state, save_extra_state
 
 _WARNED_CPU_FALLBACK = False
@@ -64,6 +66,14 @@ class TransformerEngineBaseModule(torch.nn.Module):
         self.quantizers = {"scaling_fwd": [], "scaling_bwd": []}
         self._fp8_device = None
         self._weight_cache = None
+        # quantized_model_init at construction: weights are created quantized
+        # (also later, when reset_parameters materializes a meta module).
+        settings = model_init_settings()
+        self.primary_weights_in_fp8 = settings is not None
+        self._model_init_recipe = settings[0] if settings else None
+        self.preserve_high_precision_init_val = bool(settings and settings[1])
+        self._model_init_columnwise = torch.is_grad_enabled()  # no_grad: inference, rowwise copy only
+        self._quantized_weights: dict[str, int] = {}  # parameter name -> its GEMM's index
 
     # ------------------------------------------------------------------ FP8 state
 
@@ -106,6 +116,7 @@ class TransformerEngineBaseModule(torch.nn.Module):
         self.fp8_meta["recipe"] = recipe
         self._fp8_device = torch.device(device)
         self._weight_cache = None
+        self._rebind_quantized_weights()
 
     def fp8_state_for_forward(self, device):
         """The recipe to run with (None: high precision) after syncing the state.
@@ -117,6 +128,9 @@ class TransformerEngineBaseModule(torch.nn.Module):
         if not (s.fp8_enabled or s.fp8_calibration):
             return None
         recipe = s.fp8_recipe
+        if self._quantized_weights:
+            for name in self._quantized_weights:
+                check_weight_recipe(type(self).__name__, name, getattr(self, name), recipe)
         if recipe.delayed() and torch.compiler.is_compiling():
             raise RuntimeError(
                 "DelayedScaling cannot run under torch.compile: its amax history and scales are "
@@ -140,6 +154,46 @@ class TransformerEngineBaseModule(torch.nn.Module):
             return None
         queue.owner_taken = True
         return queue
+
+    # ------------------------------------------------------------------ quantized weights
+
+    def quantize_weight_param(self, name: str, gemm: int = 0) -> None:
+        """Under quantized_model_init (at construction): replaces the freshly
+        initialized high-precision parameter `name` by a Parameter holding only
+        its quantized form, made by the weight quantizer of GEMM `gemm`
+        (forward slot 3 * gemm + 1). A no-op otherwise. Modules call it from
+        reset_parameters() after initializing each weight."""
+        if not self.primary_weights_in_fp8:
+            return
+        value = getattr(self, name)
+        self.init_fp8_metadata(self._model_init_recipe, value.device)
+        quantizer = self.quantizers["scaling_fwd"][3 * gemm + 1]
+        param = quantized_parameter(
+            value,
+            quantizer,
+            columnwise=self._model_init_columnwise,
+            preserve=self.preserve_high_precision_init_val,
+            requires_grad=value.requires_grad,
+        )
+        self.register_parameter(name, param)
+        self._quantized_weights[name] = gemm
+
+    def _rebind_quantized_weights(self) -> None:
+        """Points each quantized weight at the current weight quantizer (after
+        the FP8 state was rebuilt: new recipe parameters, a device move, a
+        loaded checkpoint), so that optimizer steps requantize with it."""
+        quantizers = self.quantizers["scaling_fwd"]
+        for name, gemm in self._quantized_weights.items():
+            weight = getattr(self, name, None)
+            if weight is not None and hasattr(weight, "_quantizer"):
+                weight._quantizer = quantizers[3 * gemm + 1]
+
+    def high_precision_weight(self, weight: torch.Tensor) -> torch.Tensor:
+        """The weight for a high-precision GEMM (no autocast, or calibration):
+        a quantized weight is dequantized (its gradient flows to the parameter)."""
+        if isinstance(weight, QuantizedTensor):
+            return weight.dequantize()
+        return weight
 
     # ------------------------------------------------------------------ checkpoints
 

@@ -123,10 +123,26 @@ def _to_copy(func, args, kwargs):
 def _copy(func, args, kwargs):
     dst, src = args[0], args[1]
     if isinstance(dst, BlockQuantizedTensor):
-        dst.quantize_(src)
+        if type(src) is type(dst) and src.shape == dst.shape and all(src.has(c) for c in (False, True) if dst.has(c)):
+            _copy_fields(dst, src)
+        else:
+            dst.quantize_(src)
         return dst
     dst.copy_(src.dequantize())
     return dst
+
+
+def _copy_fields(dst: BlockQuantizedTensor, src: BlockQuantizedTensor) -> None:
+    """dst = src exactly (same format): every buffer and setting is copied, in
+    place where the old buffer fits (load_state_dict round-trips exactly)."""
+    for name in dst.BUFFERS:
+        old, new = getattr(dst, "_" + name), getattr(src, "_" + name)
+        if new is not None and old is not None and old.shape == new.shape:
+            old.copy_(new)
+        else:
+            setattr(dst, "_" + name, None if new is None else new.to(dst.device, copy=True))
+    for name in dst.META:
+        setattr(dst, "_" + name, getattr(src, "_" + name))
 
 
 class BlockQuantizer(Quantizer):

@@ -211,6 +211,14 @@ def _to_copy(func, args, kwargs):
 def _copy(func, args, kwargs):
     dst, src = args[0], args[1]
     if isinstance(dst, Float8Tensor):
+        if isinstance(src, Float8Tensor) and src.shape == dst.shape and src._data is not None:
+            # FP8 into FP8: the bytes and scale are the value; copy them (load_state_dict round-trips exactly).
+            col = None if dst._transpose is None else src._transpose
+            if dst._transpose is not None and col is None:
+                col = _transpose_bytes(src._data)
+            dst._fp8_dtype = src._fp8_dtype
+            _store(dst, src._data.to(dst.device, copy=True), col, src._scale_inv.to(dst.device, copy=True))
+            return dst
         dst.quantize_(src)
         return dst
     dst.copy_(src.dequantize())
