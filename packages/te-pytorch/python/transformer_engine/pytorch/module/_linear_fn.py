@@ -72,7 +72,8 @@ class LinearFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, inp, weight, bias, a: LinearArgs):
         in_features = weight.shape[1]
-        x = inp.reshape(-1, in_features)
+        # (2-D inputs skip the reshape/view pairs: each is a dispatcher call.)
+        x = inp if inp.dim() == 2 else inp.reshape(-1, in_features)
         if a.fp8:
             check_fp8_dims(x.shape[0], in_features, weight.shape[0])
             need_wgrad = weight.requires_grad
@@ -102,14 +103,15 @@ class LinearFunction(torch.autograd.Function):
         ctx.inp_shape = inp.shape
         ctx.weight_dtype = weight.dtype
         ctx.bias_dtype = None if bias is None else bias.dtype
-        return out.view(*inp.shape[:-1], weight.shape[0])
+        return out if inp.dim() == 2 else out.view(*inp.shape[:-1], weight.shape[0])
 
     @staticmethod
     def backward(ctx, grad_out):
         a: LinearArgs = ctx.args
         need_dgrad, need_wgrad, need_bgrad = ctx.needs_input_grad[:3]
-        out_features = grad_out.shape[-1]
-        dy = grad_out.reshape(-1, out_features).to(a.act_dtype)
+        dy = grad_out if grad_out.dim() == 2 else grad_out.reshape(-1, grad_out.shape[-1])
+        if dy.dtype != a.act_dtype:
+            dy = dy.to(a.act_dtype)
         if a.fp8:
             dx, dw, db = _fp8_backward(ctx, a, dy, need_dgrad, need_wgrad, need_bgrad)
         else:
@@ -120,7 +122,7 @@ class LinearFunction(torch.autograd.Function):
             # The first FP8 module of the autocast region runs last in backward:
             # the backward delayed-scaling update happens here (§3.3).
             a.bwd_queue.run()
-        if dx is not None:
+        if dx is not None and len(ctx.inp_shape) != 2:
             dx = dx.view(ctx.inp_shape)
         return dx, dw, db, None
 
@@ -176,8 +178,8 @@ def _fp8_backward(ctx, a, dy, need_dgrad, need_wgrad, need_bgrad):
             return None, None
 
         dw, _ = _wgrad(ctx, a, run)
-    if need_bgrad:
-        db = dy.sum(dim=0, dtype=torch.float32)
+    if need_bgrad:  # (accumulated in FP32 by torch, rounded once to the bias dtype)
+        db = dy.sum(dim=0, dtype=ctx.bias_dtype)
     return dx, dw, db
 
 
