@@ -86,15 +86,18 @@ def _prepared_outputs(x, fp8_dtype: int, rowwise: bool, columnwise: bool):
         dev = index = stream = 0
     make = lib.TensorDesc
     row = col = row_desc = col_desc = None
+    # (empty_like and plain-int shapes: torch parses a torch.Size argument
+    # several times slower than a tuple of ints.)
     if rowwise:
-        row = torch.empty(shape, dtype=torch.uint8, device=device)
+        row = torch.empty_like(x, dtype=torch.uint8)
         row_desc = make(row.data_ptr(), fp8_dtype, shape, dev, index)
     if columnwise:
-        col = torch.empty(matrix_t_shape(shape), dtype=torch.uint8, device=device)
-        col_desc = make(col.data_ptr(), fp8_dtype, col.shape, dev, index)
+        col_shape = matrix_t_shape(shape)
+        col = torch.empty(col_shape, dtype=torch.uint8, device=device)
+        col_desc = make(col.data_ptr(), fp8_dtype, col_shape, dev, index)
     # Its own allocation (not a slice of a shared one): the GEMMs need 16-byte
     # aligned scale pointers and would copy a misaligned one first (a launch).
-    scale_inv = torch.empty((1,), dtype=torch.float32, device=device)
+    scale_inv = torch.empty(1, dtype=torch.float32, device=device)
     sinv_desc = make(scale_inv.data_ptr(), FLOAT32, (1,), dev, index)
     descs = (make(x.data_ptr(), code, shape, dev, index), row_desc, col_desc, sinv_desc)
     return x, (row, col, scale_inv), descs, stream

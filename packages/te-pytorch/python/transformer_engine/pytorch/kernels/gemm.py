@@ -54,6 +54,8 @@ def _operand(t: torch.Tensor, code: int, scale_inv, name: str):
 
 
 def _matrix(shape) -> tuple[int, int]:
+    if len(shape) == 2:
+        return shape[0], shape[1]
     rows = 1
     for dim in shape[:-1]:
         rows *= dim
@@ -61,11 +63,15 @@ def _matrix(shape) -> tuple[int, int]:
 
 
 def _out_shape(a, b, transa: bool, transb: bool) -> tuple:
-    a_rows, a_cols = _matrix(a.shape)
+    """(D's shape as a tuple of ints, m, n)."""
+    a_shape = a.shape
+    a_rows, a_cols = _matrix(a_shape)
     b_rows, b_cols = _matrix(b.shape)
     m = a_cols if transa else a_rows
     n = b_rows if transb else b_cols
-    return ((m, n) if transa else (*a.shape[:-1], n)), m, n
+    if transa or len(a_shape) == 2:
+        return (m, n), m, n
+    return (*a_shape[:-1], n), m, n
 
 
 # te_gemm_workspace_size answers, keyed by what the size depends on (shapes,
