@@ -30,7 +30,8 @@ set -e
 tail -25 "$OUT/tests.log"
 
 echo "== benchmarks"
-for extra in bench/bench_norm.py bench/bench_activation.py bench/bench_te_pytorch_linear.py; do
+for extra in bench/bench_norm.py bench/bench_activation.py bench/bench_te_pytorch_linear.py \
+  bench/bench_host_overhead.py; do
   if [ -f "$extra" ]; then "$PY" "$extra" 2>&1 | tee "$OUT/$(basename "$extra" .py).log"; fi
 done
 "$PY" bench/bench_core.py --markdown "$OUT/bench.md" ${TE_BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log"

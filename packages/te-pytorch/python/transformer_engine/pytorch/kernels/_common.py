@@ -17,7 +17,10 @@ Every kernel wrapper in this package goes through these helpers, so the torch
 Host overhead matters (small FP8 layers are launch-bound), so these helpers
 avoid Python work: the shape is passed as torch.Size (nanobind reads it as a
 sequence, several times faster than building a list) and dtype codes are dict
-lookups.
+lookups. Descriptors of long-lived tensors (quantizer scales and amaxes,
+delayed-scaling states, workspaces) are built once and cached by their owner;
+a descriptor is a raw pointer, so whoever builds one must keep the tensor
+(and any contiguous copy) alive until the core call returns.
 """
 
 from __future__ import annotations

@@ -13,7 +13,9 @@ outputs with torch and calls te-core on the tensors' device and current
 stream; a torch.library registration of it with a fake kernel (what
 torch.compile traces); and a public wrapper that calls the implementation
 directly in eager mode (no dispatcher overhead) and the registered op while
-compiling. Ops cannot return None, so an output that was not requested is an
+compiling. The quantizers use `quantize_fp8_prepared` /
+`quantize_fp8_current_scaling_prepared` instead: the same core calls with the
+descriptors of their persistent scale/amax made once. Ops cannot return None, so an output that was not requested is an
 empty tensor inside the op and None from the public wrappers.
 """
 
