@@ -100,7 +100,9 @@ def contiguous(t: torch.Tensor) -> torch.Tensor:
 # outgrown is kept alive in _RETIRED, never freed: a CUDA graph captured
 # earlier may still point at it, and freed memory would be handed to other
 # tensors while the graph's replays keep writing to it. With doubling growth
-# the retired buffers add at most the size of the live one.
+# the retired buffers add at most the size of the live one. Graphs captured
+# on one stream share its workspace: replay them one after another (as on
+# one stream), not concurrently on different streams.
 _WORKSPACES: dict[tuple[int, int], tuple[torch.Tensor, lib.TensorDesc]] = {}
 _RETIRED: list[torch.Tensor] = []
 

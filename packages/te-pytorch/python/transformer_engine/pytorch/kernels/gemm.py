@@ -81,6 +81,7 @@ def _out_shape(a, b, transa: bool, transb: bool) -> tuple:
 # rejects a fused one), so a "workspace too small" answer from te_gemm asks
 # the core again and retries once (te_gemm validates before it enqueues).
 _WORKSPACE_BYTES: dict[tuple, int] = {}
+_MAX_CACHED_SIZES = 4096
 
 
 def _workspace_bytes(key, descs, alpha, beta, transa, transb, split) -> int:
@@ -105,6 +106,8 @@ def _workspace_bytes(key, descs, alpha, beta, transa, transb, split) -> int:
             transb,
             split,
         )
+        if len(_WORKSPACE_BYTES) >= _MAX_CACHED_SIZES:  # (many distinct shapes: start over)
+            _WORKSPACE_BYTES.clear()
         _WORKSPACE_BYTES[key] = nbytes
     return nbytes
 
