@@ -38,6 +38,10 @@ void check(te_status status) {
 NB_MODULE(_te_core, m) {
   using namespace te_py;
   m.doc() = "Transformer Engine core bindings (one function per C entry point).";
+  // te-pytorch caches descriptors of long-lived tensors (quantizer scales,
+  // amax histories, workspaces) in Python objects that may outlive the module
+  // at interpreter exit; nanobind would report those as leaks.
+  nb::set_leak_warnings(false);
 
   nb::class_<TensorDesc>(m, "TensorDesc")
       .def(nb::init<uintptr_t, int, const std::vector<int64_t>&, int, int>(), nb::arg("data"),

@@ -26,9 +26,10 @@ import warnings
 import torch
 
 from transformer_engine.common.recipe import DelayedScaling, Float8CurrentScaling
-from transformer_engine.core import DType
+from transformer_engine.core import DType, lib
 
 from . import kernels
+from .kernels._common import stream_of
 from .recipe_state import check_recipe_support
 
 FLT_MAX = torch.finfo(torch.float32).max
@@ -37,7 +38,9 @@ FLT_MAX = torch.finfo(torch.float32).max
 class _UpdateQueue:
     """Delayed-scaling states waiting for their amax reduction and update.
 
-    Keyed by (recipe, group, device): each key is one te-core call.
+    Keyed by (recipe, group, device): each key is one te-core call. The key
+    holds the recipe's id (hashing a recipe dataclass on every forward costs
+    host time); the entry keeps the recipe itself alive, so the id stays valid.
     """
 
     def __init__(self) -> None:
@@ -45,15 +48,15 @@ class _UpdateQueue:
         self.owner_taken = False
 
     def add(self, state, group) -> None:
-        key = (state.recipe, id(group), state.device)
+        key = (id(state.recipe), id(group), state.device)
         entry = self.groups.get(key)
         if entry is None:
-            entry = self.groups[key] = (group, {})
-        entry[1][id(state)] = state
+            entry = self.groups[key] = (state.recipe, group, {})
+        entry[2][id(state)] = state
 
     def run(self) -> None:
         groups, self.groups = self.groups, {}
-        for (recipe, _, _), (group, states) in groups.items():
+        for recipe, group, states in groups.values():
             _reduce_and_update(recipe, group, list(states.values()))
 
 
@@ -211,6 +214,21 @@ def _reduce_and_update(recipe, group, states: list) -> None:
     fp8_dtype = int(states[0].dtype)
     if callable(recipe.amax_compute_algo) or recipe.scaling_factor_compute_algo is not None:
         _unfused_update(recipe, buffer, states)
+        return
+    if buffer is None and not torch.compiler.is_compiling():
+        # Eager fast path: the states' tensors were made float32 and contiguous
+        # by recipe_state, and their descriptors are cached there.
+        descs = [s.update_descs() for s in states]
+        lib.delayed_scaling_update(
+            None,
+            [d[0] for d in descs],
+            [d[1] for d in descs],
+            None,
+            kernels.recipe.ALGOS[recipe.amax_compute_algo],
+            fp8_dtype,
+            float(recipe.margin),
+            stream_of(histories[0]),
+        )
         return
     kernels.delayed_scaling_update(
         buffer,

@@ -25,6 +25,7 @@ import torch
 from transformer_engine.common.recipe import Format, Recipe
 from transformer_engine.core import DType
 
+from .kernels._common import FLOAT32, desc
 from .tensor import (
     Float8BlockQuantizer,
     Float8CurrentScalingQuantizer,
@@ -108,10 +109,20 @@ class DelayedScalingRecipeState(RecipeState):
         self.dtype = fp8_dtype_for(recipe, mode == "forward")
         self.scale = torch.ones(num_quantizers, dtype=torch.float32, device=device)
         self.amax_history = torch.zeros(recipe.amax_history_len, num_quantizers, dtype=torch.float32, device=device)
+        self._descs = None
 
     @property
     def device(self) -> torch.device:
         return self.scale.device
+
+    def update_descs(self) -> tuple:
+        """te-core descriptors of (amax_history, scale) for the fused update,
+        cached while the state holds the same tensors (they are updated in place)."""
+        descs = self._descs
+        if descs is None or descs[2] is not self.amax_history or descs[3] is not self.scale:
+            history, scale = self.amax_history, self.scale
+            descs = self._descs = (desc(history, FLOAT32), desc(scale, FLOAT32), history, scale)
+        return descs
 
     def make_quantizers(self) -> list:
         staging = self.amax_history[0]

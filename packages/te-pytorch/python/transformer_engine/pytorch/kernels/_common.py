@@ -17,7 +17,10 @@ Every kernel wrapper in this package goes through these helpers, so the torch
 Host overhead matters (small FP8 layers are launch-bound), so these helpers
 avoid Python work: the shape is passed as torch.Size (nanobind reads it as a
 sequence, several times faster than building a list) and dtype codes are dict
-lookups.
+lookups. Descriptors of long-lived tensors (quantizer scales and amaxes,
+delayed-scaling states, workspaces) are built once and cached by their owner;
+a descriptor is a raw pointer, so whoever builds one must keep the tensor
+(and any contiguous copy) alive until the core call returns.
 """
 
 from __future__ import annotations
@@ -93,7 +96,15 @@ def contiguous(t: torch.Tensor) -> torch.Tensor:
     return t if t.is_contiguous() else t.contiguous()
 
 
-_WORKSPACES: dict[tuple[int, int], torch.Tensor] = {}
+# (device index, stream) -> (buffer, its descriptor). A buffer that is
+# outgrown is kept alive in _RETIRED, never freed: a CUDA graph captured
+# earlier may still point at it, and freed memory would be handed to other
+# tensors while the graph's replays keep writing to it. With doubling growth
+# the retired buffers add at most the size of the live one. Graphs captured
+# on one stream share its workspace: replay them one after another (as on
+# one stream), not concurrently on different streams.
+_WORKSPACES: dict[tuple[int, int], tuple[torch.Tensor, lib.TensorDesc]] = {}
+_RETIRED: list[torch.Tensor] = []
 
 
 def workspace(nbytes: int, like: torch.Tensor, stream: int) -> lib.TensorDesc | None:
@@ -101,13 +112,17 @@ def workspace(nbytes: int, like: torch.Tensor, stream: int) -> lib.TensorDesc | 
     if nbytes == 0:
         return None
     key = (like.device.index, stream)
-    buffer = _WORKSPACES.get(key)
-    if buffer is None or buffer.numel() < nbytes:
-        # Round up so that slightly different shapes do not reallocate each call.
-        size = max(nbytes, 1 << 20)
-        buffer = torch.empty(size, dtype=torch.uint8, device=like.device)
-        _WORKSPACES[key] = buffer
-    return desc(buffer, BYTE)
+    cached = _WORKSPACES.get(key)
+    if cached is not None and cached[0].numel() >= nbytes:
+        return cached[1]
+    # Round up so that slightly different shapes do not reallocate each call.
+    size = max(nbytes, 1 << 20)
+    if cached is not None:
+        size = max(size, 2 * cached[0].numel())
+        _RETIRED.append(cached[0])
+    buffer = torch.empty(size, dtype=torch.uint8, device=like.device)
+    _WORKSPACES[key] = (buffer, desc(buffer, BYTE))
+    return _WORKSPACES[key][1]
 
 
 def compiling() -> bool:

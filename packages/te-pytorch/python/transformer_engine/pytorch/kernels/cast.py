@@ -13,7 +13,9 @@ outputs with torch and calls te-core on the tensors' device and current
 stream; a torch.library registration of it with a fake kernel (what
 torch.compile traces); and a public wrapper that calls the implementation
 directly in eager mode (no dispatcher overhead) and the registered op while
-compiling. Ops cannot return None, so an output that was not requested is an
+compiling. The quantizers use `quantize_fp8_prepared` /
+`quantize_fp8_current_scaling_prepared` instead: the same core calls with the
+descriptors of their persistent scale/amax made once. Ops cannot return None, so an output that was not requested is an
 empty tensor inside the op and None from the public wrappers.
 """
 
@@ -26,6 +28,7 @@ from transformer_engine.core import lib
 from ._common import (
     FLOAT32,
     FP8_CODES,
+    code_of,
     compiling,
     contiguous,
     desc,
@@ -64,19 +67,66 @@ def _or_empty(t: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
 
 def _quantize_fp8(x, scale, amax, fp8_dtype, rowwise, columnwise):
     _check_fp8(fp8_dtype)
+    if not (rowwise or columnwise):
+        raise ValueError("at least one of 'rowwise' and 'columnwise' must be True")
+    amax_desc = None if amax is None else desc(amax, FLOAT32)
+    return quantize_fp8_prepared(x, desc(scale, FLOAT32), amax_desc, fp8_dtype, rowwise, columnwise)
+
+
+def _prepared_outputs(x, fp8_dtype: int, rowwise: bool, columnwise: bool):
+    """x contiguous, its outputs (rowwise, columnwise, a fresh FP32 [1] scale_inv)
+    and all their descriptors, plus the stream: the per-call part of the fast
+    paths. The caller must hold the returned x until the core call is made: a
+    descriptor is a raw pointer and does not keep a contiguous copy alive."""
     x = contiguous(x)
-    row, col = _fp8_outputs(x, rowwise, columnwise)
-    scale_inv = torch.empty((1,), dtype=torch.float32, device=x.device)
-    lib.quantize_fp8(
-        hp_desc(x, "x"),
-        desc(scale, FLOAT32),
-        None if row is None else desc(row, fp8_dtype),
-        None if col is None else desc(col, fp8_dtype),
-        desc(scale_inv, FLOAT32),
-        None if amax is None else desc(amax, FLOAT32),
-        stream_of(x),
+    code = code_of(x, "x")
+    shape, device = x.shape, x.device
+    if x.is_cuda:
+        dev, index = 1, device.index
+        stream = torch._C._cuda_getCurrentRawStream(index)
+    else:
+        dev = index = stream = 0
+    make = lib.TensorDesc
+    row = col = row_desc = col_desc = None
+    # (empty_like and plain-int shapes: torch parses a torch.Size argument
+    # several times slower than a tuple of ints.)
+    if rowwise:
+        row = torch.empty_like(x, dtype=torch.uint8)
+        row_desc = make(row.data_ptr(), fp8_dtype, shape, dev, index)
+    if columnwise:
+        col_shape = matrix_t_shape(shape)
+        col = torch.empty(col_shape, dtype=torch.uint8, device=device)
+        col_desc = make(col.data_ptr(), fp8_dtype, col_shape, dev, index)
+    # Its own allocation (not a slice of a shared one): the GEMMs need 16-byte
+    # aligned scale pointers and would copy a misaligned one first (a launch).
+    scale_inv = torch.empty(1, dtype=torch.float32, device=device)
+    sinv_desc = make(scale_inv.data_ptr(), FLOAT32, (1,), dev, index)
+    descs = (make(x.data_ptr(), code, shape, dev, index), row_desc, col_desc, sinv_desc)
+    return x, (row, col, scale_inv), descs, stream
+
+
+def quantize_fp8_prepared(x, scale_desc, amax_desc, fp8_dtype: int, rowwise: bool, columnwise: bool):
+    """The eager fast path of quantize_fp8 for callers that checked fp8_dtype
+    and rowwise/columnwise once and keep the descriptors of their persistent
+    scale and amax (the quantizers): per call it only allocates the outputs
+    and describes x and them. Returns (rowwise | None, columnwise | None, scale_inv)."""
+    x, outs, (x_desc, row_desc, col_desc, sinv_desc), stream = _prepared_outputs(x, fp8_dtype, rowwise, columnwise)
+    lib.quantize_fp8(x_desc, scale_desc, row_desc, col_desc, sinv_desc, amax_desc, stream)
+    return outs
+
+
+def quantize_fp8_current_scaling_prepared(
+    x, scale_desc, amax_desc, fp8_dtype: int, rowwise: bool, columnwise: bool, force_pow_2_scales, amax_epsilon
+):
+    """The eager fast path of quantize_fp8_current_scaling: the computed scale
+    and amax go to the caller's persistent FP32 [1] tensors (scale_desc,
+    amax_desc), the scale_inv to a fresh aligned one.
+    Returns (rowwise | None, columnwise | None, scale_inv)."""
+    x, outs, (x_desc, row_desc, col_desc, sinv_desc), stream = _prepared_outputs(x, fp8_dtype, rowwise, columnwise)
+    lib.quantize_fp8_current_scaling(
+        x_desc, row_desc, col_desc, scale_desc, sinv_desc, amax_desc, force_pow_2_scales, amax_epsilon, stream
     )
-    return row, col, scale_inv
+    return outs
 
 
 @torch.library.custom_op("te::quantize_fp8", mutates_args=("amax",))

@@ -30,7 +30,6 @@ from ._common import (
     compiling,
     contiguous,
     desc,
-    stream_of,
     workspace,
 )
 
@@ -39,22 +38,24 @@ _INPUT_TEXT = "float32, bfloat16, float16, or uint8 FP8 bytes with an FP8 dtype 
 
 def _operand(t: torch.Tensor, code: int, scale_inv, name: str):
     """(descriptor, scale_inv descriptor) of a GEMM operand, with checks that name it."""
+    dtype = t.dtype
     if code < 0:
-        code = TORCH_TO_CODE.get(t.dtype, -1)
-        if code < 0 or t.dtype == torch.uint8:
-            raise TypeError(f"argument '{name}' must be {_INPUT_TEXT}, got {t.dtype}")
-    elif code not in FP8_CODES or t.dtype != torch.uint8:
+        code = TORCH_TO_CODE.get(dtype, -1)
+        if code < 0 or dtype == torch.uint8:
+            raise TypeError(f"argument '{name}' must be {_INPUT_TEXT}, got {dtype}")
+    elif code not in FP8_CODES or dtype != torch.uint8:
         raise TypeError(
             f"argument '{name}' with FP8 code {code} must be uint8 bytes and the code "
-            f"DType.kFloat8E4M3 (7) or DType.kFloat8E5M2 (8); got {t.dtype}"
+            f"DType.kFloat8E4M3 (7) or DType.kFloat8E5M2 (8); got {dtype}"
         )
     if t.dim() < 2:
         raise ValueError(f"argument '{name}' must have at least 2 dims, got shape {tuple(t.shape)}")
-    sdesc = None if scale_inv is None else desc(scale_inv, FLOAT32)
-    return desc(t, code), sdesc
+    return desc(t, code), (None if scale_inv is None else desc(scale_inv, FLOAT32))
 
 
 def _matrix(shape) -> tuple[int, int]:
+    if len(shape) == 2:
+        return shape[0], shape[1]
     rows = 1
     for dim in shape[:-1]:
         rows *= dim
@@ -62,11 +63,53 @@ def _matrix(shape) -> tuple[int, int]:
 
 
 def _out_shape(a, b, transa: bool, transb: bool) -> tuple:
-    a_rows, a_cols = _matrix(a.shape)
+    """(D's shape as a tuple of ints, m, n)."""
+    a_shape = a.shape
+    a_rows, a_cols = _matrix(a_shape)
     b_rows, b_cols = _matrix(b.shape)
     m = a_cols if transa else a_rows
     n = b_rows if transb else b_cols
-    return ((m, n) if transa else (*a.shape[:-1], n)), m, n
+    if transa or len(a_shape) == 2:
+        return (m, n), m, n
+    return (*a_shape[:-1], n), m, n
+
+
+# te_gemm_workspace_size answers, keyed by what the size depends on (shapes,
+# dtypes, transposes, which epilogue inputs are present): asking the core costs
+# a binding call and a plan per GEMM, a dict lookup costs far less. The size
+# can also depend on pointer alignment (an unfused fallback plan when cuBLASLt
+# rejects a fused one), so a "workspace too small" answer from te_gemm asks
+# the core again and retries once (te_gemm validates before it enqueues).
+_WORKSPACE_BYTES: dict[tuple, int] = {}
+_MAX_CACHED_SIZES = 4096
+
+
+def _workspace_bytes(key, descs, alpha, beta, transa, transb, split) -> int:
+    nbytes = _WORKSPACE_BYTES.get(key)
+    if nbytes is None:
+        a_desc, b_desc, d_desc, a_sdesc, b_sdesc, c_desc, bias_desc, pre_desc, grad_desc = descs
+        nbytes = lib.gemm_workspace_size(
+            a_desc,
+            b_desc,
+            d_desc,
+            a_sdesc,
+            b_sdesc,
+            c_desc,
+            None,
+            None,
+            bias_desc,
+            pre_desc,
+            grad_desc,
+            alpha,
+            beta,
+            transa,
+            transb,
+            split,
+        )
+        if len(_WORKSPACE_BYTES) >= _MAX_CACHED_SIZES:  # (many distinct shapes: start over)
+            _WORKSPACE_BYTES.clear()
+        _WORKSPACE_BYTES[key] = nbytes
+    return nbytes
 
 
 def _run(
@@ -91,51 +134,70 @@ def _run(
     b_desc, b_sdesc = _operand(b, b_dtype, b_scale_inv, "b")
     d_desc = desc(d, TORCH_TO_CODE[d.dtype])
     c_desc = d_desc if beta != 0.0 else None
-    bias_desc = None if bias is None else desc(contiguous(bias), TORCH_TO_CODE[bias.dtype])
+    if bias is not None:  # (a contiguous copy must live until the call: descriptors are raw pointers)
+        bias = contiguous(bias)
+    bias_desc = None if bias is None else desc(bias, TORCH_TO_CODE[bias.dtype])
     pre_desc = None if pre_gelu is None else desc(pre_gelu, TORCH_TO_CODE[pre_gelu.dtype])
     grad_desc = None if bias_grad is None else desc(bias_grad, TORCH_TO_CODE[bias_grad.dtype])
-    stream = stream_of(a)
     ws = None
+    stream = 0
     if a.is_cuda:
-        nbytes = lib.gemm_workspace_size(
+        stream = torch._C._cuda_getCurrentRawStream(a.device.index)
+        descs = (a_desc, b_desc, d_desc, a_sdesc, b_sdesc, c_desc, bias_desc, pre_desc, grad_desc)
+        key = (
+            a.shape,
+            b.shape,
+            a_desc.dtype,
+            b_desc.dtype,
+            d.dtype,
+            transa,
+            transb,
+            None if bias is None else bias.dtype,
+            pre_gelu is None,
+            bias_grad is None,
+            beta != 0.0,
+            use_split_accumulator,
+            a.device.index,
+        )
+        nbytes = _workspace_bytes(key, descs, alpha, beta, transa, transb, use_split_accumulator)
+        ws = workspace(nbytes, a, stream)
+    args = (c_desc, None, None, bias_desc, pre_desc, grad_desc)
+    try:
+        lib.gemm(
             a_desc,
             b_desc,
             d_desc,
             a_sdesc,
             b_sdesc,
-            c_desc,
-            None,
-            None,
-            bias_desc,
-            pre_desc,
-            grad_desc,
+            *args,
+            ws,
             alpha,
             beta,
             transa,
             transb,
             use_split_accumulator,
+            stream,
         )
-        ws = workspace(nbytes, a, stream)
-    lib.gemm(
-        a_desc,
-        b_desc,
-        d_desc,
-        a_sdesc,
-        b_sdesc,
-        c_desc,
-        None,
-        None,
-        bias_desc,
-        pre_desc,
-        grad_desc,
-        ws,
-        alpha,
-        beta,
-        transa,
-        transb,
-        use_split_accumulator,
-        stream,
-    )
+    except ValueError as err:
+        if ws is None or "argument 'workspace'" not in str(err):
+            raise
+        _WORKSPACE_BYTES.pop(key)  # an alignment-dependent plan: ask the core, retry once
+        ws = workspace(_workspace_bytes(key, descs, alpha, beta, transa, transb, use_split_accumulator), a, stream)
+        lib.gemm(
+            a_desc,
+            b_desc,
+            d_desc,
+            a_sdesc,
+            b_sdesc,
+            *args,
+            ws,
+            alpha,
+            beta,
+            transa,
+            transb,
+            use_split_accumulator,
+            stream,
+        )
 
 
 def _check_out_dtype(out_dtype) -> None:

@@ -100,6 +100,9 @@ class LinearFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, inp, weight, bias, a: LinearArgs):
         in_features = weight.shape[1]
+        # (2-D inputs skip the reshape/view pairs: each is a dispatcher call. A
+        # pre-quantized input is read through its own fields, never reshaped.)
+        x = inp if inp.dim() == 2 or isinstance(inp, Float8Tensor) else inp.reshape(-1, in_features)
         if a.fp8:
             kind = getattr(a.input_q, "KIND", "fp8")
             check_fp8_dims(inp.numel() // in_features, in_features, weight.shape[0], kind)
@@ -108,7 +111,7 @@ class LinearFunction(torch.autograd.Function):
                 # Already quantized by the producer (LayerNormLinear's fused norm).
                 x_op = _operand_of_float8(inp, in_features, a)
             else:
-                x_op = quantize_operand(a.input_q, inp.reshape(-1, in_features), rowwise=True, columnwise=need_wgrad)
+                x_op = quantize_operand(a.input_q, x, rowwise=True, columnwise=need_wgrad)
             w_op = _quantized_weight(a, weight, inp.requires_grad)
             out = operand_gemm(
                 x_op, False, w_op, False, out_dtype=a.act_dtype, bias=bias, use_split_accumulator=a.split_acc[0]
@@ -120,7 +123,7 @@ class LinearFunction(torch.autograd.Function):
             ctx.n_x = len(x_keep.tensors())
             ctx.save_for_backward(*x_keep.tensors(), *w_keep.tensors())
         else:
-            x = inp.reshape(-1, in_features).to(a.act_dtype)
+            x = x.to(a.act_dtype)
             w = weight.to(a.act_dtype)
             out, _, _ = kernels.gemm(x, w, transb=True, out_dtype=a.act_dtype, bias=bias)
             ctx.save_for_backward(x, w)
@@ -128,14 +131,15 @@ class LinearFunction(torch.autograd.Function):
         ctx.inp_shape = inp.shape
         ctx.weight_dtype = weight.dtype
         ctx.bias_dtype = None if bias is None else bias.dtype
-        return out.view(*inp.shape[:-1], weight.shape[0])
+        return out if inp.dim() == 2 else out.view(*inp.shape[:-1], weight.shape[0])
 
     @staticmethod
     def backward(ctx, grad_out):
         a: LinearArgs = ctx.args
         need_dgrad, need_wgrad, need_bgrad = ctx.needs_input_grad[:3]
-        out_features = grad_out.shape[-1]
-        dy = grad_out.reshape(-1, out_features).to(a.act_dtype)
+        dy = grad_out if grad_out.dim() == 2 else grad_out.reshape(-1, grad_out.shape[-1])
+        if dy.dtype != a.act_dtype:
+            dy = dy.to(a.act_dtype)
         if a.fp8:
             dx, dw, db = _fp8_backward(ctx, a, dy, need_dgrad, need_wgrad, need_bgrad)
         else:
@@ -146,7 +150,7 @@ class LinearFunction(torch.autograd.Function):
             # The first FP8 module of the autocast region runs last in backward:
             # the backward delayed-scaling update happens here (§3.3).
             a.bwd_queue.run()
-        if dx is not None:
+        if dx is not None and len(ctx.inp_shape) != 2:
             dx = dx.view(ctx.inp_shape)
         return dx, dw, db, None
 
@@ -182,8 +186,8 @@ def _fp8_backward(ctx, a, dy, need_dgrad, need_wgrad, need_bgrad):
             return operand_gemm(dy_op, True, x_op, True, out_dtype=ctx.weight_dtype, **kw), None
 
         dw, _ = _wgrad(ctx, a, run)
-    if need_bgrad:
-        db = dy.sum(dim=0, dtype=torch.float32)
+    if need_bgrad:  # (accumulated in FP32 by torch, rounded once to the bias dtype)
+        db = dy.sum(dim=0, dtype=ctx.bias_dtype)
     return dx, dw, db
 
 

@@ -23,6 +23,8 @@ import torch
 from transformer_engine.core import DType
 
 from .. import kernels
+from ..kernels._common import compiling
+from ..kernels.cast import quantize_fp8_current_scaling_prepared, quantize_fp8_prepared
 from .quantized_tensor import QuantizedTensor, Quantizer
 
 _TORCH_FP8 = {torch.float8_e4m3fn: DType.kFloat8E4M3, torch.float8_e5m2: DType.kFloat8E5M2}
@@ -247,7 +249,10 @@ class Float8Quantizer(Quantizer):
 
     def quantize_parts(self, x: torch.Tensor, rowwise: bool, columnwise: bool):
         """(rowwise bytes | None, columnwise bytes | None, scale_inv)."""
-        return kernels.quantize_fp8(x, self.scale, self.amax, int(self.dtype), rowwise, columnwise)
+        if compiling() or not (rowwise or columnwise):  # (the public op names the error)
+            return kernels.quantize_fp8(x, self.scale, self.amax, int(self.dtype), rowwise, columnwise)
+        scale_desc, amax_desc = _state_descs(self)
+        return quantize_fp8_prepared(x, scale_desc, amax_desc, int(self.dtype), rowwise, columnwise)
 
     def _quantize(self, tensor):
         row, col, scale_inv = self.quantize_parts(tensor, self.rowwise_usage, self.columnwise_usage)
@@ -291,6 +296,19 @@ class Float8Quantizer(Quantizer):
         )
 
 
+def _state_descs(q) -> tuple:
+    """(scale, amax) descriptors of a quantizer's persistent one-element tensors,
+    cached on it while it holds the same tensors; also records their device as
+    x.get_device() would report it (-1 for the CPU)."""
+    cached = q.__dict__.get("_descs")
+    if cached is None or cached[2] is not q.scale or cached[3] is not q.amax:
+        amax_desc = None if q.amax is None else kernels._common.desc(q.amax, kernels._common.FLOAT32)
+        cached = (kernels._common.desc(q.scale, kernels._common.FLOAT32), amax_desc, q.scale, q.amax)
+        q._descs = cached
+        q._state_device = q.scale.get_device()
+    return cached[0], cached[1]
+
+
 def _make_float8_quantizer(scale, amax, fp8_dtype, rowwise, columnwise):
     return Float8Quantizer(scale, amax, fp8_dtype, rowwise=rowwise, columnwise=columnwise)
 
@@ -303,6 +321,10 @@ class Float8CurrentScalingQuantizer(Quantizer):
     with_amax_reduction: all-reduce (MAX) the amax over amax_reduction_group
     before the scale is computed (three core calls instead of one).
     use_existing_amax: take the amax from self.amax instead of the tensor.
+    Otherwise each quantization (in eager mode, on the device of self.scale)
+    writes its amax and scale into self.amax and self.scale: persistent
+    buffers, so no per-call allocation for them and stable addresses for
+    CUDA graphs.
     """
 
     def __init__(
@@ -334,6 +356,13 @@ class Float8CurrentScalingQuantizer(Quantizer):
     def quantize_parts(self, x: torch.Tensor, rowwise: bool, columnwise: bool):
         """(rowwise bytes | None, columnwise bytes | None, scale_inv)."""
         code = int(self.dtype)
+        if not (self.use_existing_amax or self.with_amax_reduction or compiling()) and (rowwise or columnwise):
+            scale_desc, amax_desc = _state_descs(self)
+            if x.get_device() == self._state_device:
+                # Eager fast path: scale and amax land in self.scale / self.amax.
+                return quantize_fp8_current_scaling_prepared(
+                    x, scale_desc, amax_desc, code, rowwise, columnwise, self.force_pow_2_scales, self.amax_epsilon
+                )
         if not (self.use_existing_amax or self.with_amax_reduction):
             row, col, stats = kernels.quantize_fp8_current_scaling(
                 x, code, rowwise, columnwise, self.force_pow_2_scales, self.amax_epsilon
