@@ -60,50 +60,46 @@ class _UpdateQueue:
             _reduce_and_update(recipe, group, list(states.values()))
 
 
-class FP8GlobalStateManager:
-    """The state autocast sets and the modules read (class attributes: one per process)."""
+class _FP8GlobalState:
+    """The state autocast sets and the modules read: one instance per process,
+    FP8GlobalStateManager. (The reference makes it a class with class
+    attributes; an instance keeps its call sites -- FP8GlobalStateManager.
+    is_fp8_enabled() and friends -- and lets torch.compile trace autocast
+    inside a compiled function: torch 2.11's dynamo cannot set attributes on
+    a class.)"""
 
-    fp8_enabled = False
-    fp8_calibration = False
-    fp8_recipe = None
-    fp8_group = None
-    autocast_depth = 0
-    forward_queue = _UpdateQueue()
-    backward_queue = _UpdateQueue()
+    def __init__(self) -> None:
+        self.reset()
 
-    @classmethod
-    def is_fp8_enabled(cls) -> bool:
-        return cls.fp8_enabled
+    def is_fp8_enabled(self) -> bool:
+        return self.fp8_enabled
 
-    @classmethod
-    def is_fp8_calibration(cls) -> bool:
-        return cls.fp8_calibration
+    def is_fp8_calibration(self) -> bool:
+        return self.fp8_calibration
 
-    @classmethod
-    def get_fp8_recipe(cls):
-        return cls.fp8_recipe if cls.fp8_recipe is not None else get_default_recipe()
+    def get_fp8_recipe(self):
+        return self.fp8_recipe if self.fp8_recipe is not None else get_default_recipe()
 
-    @classmethod
-    def get_fp8_group(cls):
-        return cls.fp8_group
+    def get_fp8_group(self):
+        return self.fp8_group
 
-    @classmethod
-    def get_meta_tensor_key(cls, forward: bool = True) -> str:
+    def get_meta_tensor_key(self, forward: bool = True) -> str:
         return "scaling_fwd" if forward else "scaling_bwd"
 
-    @classmethod
-    def reset(cls) -> None:
+    def reset(self) -> None:
         """Back to the state at import (tests call this between cases)."""
-        cls.fp8_enabled = cls.fp8_calibration = False
-        cls.fp8_recipe = cls.fp8_group = None
-        cls.autocast_depth = 0
-        cls.forward_queue = _UpdateQueue()
-        cls.backward_queue = _UpdateQueue()
+        self.fp8_enabled = self.fp8_calibration = False
+        self.fp8_recipe = self.fp8_group = None
+        self.autocast_depth = 0
+        self.forward_queue = _UpdateQueue()
+        self.backward_queue = _UpdateQueue()
 
-    @classmethod
-    def reduce_and_update_fp8_tensors(cls, forward: bool = True) -> None:
+    def reduce_and_update_fp8_tensors(self, forward: bool = True) -> None:
         """Runs the pending forward (or backward) delayed-scaling update now."""
-        (cls.forward_queue if forward else cls.backward_queue).run()
+        (self.forward_queue if forward else self.backward_queue).run()
+
+
+FP8GlobalStateManager = _FP8GlobalState()
 
 
 def get_default_recipe():
@@ -157,9 +153,9 @@ class autocast:
         self._saved = (s.fp8_enabled, s.fp8_calibration, s.fp8_recipe, s.fp8_group)
         if s.autocast_depth == 0:
             if torch.compiler.is_compiling():
-                # torch 2.11's dynamo cannot trace a new object set on a class; only
-                # current scaling compiles (no queued states), so clearing in place is
-                # equivalent here.
+                # Only current scaling compiles (no queued states), so clearing in
+                # place is equivalent here and keeps the traced graph free of new
+                # Python objects.
                 s.backward_queue.groups = {}
                 s.backward_queue.owner_taken = False
             else:
