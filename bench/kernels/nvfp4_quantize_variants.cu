@@ -52,9 +52,10 @@ constexpr int kCoreDefault = 100;
 std::string impl_name(int impl) {
   if (impl == kGeneral) return "general (old) kernel";
   if (impl == kCoreDefault) return "core default";
-  static const char* shapes[] = {"64x256 thr, 4/SM, magic", "128x256 thr, 4/SM, magic",
-                                 "128x256 thr, 4/SM, min3", "128x512 thr, 2/SM, min3",
-                                 "128x256 thr, 3/SM, min3", "64x256 thr, 4/SM, min3"};
+  static const char* shapes[] = {"64x256 thr, 4/SM, magic",           "128x256 thr, 4/SM, magic",
+                                 "128x256 thr, 4/SM, min3",           "128x512 thr, 2/SM, min3",
+                                 "128x256 thr, 3/SM, min3",           "64x256 thr, 4/SM, min3",
+                                 "64x256 thr, 3/SM, min3, persistent"};
   static_assert(sizeof(shapes) / sizeof(shapes[0]) == te::nvfp4::cuda::fast::kCandidates,
                 "one name per candidate");
   return "fast " + std::to_string(impl) + " (" + shapes[impl] + ")";

@@ -41,15 +41,20 @@ namespace te::nvfp4::cuda::fast {
 
 // A candidate shape of the kernel: tile rows, threads per CTA, the CTAs per
 // SM that __launch_bounds__ asks registers for (65536 / (threads * min)
-// registers per thread) and the E2M1 rounding route (kMin3: formulas.h's
+// registers per thread), the E2M1 rounding route (kMin3: formulas.h's
 // e2m1_nearest_min3_biased, 4 FP32 + 2 integer operations per element
-// instead of 2 FP32 + 5 integer ones; the same codes).
-template <int kTileRowsT, int kThreadsT, int kMinBlocksT, bool kMin3T>
+// instead of 2 FP32 + 5 integer ones; the same codes) and the schedule
+// (kPersistent: one wave of CTAs loops over the tiles, copying the next tile
+// into a second shared buffer while it quantizes the current one; else one
+// tile per CTA, the overlap coming from the other CTAs of the SM).
+template <int kTileRowsT, int kThreadsT, int kMinBlocksT, bool kMin3T, bool kPersistentT = false>
 struct Config {
   static constexpr int kTileRows = kTileRowsT;
   static constexpr int kThreads = kThreadsT;
   static constexpr int kMinBlocks = kMinBlocksT;
   static constexpr bool kMin3 = kMin3T;
+  static constexpr bool kPersistent = kPersistentT;
+  static constexpr int kStages = kPersistent ? 2 : 1;
   static_assert(kTileRows == 64 || kTileRows == 128, "tile rows: 64 or 128");
   // Every thread takes the same number of rowwise row groups, columnwise
   // units and columnwise store pieces.
@@ -73,7 +78,9 @@ template <>
 struct Candidate<4> : Config<128, 256, 3, true> {};
 template <>
 struct Candidate<5> : Config<64, 256, 4, true> {};
-constexpr int kCandidates = 6;
+template <>
+struct Candidate<6> : Config<64, 256, 3, true, true> {};
+constexpr int kCandidates = 7;
 
 constexpr int kCols = 128;  // tile columns (16-bit elements)
 constexpr int kRowBytes = kTileRowBytes;
@@ -97,10 +104,10 @@ struct Args {
   bool col_scale_store;   // columnwise scale rows allow kTileRows / 16-byte stores
 };
 
-template <int kTileRows>
+template <int kTileRows, int kStages = 1>
 struct Shared {
   static constexpr int kGroups = kTileRows / kBlock;  // columnwise blocks per tile column
-  alignas(16) uint8_t data[kTileRows * kRowBytes];
+  alignas(16) uint8_t data[kStages][kTileRows * kRowBytes];
   // Columnwise codes, [tile column][row group] of 8 bytes, slot g ^ swizzle(c).
   alignas(16) uint8_t col_codes[kCols][kGroups * 8];
   alignas(8) uint8_t col_scales[kCols][kGroups];  // [tile column][row group]
@@ -169,8 +176,9 @@ __device__ __forceinline__ Block row_block(const uint8_t* data, int r, int b, fl
 // Rowwise: lane l of warp w takes, in pass p, tile row 8 (p * warps + w) + l % 8
 // and its blocks 2u, 2u + 1 (u = l / 8, columns 32u .. 32u + 31).
 template <class C, class T>
-__device__ __forceinline__ void rowwise(const Args& a, const Shared<C::kTileRows>& sm, int64_t m0,
-                                        int64_t k0, int rows, int cols, float s_enc) {
+__device__ __forceinline__ void rowwise(const Args& a, const Shared<C::kTileRows, C::kStages>& sm,
+                                        const uint8_t* data, int64_t m0, int64_t k0, int rows,
+                                        int cols, float s_enc) {
   constexpr int kWarps = C::kThreads / 32;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, u = lane / 8;
   if (32 * u >= cols) return;  // whole blocks: K % 16 == 0
@@ -180,9 +188,9 @@ __device__ __forceinline__ void rowwise(const Args& a, const Shared<C::kTileRows
   for (int p = 0; p < C::kTileRows / 8 / kWarps; ++p) {
     const int r = 8 * (p * kWarps + warp) + lane % 8;
     if (r >= rows) break;  // rows grow with p
-    const Block b0 = row_block<C, T>(sm.data, r, 2 * u, s_enc, sm.enc[0]);
+    const Block b0 = row_block<C, T>(data, r, 2 * u, s_enc, sm.enc[0]);
     // Past the edge (!second): computed from stale bytes, not stored.
-    const Block b1 = row_block<C, T>(sm.data, r, 2 * u + 1, s_enc, sm.enc[0]);
+    const Block b1 = row_block<C, T>(data, r, 2 * u + 1, s_enc, sm.enc[0]);
     uint8_t* out = a.row_data + (m0 + r) * data_row + k0 / 2 + 16 * u;
     uint8_t* scale = a.row_scale + (m0 + r) * a.row_scale_cols + k0 / kBlock + 2 * u;
     if (second && a.row_store16) {
@@ -203,9 +211,9 @@ __device__ __forceinline__ void rowwise(const Args& a, const Shared<C::kTileRows
 // Columnwise, step 1: unit (word column w, row group h) quantizes the blocks
 // of tile columns 2w and 2w + 1 over rows 16h .. 16h + 15 into the staging area.
 template <class C, class T>
-__device__ __forceinline__ void columnwise(Shared<C::kTileRows>& sm, int rows, int cols,
-                                           float s_enc) {
-  constexpr int kGroups = Shared<C::kTileRows>::kGroups;
+__device__ __forceinline__ void columnwise(Shared<C::kTileRows, C::kStages>& sm,
+                                           const uint8_t* data, int rows, int cols, float s_enc) {
+  constexpr int kGroups = Shared<C::kTileRows, C::kStages>::kGroups;
 #pragma unroll
   for (int it = 0; it < kWordCols * kGroups / C::kThreads; ++it) {
     const int unit = it * C::kThreads + static_cast<int>(threadIdx.x);
@@ -214,8 +222,8 @@ __device__ __forceinline__ void columnwise(Shared<C::kTileRows>& sm, int rows, i
     uint32_t word[kBlock];
 #pragma unroll
     for (int i = 0; i < kBlock; ++i)
-      word[i] = *reinterpret_cast<const uint32_t*>(
-          sm.data + tile_chunk_offset(kBlock * h + i, w / 4) + 4 * (w % 4));
+      word[i] = *reinterpret_cast<const uint32_t*>(data + tile_chunk_offset(kBlock * h + i, w / 4) +
+                                                   4 * (w % 4));
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
       float x[kBlock];
@@ -237,9 +245,10 @@ __device__ __forceinline__ void columnwise(Shared<C::kTileRows>& sm, int rows, i
 // kTileRows / 2 code bytes from 16-byte pieces (lane (c, piece)) and its
 // kTileRows / 16 scale bytes from one lane.
 template <class C>
-__device__ __forceinline__ void store_columnwise(const Args& a, const Shared<C::kTileRows>& sm,
+__device__ __forceinline__ void store_columnwise(const Args& a,
+                                                 const Shared<C::kTileRows, C::kStages>& sm,
                                                  int64_t m0, int64_t k0, int rows, int cols) {
-  constexpr int kGroups = Shared<C::kTileRows>::kGroups;
+  constexpr int kGroups = Shared<C::kTileRows, C::kStages>::kGroups;
   constexpr int kPieces = kGroups / 2;
   const int64_t data_row = a.rows / 2;
 #pragma unroll
@@ -281,46 +290,88 @@ __device__ __forceinline__ void store_columnwise(const Args& a, const Shared<C::
   }
 }
 
+// Where a tile is: its first row and column and its extent.
+struct TileView {
+  int64_t m0, k0;
+  int rows, cols;
+};
+
+template <class C>
+__device__ __forceinline__ TileView tile_view(const Args& a, int64_t tile) {
+  const int64_t m0 = tile / a.tiles_k * C::kTileRows, k0 = tile % a.tiles_k * kCols;
+  return TileView{m0, k0, static_cast<int>(a.rows - m0 < C::kTileRows ? a.rows - m0 : C::kTileRows),
+                  static_cast<int>(a.cols - k0 < kCols ? a.cols - k0 : kCols)};
+}
+
+// Copies the tile into shared memory at dst (a shared-window address) and
+// commits the copies as one group: thread t copies chunk t % 16 of rows
+// t / 16, t / 16 + threads / 16, ... (16 threads read a 256-byte row run).
+template <class C>
+__device__ __forceinline__ void load_tile(const Args& a, const TileView& t, uint32_t dst) {
+  const int c = threadIdx.x % kChunks;
+  if (16 * c < 2 * t.cols) {
+    const int64_t row_bytes = 2 * a.cols;
+    const uint8_t* src = a.input + t.m0 * row_bytes + 2 * t.k0 + 16 * c;
+#pragma unroll 4
+    for (int r = threadIdx.x / kChunks; r < t.rows; r += C::kThreads / kChunks)
+      copy16_async(dst + tile_chunk_offset(r, c), src + r * row_bytes);
+  }
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+
+template <class C, class T>
+__device__ __forceinline__ void quantize_tile(const Args& a, Shared<C::kTileRows, C::kStages>& sm,
+                                              const uint8_t* data, const TileView& t,
+                                              float row_s_enc, float col_s_enc) {
+  if (a.row_data) rowwise<C, T>(a, sm, data, t.m0, t.k0, t.rows, t.cols, row_s_enc);
+  if (a.col_data) {
+    columnwise<C, T>(sm, data, t.rows, t.cols, col_s_enc);
+    __syncthreads();  // staging complete
+    store_columnwise<C>(a, sm, t.m0, t.k0, t.rows, t.cols);
+  }
+}
+
 template <class C, class T>
 __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) quantize_kernel(const Args a) {
-  __shared__ Shared<C::kTileRows> sm;
-  const int64_t tm = blockIdx.x / a.tiles_k, tk = blockIdx.x % a.tiles_k;
-  const int64_t m0 = tm * C::kTileRows, k0 = tk * kCols;
-  const int rows = static_cast<int>(a.rows - m0 < C::kTileRows ? a.rows - m0 : C::kTileRows);
-  const int cols = static_cast<int>(a.cols - k0 < kCols ? a.cols - k0 : kCols);
-
-  // The tile into shared memory: thread t copies chunk t % 16 of rows
-  // t / 16, t / 16 + threads / 16, ... (16 threads read a 256-byte row run).
-  {
-    const int c = threadIdx.x % kChunks;
-    if (16 * c < 2 * cols) {
-      const int64_t row_bytes = 2 * a.cols;
-      const uint8_t* src = a.input + m0 * row_bytes + 2 * k0 + 16 * c;
-      const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(sm.data));
-#pragma unroll 4
-      for (int r = threadIdx.x / kChunks; r < rows; r += C::kThreads / kChunks)
-        copy16_async(dst + tile_chunk_offset(r, c), src + r * row_bytes);
-    }
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
-  }
+  __shared__ Shared<C::kTileRows, C::kStages> sm;
+  const uint32_t smem = static_cast<uint32_t>(__cvta_generic_to_shared(sm.data));
+  constexpr uint32_t kStageBytes = C::kTileRows * kRowBytes;
+  int64_t tile = blockIdx.x;
+  TileView t = tile_view<C>(a, tile);
+  load_tile<C>(a, t, smem);
 
   // While the copies fly: global scales and the enc_b tables.
-  const bool has_row = a.row_data != nullptr, has_col = a.col_data != nullptr;
-  const float row_s_enc = has_row ? global_encode_scale(*a.row_amax) : 1.0f;
-  const float col_s_enc = has_col ? global_encode_scale(*a.col_amax) : 1.0f;
+  const float row_s_enc = a.row_data ? global_encode_scale(*a.row_amax) : 1.0f;
+  const float col_s_enc = a.col_data ? global_encode_scale(*a.col_amax) : 1.0f;
   for (int i = threadIdx.x; i < 2 * kEncTable; i += C::kThreads) {
     const int dir = i / kEncTable, s_b = i % kEncTable;
     sm.enc[dir][s_b] = block_encode_factor(static_cast<uint8_t>(s_b),
                                            global_decode_scale(dir == 0 ? row_s_enc : col_s_enc));
   }
-  asm volatile("cp.async.wait_all;\n" ::: "memory");
-  __syncthreads();
 
-  if (has_row) rowwise<C, T>(a, sm, m0, k0, rows, cols, row_s_enc);
-  if (has_col) {
-    columnwise<C, T>(sm, rows, cols, col_s_enc);
+  if constexpr (!C::kPersistent) {
+    asm volatile("cp.async.wait_all;\n" ::: "memory");
     __syncthreads();
-    store_columnwise<C>(a, sm, m0, k0, rows, cols);
+    quantize_tile<C, T>(a, sm, sm.data[0], t, row_s_enc, col_s_enc);
+  } else {
+    const int64_t tiles = (a.rows + C::kTileRows - 1) / C::kTileRows * a.tiles_k;
+    for (int it = 0; tile < tiles; ++it) {
+      // Prefetch the next tile into the other stage (free: its readers passed
+      // the barrier that ended the previous iteration), then wait for this one.
+      const int64_t next = tile + gridDim.x;
+      const TileView nt = next < tiles ? tile_view<C>(a, next) : t;
+      if (next < tiles) {
+        load_tile<C>(a, nt, smem + ((it + 1) % 2) * kStageBytes);
+      } else {
+        asm volatile("cp.async.commit_group;\n" ::: "memory");  // an empty group
+      }
+      asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+      __syncthreads();
+      quantize_tile<C, T>(a, sm, sm.data[it % 2], t, row_s_enc, col_s_enc);
+      __syncthreads();  // the stage and the staging area may be overwritten
+      tile = next;
+      t = nt;
+    }
   }
 }
 
@@ -359,7 +410,11 @@ void launch(const QuantizeArgs& q, cudaStream_t stream) {
       q.rows % 32 == 0,
       cw.data == nullptr || (is_aligned(cw.scale, kGroups) && cw.scale_cols % kGroups == 0)};
   auto body = [&](auto tag) {
-    quantize_kernel<C, decltype(tag)><<<static_cast<unsigned>(tiles), C::kThreads, 0, stream>>>(a);
+    const auto kernel = quantize_kernel<C, decltype(tag)>;
+    const int64_t grid = C::kPersistent ? persistent_blocks(reinterpret_cast<const void*>(kernel),
+                                                            C::kThreads, tiles)
+                                        : tiles;
+    kernel<<<static_cast<unsigned>(grid), C::kThreads, 0, stream>>>(a);
   };
   if (q.input_dtype == TE_DTYPE_BFLOAT16) {
     body(__nv_bfloat16{});
