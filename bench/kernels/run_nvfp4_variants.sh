@@ -25,6 +25,12 @@ status=0
 for pid in "${pids[@]}"; do wait "$pid" || status=1; done
 if [ "$status" != 0 ]; then cat "$build"/*.log; exit 1; fi
 nvcc -arch=sm_90 "${objects[@]}" -o "$build/nvfp4_quantize_variants"
-echo "ptxas, fast kernels (registers, spills):"
-grep -A2 "fast15quantize_kernel" "$build/nvfp4_quantize_variants.cu.o.log" | grep -E "registers|spill" || true
+echo "ptxas, fast kernel candidates:"
+awk '/Compiling entry function .*fast15quantize_kernel/ {
+       match($0, /CandidateILi[0-9]+/); c = substr($0, RSTART + 12, RLENGTH - 12);
+       t = ($0 ~ /bfloat16/) ? "bf16" : "fp16"; want = 1 }
+     want && /spill stores/ { split($0, f, " "); spill = f[5] }
+     want && /Used [0-9]+ registers/ { match($0, /Used [0-9]+/);
+       printf "  candidate %s %s: %s registers, %s bytes spilled\n", c, t, substr($0, RSTART + 5, RLENGTH - 5), spill;
+       want = 0 }' "$build/nvfp4_quantize_variants.cu.o.log" | sort
 "$build/nvfp4_quantize_variants" "$@"

@@ -268,6 +268,18 @@ def test_fast_kernel_rowwise_any_rows_match_cpu(rng, shape):
     compare_with_cpu(hostile(rng, shape, ml_dtypes.bfloat16), columnwise=False)
 
 
+@pytest.mark.parametrize("dtype", [ml_dtypes.bfloat16, np.float16])
+def test_fast_kernel_hostile_amaxes(rng, dtype):
+    """Zero (S_enc = 1), all-NaN and denormal 16-bit tensors on the fast kernel."""
+    tiny = ml_dtypes.finfo(dtype).smallest_subnormal
+    for x in (
+        np.zeros((32, 160), dtype),
+        np.full((32, 160), np.nan, dtype),
+        (rng.integers(-3, 4, (32, 160)) * tiny).astype(dtype),
+    ):
+        compare_with_cpu(x)
+
+
 def test_fast_kernel_different_global_amaxes(rng):
     """Each direction quantizes with its own S_enc (its own enc_b table)."""
     x = hostile(rng, (208, 400), ml_dtypes.bfloat16, with_inf=False, with_nan=False)
