@@ -2,13 +2,15 @@
 // 1x16 blocks, round to nearest even, no RHT. The other options take the
 // general kernel of cuda_quantize.cu. Same arithmetic (formulas.h), same bytes.
 //
-// Why it is shaped this way. The general kernel writes its outputs in many
-// small pieces: per 64x128 tile, 512 warp-level store requests of 4 to 32
-// bytes (8-byte rowwise codes and single scale bytes from lanes of 8 rows,
-// 32-byte columnwise pieces, 4-byte columnwise scales), where the per-tensor
-// FP8 cast-transpose (transpose/tile.cuh, 86% of copy) needs 192 requests of
-// 64-128 bytes for the same elements. Here every output goes out as the
-// widest piece its layout allows:
+// Why it is shaped this way (design reasoning; the measurements are
+// bench/kernels/run_nvfp4_variants.sh's). The general kernel writes its
+// outputs in small pieces: per 64x128 tile about 512 warp-level store
+// requests of 4 to 32 bytes (8-byte rowwise codes and single scale bytes from
+// lanes of 8 rows, 32-byte columnwise pieces, 4-byte columnwise scales),
+// where the per-tensor FP8 cast-transpose (transpose/tile.cuh, 86% of copy)
+// needs about 192 requests of 64-128 bytes for as many elements; and it
+// spends ~13 instructions per element and direction, half of them on the
+// half-rate integer pipe. Here:
 //  - rowwise: a lane quantizes two neighbouring blocks of a row (32 elements)
 //    and stores their 16 code bytes at once; 4 lanes cover a tile row (64
 //    contiguous bytes per request), and the lane's two scale bytes go out as
@@ -16,10 +18,14 @@
 //  - columnwise: the codes are staged in shared memory, [tile column][m], so
 //    that a k-row of the transposed output (kTileRows / 2 bytes: 64 for 128
 //    tile rows) is written by 4 lanes with 16-byte stores, and its
-//    kTileRows / 16 scale bytes by one lane with one 8-byte (or 4-byte) store.
+//    kTileRows / 16 scale bytes by one lane with one 8-byte (or 4-byte) store;
+//  - E2M1 rounding by the min-of-three route (kMin3), mostly FP32 operations;
+//    block amaxes as trees (more independent instructions than a chain).
 // Tile: kTileRows x 128 elements (256 bytes per row), copied into shared
 // memory with cp.async; one tile per CTA, several CTAs per SM, so the loads of
-// one CTA overlap the arithmetic of the others (as in tile.cuh).
+// one CTA overlap the arithmetic of the others (as in tile.cuh), or (the
+// kPersistent candidates) a loop over tiles with the next tile's copy in
+// flight during the current one's arithmetic.
 // The shared input tile has cuda_common.cuh's swizzled 256-byte rows: the
 // rowwise lanes (8 rows x 16-byte chunks per quarter warp) and the
 // columnwise lanes (32 consecutive 4-byte words of one row) read without bank
