@@ -96,8 +96,10 @@ uint16_t fp16_bits(float f) {
 
 // Hostile 16-bit input: per 16x16 region a scale 2^e (e in [-130, 120]),
 // values normal(0, 1), E2M1 midpoints and grid points times the scale, zeros,
-// infinities, NaNs with either sign and payloads, denormals.
-std::vector<uint16_t> hostile(int64_t rows, int64_t cols, bool fp16, std::mt19937& g) {
+// infinities (with_inf; they make the global amax infinite, so S_enc = 1),
+// NaNs with either sign and payloads, denormals.
+std::vector<uint16_t> hostile(int64_t rows, int64_t cols, bool fp16, bool with_inf,
+                              std::mt19937& g) {
   std::normal_distribution<float> normal(0.0f, 1.0f);
   std::uniform_real_distribution<float> uni(0.0f, 1.0f);
   std::uniform_int_distribution<int> exp_dist(-130, 120);
@@ -119,7 +121,7 @@ std::vector<uint16_t> hostile(int64_t rows, int64_t cols, bool fp16, std::mt1993
       } else if (p < 0.93f) {
         v = uni(g) < 0.5f ? 0.0f : -0.0f;
       } else if (p < 0.95f) {
-        v = uni(g) < 0.5f ? INFINITY : -INFINITY;
+        v = with_inf ? (uni(g) < 0.5f ? INFINITY : -INFINITY) : normal(g) * scale;
       } else if (p < 0.97f) {
         out[static_cast<size_t>(r * cols + c)] =
             static_cast<uint16_t>((fp16 ? 0x7E01 : 0x7FC1) | (uni(g) < 0.5f ? 0x8000 : 0));
@@ -151,11 +153,12 @@ struct Case {
   bool rowwise, columnwise, fp16;
   float col_amax_factor;
   int scale_offset;
+  bool with_inf;
 };
 
 bool check_case(const Case& k, const std::vector<int>& impls, std::mt19937& g) {
   const int64_t n = k.rows * k.cols;
-  const std::vector<uint16_t> x = hostile(k.rows, k.cols, k.fp16, g);
+  const std::vector<uint16_t> x = hostile(k.rows, k.cols, k.fp16, k.with_inf, g);
   const te_dtype dtype = k.fp16 ? TE_DTYPE_FLOAT16 : TE_DTYPE_BFLOAT16;
   float amax[2];
   te::nvfp4::cpu::compute_amax(x.data(), dtype, k.rows, k.cols, &amax[0], &amax[1], {});
@@ -220,8 +223,8 @@ bool check_case(const Case& k, const std::vector<int>& impls, std::mt19937& g) {
     std::printf("%s  %-58s %lldx%lld %s %s%s%s amax_col x%.0f scale+%d%s\n",
                 bad.empty() ? "PASS" : "FAIL", impl_name(impl).c_str(),
                 static_cast<long long>(k.rows), static_cast<long long>(k.cols),
-                k.fp16 ? "fp16" : "bf16", k.rowwise ? "row" : "", k.columnwise ? "+col" : "", "",
-                k.col_amax_factor, k.scale_offset, bad.c_str());
+                k.fp16 ? "fp16" : "bf16", k.rowwise ? "row" : "", k.columnwise ? "+col" : "",
+                k.with_inf ? " inf" : "", k.col_amax_factor, k.scale_offset, bad.c_str());
     all_ok = all_ok && bad.empty();
   }
   for (void* p : {d_x, static_cast<void*>(d_amax), static_cast<void*>(d_row),
@@ -316,13 +319,22 @@ int main(int argc, char** argv) {
 
   std::mt19937 g(1234);
   const Case cases[] = {
-      {48, 160, true, true, false, 1.0f, 0},    {4112, 4096, true, true, false, 1.0f, 0},
-      {4112, 4096, true, true, false, 3.0f, 0}, {80, 272, true, true, false, 1.0f, 0},
-      {16, 16, true, true, false, 1.0f, 0},     {208, 4112, true, true, false, 1.0f, 1},
-      {2048, 528, true, false, false, 1.0f, 0}, {2048, 528, false, true, false, 1.0f, 1},
-      {5, 160, true, false, false, 1.0f, 0},    {130, 64, true, false, false, 1.0f, 1},
-      {6160, 1040, true, true, false, 1.0f, 0}, {144, 400, true, true, true, 2.0f, 0},
-      {4096, 4096, true, true, true, 1.0f, 0},
+      {48, 160, true, true, false, 1.0f, 0, false},
+      {48, 160, true, true, false, 1.0f, 0, true},
+      {4112, 4096, true, true, false, 1.0f, 0, false},
+      {4112, 4096, true, true, false, 3.0f, 0, false},
+      {80, 272, true, true, false, 1.0f, 0, false},
+      {16, 16, true, true, false, 1.0f, 0, false},
+      {208, 4112, true, true, false, 1.0f, 1, false},
+      {208, 4112, true, true, false, 1.0f, 0, true},
+      {2048, 528, true, false, false, 1.0f, 0, false},
+      {2048, 528, false, true, false, 1.0f, 1, false},
+      {5, 160, true, false, false, 1.0f, 0, false},
+      {130, 64, true, false, false, 1.0f, 1, false},
+      {6160, 1040, true, true, false, 1.0f, 0, false},
+      {144, 400, true, true, true, 2.0f, 0, false},
+      {4096, 4096, true, true, true, 1.0f, 0, false},
+      {4096, 4096, true, true, true, 1.0f, 0, true},
   };
   bool ok = true;
   for (const Case& c : cases) ok = check_case(c, impls, g) && ok;
