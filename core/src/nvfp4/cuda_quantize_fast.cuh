@@ -351,6 +351,7 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) quantize_kernel(co
   const float col_s_enc = a.col_data ? global_encode_scale(*a.col_amax) : 1.0f;
   for (int i = threadIdx.x; i < 2 * kEncTable; i += C::kThreads) {
     const int dir = i / kEncTable, s_b = i % kEncTable;
+    if (dir == 0 ? a.row_data == nullptr : a.col_data == nullptr) continue;  // not read
     sm.enc[dir][s_b] = block_encode_factor(static_cast<uint8_t>(s_b),
                                            global_decode_scale(dir == 0 ? row_s_enc : col_s_enc));
   }
