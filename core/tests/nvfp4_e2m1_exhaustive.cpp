@@ -14,7 +14,8 @@
 // monotone in r, so agreeing at r = T - 1 and r = T (and at 0 and 2^32 - 1)
 // means agreeing for every r.
 // The packed encoders (encode8, encode_block) are checked on random blocks
-// against the per-element codes.
+// against the per-element codes. The min-of-three route to the nearest code
+// (e2m1_nearest_min3_biased, encode8<false, true>) is checked the same way.
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -96,6 +97,9 @@ void check_range(uint64_t begin, uint64_t end, uint64_t stride) {
     const uint32_t magnitude = e2m1_nearest_biased(v) - kE2M1CodeBias;
     if (magnitude > 7u)
       report("nearest magnitude out of 0..7", bits, 0, static_cast<int>(magnitude), 0);
+    const uint32_t min3 = e2m1_nearest_min3_biased(v) - kE2M1Min3Bias;
+    if (min3 != (want & 0x7u))
+      report("nearest (min of three)", bits, 0, static_cast<int>(min3), want & 7);
 
     double cut;
     reference_stochastic(v, 0, &cut);
@@ -128,6 +132,10 @@ void check_packing() {
     const float enc = (trial % 3 == 0) ? 1.0f : std::fabs(normal(gen)) + 1e-30f;
     const uint64_t nearest = encode_block(v, enc, nullptr);
     const uint64_t stochastic = encode_block(v, enc, random);
+    const uint64_t min3 = (static_cast<uint64_t>(encode8<false, true>(v + 8, enc, nullptr)) << 32) |
+                          encode8<false, true>(v, enc, nullptr);
+    if (min3 != nearest)
+      report("encode8 (min of three)", 0, 0, static_cast<int>(min3 != nearest), 0);
     for (int i = 0; i < kBlock; ++i) {
       const float y = v[i] * enc;
       const int got = static_cast<int>((nearest >> (4 * i)) & 0xF);

@@ -1,4 +1,6 @@
-// The NVFP4 quantize kernel: one pass over the input writes the rowwise and
+// The general NVFP4 quantize kernel (every option and input type; the common
+// case, 16-bit input with 1x16 blocks, RNE and no RHT, takes the kernel of
+// cuda_quantize_fast.cuh): one pass over the input writes the rowwise and
 // the columnwise (transposed) outputs with their scales. Byte-identical to the
 // CPU backend: the element and scale arithmetic is formulas.h, the RHT
 // hadamard.h and the random words philox.h, the same code on both sides.
@@ -33,6 +35,7 @@
 // scale buffers is cleared by memset nodes.
 #include "nvfp4/backend.h"
 #include "nvfp4/cuda_common.cuh"
+#include "nvfp4/cuda_quantize_fast.cuh"
 #include "nvfp4/hadamard.h"
 #include "nvfp4/philox.h"
 #include "runtime/cuda_check.h"
@@ -42,7 +45,7 @@ namespace te::nvfp4::cuda {
 namespace {
 
 constexpr int kTileRows = 64;
-constexpr int kRowBytes = 256;                  // bytes of a tile row
+constexpr int kRowBytes = kTileRowBytes;        // bytes of a tile row
 constexpr int kChunks = kRowBytes / 16;         // 16-byte chunks of a tile row
 constexpr int kRowGroups = kTileRows / kBlock;  // columnwise blocks per tile column
 constexpr int kStages = 2;
@@ -66,15 +69,6 @@ struct SharedTile {
   float enc[2][kEncTable];                             // [rowwise, columnwise][s_b]
 };
 
-// Byte offset of chunk c of tile row r (XOR swizzle within each 8-chunk half row).
-__device__ __forceinline__ int chunk_offset(int r, int c) {
-  return r * kRowBytes + ((c ^ (r & 7)) << 4);
-}
-
-// 16 bytes global -> shared (a shared-window address), bypassing L1.
-__device__ __forceinline__ void copy16_async(uint32_t smem, const void* gmem) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem), "l"(gmem) : "memory");
-}
 __device__ __forceinline__ void commit_async() {
   asm volatile("cp.async.commit_group;\n" ::: "memory");
 }
@@ -99,20 +93,6 @@ struct KernelArgs {
   bool col_store16;          // M % 32 == 0: 16-byte columnwise data stores
   bool col_scale_store4;     // columnwise scale pointer 4-byte aligned
 };
-
-// The elements of one 32-bit word of the tile as floats (2 or 1).
-__device__ __forceinline__ void word_to_floats(uint32_t w, float* out, __nv_bfloat16) {
-  out[0] = __uint_as_float(w << 16);
-  out[1] = __uint_as_float(w & 0xFFFF0000u);
-}
-__device__ __forceinline__ void word_to_floats(uint32_t w, float* out, __half) {
-  const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&w));
-  out[0] = f.x;
-  out[1] = f.y;
-}
-__device__ __forceinline__ void word_to_floats(uint32_t w, float* out, float) {
-  out[0] = __uint_as_float(w);
-}
 
 // The 16 codes of a block with encode factor enc (RNE, or SR with 16 words).
 template <bool kSR>
@@ -232,8 +212,8 @@ __device__ __forceinline__ void rowwise_pass(const KernelArgs& a, SharedTile& sm
     float v[kBlock];
 #pragma unroll
     for (int q = 0; q < S::kChunksPerBlock; ++q) {
-      const uint4 chunk =
-          *reinterpret_cast<const uint4*>(t.data + chunk_offset(r, b * S::kChunksPerBlock + q));
+      const uint4 chunk = *reinterpret_cast<const uint4*>(
+          t.data + tile_chunk_offset(r, b * S::kChunksPerBlock + q));
       constexpr int kPer = kBlock / S::kChunksPerBlock;  // elements per chunk
       word_to_floats(chunk.x, v + q * kPer, T{});
       word_to_floats(chunk.y, v + q * kPer + kPer / 4, T{});
@@ -290,7 +270,7 @@ __device__ __forceinline__ void columnwise_pass(const KernelArgs& a, SharedTile&
   uint32_t w[kBlock];
 #pragma unroll
   for (int i = 0; i < kBlock; ++i)
-    w[i] = *reinterpret_cast<const uint32_t*>(t.data + chunk_offset(h * kBlock + i, word / 4) +
+    w[i] = *reinterpret_cast<const uint32_t*>(t.data + tile_chunk_offset(h * kBlock + i, word / 4) +
                                               4 * (word % 4));
   const int64_t M = a.rows;
   uint32_t packed[2 * S::kWordCols];
@@ -422,10 +402,10 @@ __global__ void __launch_bounds__(kThreads, kSR ? 2 : 4) quantize_kernel(const K
   const int load_r = threadIdx.x / kChunks, load_c = threadIdx.x % kChunks;
   const uint64_t row_bytes = static_cast<uint64_t>(a.cols) * sizeof(T);
   const uint64_t load_off = load_r * row_bytes + load_c * 16;
-  // chunk_offset(r + 16 i, c) = chunk_offset(r, c) + 16 i * kRowBytes: the swizzle repeats every 8
-  // rows.
+  // tile_chunk_offset(r + 16 i, c) = tile_chunk_offset(r, c) + 16 i * kRowBytes: the swizzle
+  // repeats every 8 rows.
   const uint32_t load_dst = static_cast<uint32_t>(__cvta_generic_to_shared(sm.data[0])) +
-                            static_cast<uint32_t>(chunk_offset(load_r, load_c));
+                            static_cast<uint32_t>(tile_chunk_offset(load_r, load_c));
   auto load_tile = [&](const TileView& t, int stage) {
     if (load_c * 16 >= t.cols * static_cast<int>(sizeof(T))) return;
     const uint8_t* src = t.input + load_off;
@@ -504,16 +484,10 @@ void launch_for_options(const KernelArgs& k, const Options& o, cudaStream_t s) {
   }
 }
 
-}  // namespace
-
-void quantize(const QuantizeArgs& a, te_stream stream) {
+// The general kernel for any arguments (rows, cols > 0).
+void launch_general(const QuantizeArgs& a, cudaStream_t stream) {
   const Direction& rw = a.rowwise;
   const Direction& cw = a.columnwise;
-  if (rw.data)
-    clear_scale_padding(rw.scale, a.rows, a.cols / kBlock, rw.scale_rows, rw.scale_cols, stream);
-  if (cw.data)
-    clear_scale_padding(cw.scale, a.cols, a.rows / kBlock, cw.scale_rows, cw.scale_cols, stream);
-  if (a.rows == 0 || a.cols == 0) return;
   dispatch_float(a.input_dtype, [&](auto tag) {
     using T = decltype(tag);
     const int64_t tiles_k = ceil_div(a.cols, Tile<T>::kCols);
@@ -531,8 +505,32 @@ void quantize(const QuantizeArgs& a, te_stream stream) {
                        a.options.rng_state,
                        a.rows % 32 == 0,
                        cw.data == nullptr || is_aligned(cw.scale, 4)};
-    launch_for_options<T>(k, a.options, cuda_stream(stream));
+    launch_for_options<T>(k, a.options, stream);
   });
+}
+
+// The candidate of cuda_quantize_fast.cuh that the common case uses (-1: the
+// general kernel for everything). Chosen by measurement:
+// bench/kernels/run_nvfp4_variants.sh times every candidate on the GPU.
+constexpr int kFastCandidate = 2;
+
+}  // namespace
+
+void quantize(const QuantizeArgs& a, te_stream stream) {
+  const Direction& rw = a.rowwise;
+  const Direction& cw = a.columnwise;
+  if (rw.data)
+    clear_scale_padding(rw.scale, a.rows, a.cols / kBlock, rw.scale_rows, rw.scale_cols, stream);
+  if (cw.data)
+    clear_scale_padding(cw.scale, a.cols, a.rows / kBlock, cw.scale_rows, cw.scale_cols, stream);
+  if (a.rows == 0 || a.cols == 0) return;
+  if constexpr (kFastCandidate >= 0) {
+    if (fast::applies(a)) {
+      fast::launch<fast::Candidate<kFastCandidate>>(a, cuda_stream(stream));
+      return;
+    }
+  }
+  launch_general(a, cuda_stream(stream));
 }
 
 }  // namespace te::nvfp4::cuda

@@ -171,6 +171,35 @@ TE_HD uint32_t e2m1_stochastic_biased(float y, uint32_t r) {
   return e2m1_biased_code(down, e) + (r < up_words ? 1u : 0u);
 }
 
+// The same magnitude code by another route, with fewer integer operations
+// (the fast CUDA kernel's; cuda_quantize_fast.cuh). With a = |y| and the magic
+// M = 1.5 * 2^22 (ulp 0.5), three sums in M's binade round a once each:
+//   s_1 = a + M               bits(s_1) - bits(M) = RNE(2a)       (step 0.5)
+//   s_2 = fma(a, 1/2, M + 1)  bits(s_2) - bits(M) = RNE(a) + 2    (step 1)
+//   s_3 = fma(a, 1/4, M + 2)  bits(s_3) - bits(M) = RNE(a/2) + 4  (step 2)
+// (M + 1, M + 2: even numbers of ulps, so ties still go to even.) Each is the
+// code when a lies in its step's range and larger otherwise, so
+//   code = min(bits(s_1), bits(s_2), bits(s_3), bits(M) + 7) - bits(M)
+// (the 7 saturates; a larger a, infinity or NaN makes every sum larger).
+constexpr float kE2M1Min3Magic = 6291456.0f;     // 1.5 * 2^22
+constexpr uint32_t kE2M1Min3Bias = 0x4AC00000u;  // bits(kE2M1Min3Magic)
+
+TE_HD uint32_t e2m1_nearest_min3_biased(float y) {
+  const float a = std::fabs(y);
+  const uint32_t s1 = bit_cast_value<uint32_t>(a + kE2M1Min3Magic);
+#ifdef __CUDA_ARCH__
+  const uint32_t s2 = __float_as_uint(__fmaf_rn(a, 0.5f, kE2M1Min3Magic + 1.0f));
+  const uint32_t s3 = __float_as_uint(__fmaf_rn(a, 0.25f, kE2M1Min3Magic + 2.0f));
+  return min(min(s1, s2), min(s3, kE2M1Min3Bias + 7u));
+#else
+  const uint32_t s2 = bit_cast_value<uint32_t>(std::fma(a, 0.5f, kE2M1Min3Magic + 1.0f));
+  const uint32_t s3 = bit_cast_value<uint32_t>(std::fma(a, 0.25f, kE2M1Min3Magic + 2.0f));
+  const uint32_t m = s1 < s2 ? s1 : s2;
+  const uint32_t n = s3 < kE2M1Min3Bias + 7u ? s3 : kE2M1Min3Bias + 7u;
+  return m < n ? m : n;
+#endif
+}
+
 // (hi << 4) | (lo >> 28): one funnel shift on the GPU.
 TE_HD uint32_t shift_in_top_nibble(uint32_t hi, uint32_t lo) {
 #ifdef __CUDA_ARCH__
@@ -196,9 +225,11 @@ TE_HD uint8_t float_to_e2m1_stochastic(float v, uint32_t r) {
 
 // The codes of y_i = v_i * enc_b for 8 values, packed: element i in bits
 // 4i..4i+3 (byte i/2 holds element i in its low nibble when i is even).
-// Stochastic when kStochastic, with the words random[0..7].
-template <bool kStochastic>
+// Stochastic when kStochastic, with the words random[0..7]; kMin3: round to
+// nearest by e2m1_nearest_min3_biased (same codes, other instruction mix).
+template <bool kStochastic, bool kMin3 = false>
 TE_HD uint32_t encode8(const float v[8], float enc_b, const uint32_t* random) {
+  constexpr uint32_t kBias8 = kMin3 ? kE2M1Min3Bias * 0x11111111u : kE2M1CodeBias8;
   uint32_t word = 0;   // sum of biased codes << 4i: the codes are 0..7, so no carries
   uint32_t signs = 0;  // the top 4 bits of element i's sign word in nibble i
 #ifdef __CUDA_ARCH__
@@ -206,12 +237,13 @@ TE_HD uint32_t encode8(const float v[8], float enc_b, const uint32_t* random) {
 #endif
   for (int i = 7; i >= 0; --i) {
     const float y = v[i] * enc_b;
-    const uint32_t biased =
-        kStochastic ? e2m1_stochastic_biased(y, random[i]) : e2m1_nearest_biased(y);
+    const uint32_t biased = kStochastic ? e2m1_stochastic_biased(y, random[i])
+                            : kMin3     ? e2m1_nearest_min3_biased(y)
+                                        : e2m1_nearest_biased(y);
     word += biased << (4 * i);
     signs = shift_in_top_nibble(signs, e2m1_product_sign_word(y));
   }
-  return (word - kE2M1CodeBias8) | (signs & 0x88888888u);
+  return (word - kBias8) | (signs & 0x88888888u);
 }
 
 // Value of an E2M1 code (the low 4 bits of c).

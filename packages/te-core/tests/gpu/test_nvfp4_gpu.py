@@ -151,6 +151,45 @@ def compare_with_cpu(x, rowwise=True, columnwise=True, seed=0, offset=0, **mode)
             assert_same(got[name], getattr(want, name), name)
 
 
+def quantize_both_with_amaxes(x, amaxes, block_2d=False, stochastic_rounding=False, seed=0, offset=0):
+    """Both directions on the GPU with the given global amaxes (rowwise, columnwise),
+    compared byte for byte with the CPU backend given the same amaxes."""
+    m, k = x.shape
+    xd, state = Dev.of(x), Dev.of(np.array([seed, offset], np.uint64).view(np.int64))
+    amax_row, amax_col = Dev.of(np.float32(amaxes[0])), Dev.of(np.float32(amaxes[1]))
+    row, row_s, col, col_s = fp4((m, k)), scales(m, k), fp4((k, m)), scales(k, m)
+    lib.nvfp4_quantize(
+        xd.desc,
+        amax_row.desc,
+        row.desc,
+        row_s.desc,
+        amax_col.desc,
+        col.desc,
+        col_s.desc,
+        block_2d=block_2d,
+        stochastic_rounding=stochastic_rounding,
+        random_hadamard=False,
+        rht_sign_mask=0,
+        rng_state=state.desc,
+        stream=stream(),
+    )
+    torch.cuda.synchronize()
+    want = tc.quantize_nvfp4(
+        x,
+        columnwise=True,
+        block_2d=block_2d,
+        stochastic_rounding=stochastic_rounding,
+        seed=seed,
+        offset=offset,
+        amax_rowwise=np.float32(amaxes[0]),
+        amax_columnwise=np.float32(amaxes[1]),
+    )
+    assert_same(row.bytes(), want.rowwise, "rowwise")
+    assert_same(row_s.bytes(), want.rowwise_scale, "rowwise_scale")
+    assert_same(col.bytes(), want.columnwise, "columnwise")
+    assert_same(col_s.bytes(), want.columnwise_scale, "columnwise_scale")
+
+
 @pytest.mark.parametrize("shape", ROWWISE_SHAPES)
 @pytest.mark.parametrize("dtype", INPUT_DTYPES)
 @pytest.mark.parametrize("mode", ["1d", "sr"])
@@ -209,49 +248,54 @@ def test_many_tiles_per_cta_match_cpu(rng, dtype, mode):
     compare_with_cpu(x, seed=seed, offset=offset, **MODES[mode])
 
 
+# The kernel of the common case (16-bit input, 1x16 blocks, RNE, no RHT) works
+# on tiles of 128 rows x 128 columns: partial tiles in either dimension, a
+# single partial tile, M % 32 == 16 (8-byte columnwise stores), K % 32 == 16
+# (8-byte rowwise stores), each direction alone and both.
+FAST_EDGE_SHAPES = [(48, 160), (4112, 4096), (208, 4112), (144, 400), (272, 48)]
+
+
+@pytest.mark.parametrize("shape", FAST_EDGE_SHAPES)
+@pytest.mark.parametrize("dtype", [ml_dtypes.bfloat16, np.float16])
+@pytest.mark.parametrize("directions", ["both", "rowwise", "columnwise"])
+def test_fast_kernel_tile_edges_match_cpu(rng, shape, dtype, directions):
+    x = with_negative_nans(rng, hostile(rng, shape, dtype, with_inf=rng.random() < 0.5))
+    compare_with_cpu(x, rowwise=directions != "columnwise", columnwise=directions != "rowwise")
+
+
+@pytest.mark.parametrize("shape", [(5, 160), (130, 4112), (1, 4096)])
+def test_fast_kernel_rowwise_any_rows_match_cpu(rng, shape):
+    compare_with_cpu(hostile(rng, shape, ml_dtypes.bfloat16), columnwise=False)
+
+
+@pytest.mark.parametrize("dtype", [ml_dtypes.bfloat16, np.float16])
+def test_fast_kernel_hostile_amaxes(rng, dtype):
+    """Zero (S_enc = 1), all-NaN and denormal 16-bit tensors on the fast kernel."""
+    tiny = ml_dtypes.finfo(dtype).smallest_subnormal
+    for x in (
+        np.zeros((32, 160), dtype),
+        np.full((32, 160), np.nan, dtype),
+        (rng.integers(-3, 4, (32, 160)) * tiny).astype(dtype),
+    ):
+        compare_with_cpu(x)
+
+
+def test_fast_kernel_different_global_amaxes(rng):
+    """Each direction quantizes with its own S_enc (its own enc_b table)."""
+    x = hostile(rng, (208, 400), ml_dtypes.bfloat16, with_inf=False, with_nan=False)
+    amax = float(np.max(np.abs(x.astype(np.float32))))
+    quantize_both_with_amaxes(x, (amax, amax * 3.0))
+
+
 @pytest.mark.parametrize("mode", ["2d", "2d_sr"])
 @pytest.mark.parametrize("columnwise_amax_factor", [1.0, 3.0])
 def test_2d_with_different_global_amaxes(rng, mode, columnwise_amax_factor):
     """16x16 blocks: the columnwise codes come from the rowwise ones when both
     directions have the same global amax, else they are quantized again."""
     x = with_negative_nans(rng, hostile(rng, (208, 400), ml_dtypes.bfloat16, with_inf=False))
-    m, k = x.shape
     amax = float(np.nanmax(np.abs(x.astype(np.float32))))
-    amaxes = (np.float32(amax), np.float32(amax * columnwise_amax_factor))
-    xd, state = Dev.of(x), Dev.of(np.array([7, 11], np.uint64).view(np.int64))
-    amax_row, amax_col = Dev.of(amaxes[0]), Dev.of(amaxes[1])
-    row, row_s, col, col_s = fp4((m, k)), scales(m, k), fp4((k, m)), scales(k, m)
-    sr = mode == "2d_sr"
-    lib.nvfp4_quantize(
-        xd.desc,
-        amax_row.desc,
-        row.desc,
-        row_s.desc,
-        amax_col.desc,
-        col.desc,
-        col_s.desc,
-        block_2d=True,
-        stochastic_rounding=sr,
-        random_hadamard=False,
-        rht_sign_mask=0,
-        rng_state=state.desc,
-        stream=stream(),
-    )
-    torch.cuda.synchronize()
-    want = tc.quantize_nvfp4(
-        x,
-        columnwise=True,
-        block_2d=True,
-        stochastic_rounding=sr,
-        seed=7,
-        offset=11,
-        amax_rowwise=amaxes[0],
-        amax_columnwise=amaxes[1],
-    )
-    assert_same(row.bytes(), want.rowwise, "rowwise")
-    assert_same(row_s.bytes(), want.rowwise_scale, "rowwise_scale")
-    assert_same(col.bytes(), want.columnwise, "columnwise")
-    assert_same(col_s.bytes(), want.columnwise_scale, "columnwise_scale")
+    amaxes = (amax, amax * columnwise_amax_factor)
+    quantize_both_with_amaxes(x, amaxes, block_2d=True, stochastic_rounding=mode == "2d_sr", seed=7, offset=11)
 
 
 @pytest.mark.parametrize("out_dtype", INPUT_DTYPES)
