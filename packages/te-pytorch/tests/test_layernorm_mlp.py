@@ -418,14 +418,14 @@ def test_recipes_equal_norm_linear_activation_linear(device, fp8_recipe, kind, n
 
 
 @ALL_RECIPES
-def test_weight_requantization_reproduces_the_forward_bytes(fp8_recipe):
+def test_weight_requantization_reproduces_the_forward_bytes(device, fp8_recipe):
     """Backward quantizes each weight again (columnwise only) instead of saving a
     copy: for every recipe those bytes equal the columnwise copy of a forward
     quantization (both copies at once), and do not change from call to call."""
-    layer = te.LayerNormMLP(64, 64, activation="swiglu", device="cpu")
+    layer = te.LayerNormMLP(64, 64, activation="swiglu", device=device)
     with warnings.catch_warnings(), te.autocast(recipe=fp8_recipe):
         warnings.simplefilter("ignore")
-        layer(torch.randn(64, 64))  # (builds the quantizers)
+        layer(torch.randn(64, 64, device=device))  # (builds the quantizers)
     for slot, weight in ((1, layer.fc1_weight), (4, layer.fc2_weight)):
         q = layer.quantizers["scaling_fwd"][slot]
         both = quantize_operand(q, weight.detach(), rowwise=True, columnwise=True).drop(rowwise=True)
