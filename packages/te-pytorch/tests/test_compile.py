@@ -3,8 +3,11 @@
 The compiled model runs the same te-core kernels as eager mode, so outputs and
 gradients are bit-identical with backend="aot_eager". One test uses the
 default inductor backend (it compiles C++ on the CPU: slow, so the model is
-small). DelayedScaling refuses torch.compile with a clear message, as the
-reference does: its state is updated outside the graph.
+small). Linear, LayerNormLinear and LayerNormMLP compile under
+Float8CurrentScaling and every block recipe (NVFP4's stochastic rounding of
+the gradients draws from torch's generator, seeded alike for both runs).
+DelayedScaling refuses torch.compile with a clear message, as the reference
+does: its state is updated outside the graph.
 """
 
 from __future__ import annotations
@@ -33,6 +36,15 @@ def _model(device):
         torch.nn.GELU(),
         te.Linear(64, 32, device=device),
         te.RMSNorm(32, device=device),
+    )
+
+
+def _norm_model(device):
+    return torch.nn.Sequential(
+        te.LayerNormLinear(64, 64, device=device),
+        torch.nn.GELU(),
+        te.Linear(64, 64, device=device),
+        te.LayerNormMLP(64, 64, normalization="RMSNorm", activation="swiglu", device=device),
     )
 
 
@@ -86,14 +98,16 @@ def test_inductor_backend():
     assert torch.equal(got, expected)
 
 
-def test_delayed_scaling_is_refused_with_a_clear_message():
-    model = _model("cpu")
+@pytest.mark.parametrize("make", [_model, _norm_model], ids=["linear", "norm_modules"])
+def test_delayed_scaling_is_refused_with_a_clear_message(make):
+    model = make("cpu")
     compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    width = model[0].in_features if hasattr(model[0], "in_features") else 32
     with (
         pytest.raises(RuntimeError, match="DelayedScaling cannot run under torch.compile"),
         te.autocast(recipe=recipe.DelayedScaling()),
     ):
-        compiled(torch.randn(16, 32))
+        compiled(torch.randn(16, width))
 
 
 def test_recipe_change_recompiles():
@@ -106,3 +120,32 @@ def test_recipe_change_recompiles():
         assert model[1].fp8_meta["recipe"] == fp8_recipe
         with te.autocast(recipe=fp8_recipe):
             assert torch.equal(got, model(x))
+
+
+def _seeded_step(model, x, fp8_recipe):
+    torch.manual_seed(5)  # (NVFP4 rounds the gradients stochastically)
+    return _step(model, x, fp8_recipe)
+
+
+@pytest.mark.filterwarnings("ignore:.*emulated:UserWarning")
+@pytest.mark.parametrize(
+    "fp8_recipe",
+    [
+        None,
+        recipe.Float8CurrentScaling(),
+        recipe.MXFP8BlockScaling(),
+        recipe.Float8BlockScaling(),
+        recipe.NVFP4BlockScaling(),
+    ],
+    ids=["high_precision", "current", "mxfp8", "fp8_block", "nvfp4"],
+)
+def test_norm_modules_fullgraph_match_eager(device, fp8_recipe):
+    """Linear, LayerNormLinear and LayerNormMLP under every recipe torch.compile supports."""
+    model = _norm_model(device)
+    x = torch.randn(2, 32, 64, device=device)
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    for _ in range(2):
+        got = _seeded_step(compiled, x, fp8_recipe)
+        expected = _seeded_step(model, x, fp8_recipe)
+        for a, b in zip(got, expected):
+            assert torch.equal(a, b)

@@ -10,6 +10,10 @@ quantization, then fc2 by matmul_bound again. Gradients are checked
 norm-wise: 2^-16 (FP32), 2^-5 (BF16; not for the kinked activations, see
 the test), and under FP8 the path bound
 pt_norm_mlp_ref.fp8_grad_bound with two E5M2 gradients and two E4M3 operands.
+Under Float8CurrentScaling and the block recipes the module is shown to equal
+te.LayerNorm/RMSNorm -> te.Linear -> activation -> te.Linear exactly (whose
+accuracy per recipe test_linear.py and test_block_linear.py check against
+float64).
 """
 
 from __future__ import annotations
@@ -32,7 +36,9 @@ from pt_norm_mlp_ref import (
 
 import transformer_engine.pytorch as te
 from transformer_engine.common import recipe
-from transformer_engine.core.activation import ACTIVATIONS, GATED_ACTIVATIONS
+from transformer_engine.core.activation import ACTIVATIONS, GATED_ACTIVATIONS, activation_code
+from transformer_engine.pytorch import kernels
+from transformer_engine.pytorch.module._operand import quantize_operand
 
 pytest_plugins = ["pt_fixtures"]
 pytestmark = pytest.mark.usefixtures("te_state")
@@ -165,21 +171,6 @@ def _saved_bytes(layer, x, fp8_recipe):
     return sum(t.numel() * t.element_size() for t in new), new
 
 
-@RECIPES
-def test_fp8_saves_fp8_activations_and_fewer_bytes_than_bf16(fp8_recipe):
-    layer = te.LayerNormMLP(
-        64, 256, normalization="RMSNorm", activation="swiglu", params_dtype=torch.bfloat16, device="cpu"
-    )
-    x = torch.randn(64, 64, dtype=torch.bfloat16, requires_grad=True)
-    bf16_bytes, _ = _saved_bytes(layer, x, None)
-    fp8_bytes, tensors = _saved_bytes(layer, x, fp8_recipe)
-    # The normalized input is FP8; the only high-precision activation is fc1's
-    # output [64, 512] (the activation's backward needs it); mu/rsigma are FP32 [64].
-    big = [(t.dtype, tuple(t.shape)) for t in tensors if t.numel() > 64]
-    assert sorted(big, key=str) == sorted([(torch.uint8, (64, 64)), (torch.bfloat16, (64, 512))], key=str)
-    assert fp8_bytes <= 0.7 * bf16_bytes, (fp8_bytes, bf16_bytes)
-
-
 def test_return_conventions_and_the_layernorm_output():
     layer = _make("gelu", "LayerNorm", torch.float32, "cpu", return_bias=True, return_layernorm_output=True)
     x = torch.randn(16, H, requires_grad=True)
@@ -308,8 +299,8 @@ def test_error_messages():
     with pytest.raises(ValueError, match="te.LayerNormMLP under FP8 quantization: FP8 GEMMs need the number of tokens"):
         with te.autocast(recipe=recipe.Float8CurrentScaling()):
             layer(torch.randn(5, 32))
-    with pytest.raises(NotImplementedError, match="te.LayerNormMLP: Float8BlockScaling is not supported yet"):
-        with te.autocast(recipe=recipe.Float8BlockScaling()):
+    with pytest.raises(ValueError, match="te.LayerNormMLP under MXFP8 quantization: MXFP8 has one scale per 32"):
+        with te.autocast(recipe=recipe.MXFP8BlockScaling()):
             layer(torch.randn(16, 32))
 
 
@@ -330,3 +321,152 @@ def test_torch_autocast_output_dtype_bias_free_and_param_grads(fp8_recipe):
         y.float().sum().backward()
         for name, param in layer.named_parameters():
             assert param.grad is not None and param.grad.dtype == torch.float32, name
+
+
+# --------------------------------------------------------------------------- every recipe
+
+BLOCK_AND_CURRENT = pytest.mark.parametrize(
+    "fp8_recipe",
+    [
+        recipe.Float8CurrentScaling(),
+        recipe.MXFP8BlockScaling(),
+        recipe.Float8BlockScaling(),
+        recipe.NVFP4BlockScaling(),
+    ],
+    ids=["current", "mxfp8", "fp8_block", "nvfp4"],
+)
+ALL_RECIPES = pytest.mark.parametrize(
+    "fp8_recipe",
+    [
+        recipe.DelayedScaling(),
+        recipe.Float8CurrentScaling(),
+        recipe.MXFP8BlockScaling(),
+        recipe.Float8BlockScaling(),
+        recipe.NVFP4BlockScaling(),
+    ],
+    ids=["delayed", "current", "mxfp8", "fp8_block", "nvfp4"],
+)
+
+
+class _Activation(torch.autograd.Function):
+    """te-core's activation alone (high precision), for the composition below."""
+
+    @staticmethod
+    def forward(ctx, h, code):
+        ctx.save_for_backward(h)
+        ctx.code = code
+        return kernels.activation_fwd(h, code)[0]
+
+    @staticmethod
+    def backward(ctx, grad):
+        (h,) = ctx.saved_tensors
+        return kernels.activation_bwd(grad, h, ctx.code)[0], None
+
+
+@BLOCK_AND_CURRENT
+@pytest.mark.parametrize("kind, normalization", [("gelu", "LayerNorm"), ("swiglu", "RMSNorm")])
+def test_recipes_equal_norm_linear_activation_linear(device, fp8_recipe, kind, normalization):
+    """Without the delayed-scaling fusions LayerNormMLP is exactly te.LayerNorm /
+    te.RMSNorm -> te.Linear(fc1) -> activation -> te.Linear(fc2) with the same
+    parameters and recipe (te.Linear's accuracy under each recipe is tested
+    against float64 in test_block_linear.py / test_linear.py). This holds only
+    if the backward's recomputed activation and requantized weights have the
+    bytes the Linear layers quantize in their forward."""
+    hidden, ffn, tokens = 64, 64, 64
+    layer = te.LayerNormMLP(hidden, ffn, normalization=normalization, activation=kind, device=device)
+    norm = (te.LayerNorm if normalization == "LayerNorm" else te.RMSNorm)(hidden, eps=layer.eps, device=device)
+    fc1 = te.Linear(hidden, layer.fc1_weight.shape[0], device=device)
+    fc2 = te.Linear(ffn, hidden, device=device)
+    pairs = [(norm.weight, layer.layer_norm_weight), (fc1.weight, layer.fc1_weight), (fc1.bias, layer.fc1_bias)]
+    pairs += [(fc2.weight, layer.fc2_weight), (fc2.bias, layer.fc2_bias)]
+    if normalization == "LayerNorm":
+        pairs.append((norm.bias, layer.layer_norm_bias))
+    with torch.no_grad():
+        for theirs, ours in pairs:
+            ours.normal_(0.5 if ours is layer.layer_norm_weight else 0.0, 0.3)
+            theirs.copy_(ours)
+    code = activation_code(kind)
+    x = torch.randn(2, tokens // 2, hidden, device=device)
+    dy = torch.randn(2, tokens // 2, hidden, device=device)
+    results, d1 = [], []
+
+    def composition(t):
+        h = fc1(norm(t))
+        h.register_hook(d1.append)  # dL/dh, for fc1's bias gradient below
+        return fc2(_Activation.apply(h, code))
+
+    for run in (layer, composition):
+        xi = x.clone().requires_grad_()
+        with warnings.catch_warnings(), te.autocast(recipe=fp8_recipe):
+            warnings.simplefilter("ignore")  # (emulated GEMMs)
+            y = run(xi)
+        torch.manual_seed(11)  # (NVFP4's stochastic rounding of the gradients)
+        y.backward(dy)
+        results.append((y.detach(), xi.grad))
+    assert torch.equal(results[0][0], results[1][0]), "y"
+    assert torch.equal(results[0][1], results[1][1]), "dx"
+    for theirs, ours in pairs:
+        if ours is layer.fc1_bias:
+            # Summed by the activation kernel (vs torch's sum): the FP32 sums of one dL/dh agree within
+            # tokens * 2^-24 * sum|dL/dh| of the exact sum.
+            d1_64 = d1[0].reshape(tokens, -1).double()
+            bound = tokens * 2.0**-24 * d1_64.abs().sum(0)
+            assert_within(ours.grad, d1_64.sum(0), bound, "fc1 bias grad")
+            assert_within(theirs.grad, d1_64.sum(0), bound, "fc1 bias grad (composition)")
+        else:
+            assert torch.equal(ours.grad, theirs.grad)
+
+
+@ALL_RECIPES
+def test_weight_requantization_reproduces_the_forward_bytes(device, fp8_recipe):
+    """Backward quantizes each weight again (columnwise only) instead of saving a
+    copy: for every recipe those bytes equal the columnwise copy of a forward
+    quantization (both copies at once), and do not change from call to call."""
+    layer = te.LayerNormMLP(64, 64, activation="swiglu", device=device)
+    with warnings.catch_warnings(), te.autocast(recipe=fp8_recipe):
+        warnings.simplefilter("ignore")
+        layer(torch.randn(64, 64, device=device))  # (builds the quantizers)
+    for slot, weight in ((1, layer.fc1_weight), (4, layer.fc2_weight)):
+        q = layer.quantizers["scaling_fwd"][slot]
+        both = quantize_operand(q, weight.detach(), rowwise=True, columnwise=True).drop(rowwise=True)
+        for _ in range(2):
+            again = quantize_operand(q, weight.detach(), rowwise=False, columnwise=True)
+            for name, value in both.fields.items():
+                if isinstance(value, torch.Tensor):
+                    assert torch.equal(again.fields[name], value), (slot, name)
+
+
+def test_a_stochastically_rounded_weight_keeps_its_forward_copy(monkeypatch):
+    layer = te.LayerNormMLP(64, 64, device="cpu")
+    x = torch.randn(64, 64, requires_grad=True)
+    fp8_recipe = recipe.NVFP4BlockScaling()
+    with warnings.catch_warnings(), te.autocast(recipe=fp8_recipe):
+        warnings.simplefilter("ignore")
+        layer(x)
+        weight_qs = [layer.quantizers["scaling_fwd"][slot] for slot in (1, 4)]
+        for q in weight_qs:
+            q.stochastic_rounding = True  # (not the recipe's default for weights)
+        y = layer(x)
+    for q in weight_qs:  # another draw would give other bytes than the forward's
+        monkeypatch.setattr(q, "quantize_fields", lambda *a, **k: pytest.fail("the weight was quantized again"))
+    y.sum().backward()
+    assert x.grad is not None and layer.fc1_weight.grad is not None
+
+
+@ALL_RECIPES
+def test_every_recipe_saves_fewer_bytes_than_bf16(fp8_recipe):
+    layer = te.LayerNormMLP(
+        64, 256, normalization="RMSNorm", activation="swiglu", params_dtype=torch.bfloat16, device="cpu"
+    )
+    x = torch.randn(64, 64, dtype=torch.bfloat16, requires_grad=True)
+    bf16_bytes, _ = _saved_bytes(layer, x, None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fp8_bytes, tensors = _saved_bytes(layer, x, fp8_recipe)
+    # The only high-precision activation is fc1's output (the activation's
+    # backward needs it); the normalized input is kept quantized (bytes and
+    # small scales), the activation output and the weight copies not at all.
+    assert [tuple(t.shape) for t in tensors if t.dtype == torch.bfloat16] == [(64, 512)]
+    assert all(t.dtype in (torch.uint8, torch.float32) for t in tensors if t.dtype != torch.bfloat16)
+    assert sum(t.numel() for t in tensors if t.dtype == torch.uint8) <= 64 * 64 * 1.2
+    assert fp8_bytes <= 0.7 * bf16_bytes, (fp8_bytes, bf16_bytes)

@@ -12,6 +12,11 @@ Oracles:
   copies read from the parameter; the bound is the GEMM's accumulation error
   (pt_helpers.matmul_bound), plus BF16 operand rounding where the CUDA
   emulation of NVFP4 applies it.
+- LayerNormLinear / LayerNormMLP: the same module with high-precision weights
+  (the dequantized values) whose weight quantizers are made to hand out the
+  quantized parameters' own bytes: then both run the same math under every
+  recipe and must agree exactly (te.Linear's tests above and the modules' own
+  tests cover the accuracy of that math).
 """
 
 from __future__ import annotations
@@ -308,3 +313,123 @@ def test_recipe_mismatch_at_forward():
         with te.autocast(recipe=recipe.Float8CurrentScaling()):
             layer(torch.randn(TOKENS, N_IN))
     assert layer.weight._quantizer is layer.quantizers["scaling_fwd"][1]
+
+
+# --------------------------------------------------------------------------- LayerNormLinear, LayerNormMLP
+
+HIDDEN, FFN = 128, 256
+NORM_MODULES = {
+    "layernorm_linear": (lambda device: te.LayerNormLinear(HIDDEN, N_OUT, device=device), {"weight": 1}),
+    "layernorm_mlp": (
+        lambda device: te.LayerNormMLP(HIDDEN, FFN, activation="swiglu", device=device),
+        {"fc1_weight": 1, "fc2_weight": 4},
+    ),
+}
+
+
+def _serve_weight_bytes(monkeypatch, quantizer, weight) -> None:
+    """Makes `quantizer` hand out the asked-for copies of the quantized `weight`
+    instead of quantizing its argument."""
+    if hasattr(quantizer, "quantize_fields"):
+
+        def fields(x, rowwise, columnwise, *args, **kwargs):
+            out = dict(weight.fields())
+            for name in out:
+                if ("rowwise" in name and not rowwise) or ("columnwise" in name and not columnwise):
+                    out[name] = None
+            return out
+
+        monkeypatch.setattr(quantizer, "quantize_fields", fields)
+    else:
+
+        def parts(x, rowwise, columnwise):
+            data = weight._data
+            return (data if rowwise else None), (data.t().contiguous() if columnwise else None), weight._scale_inv
+
+        monkeypatch.setattr(quantizer, "quantize_parts", parts)
+
+
+def _run_norm_module(layer, fp8_recipe, x, dy, seed):
+    x = x.detach().clone().requires_grad_()
+    with te.autocast(enabled=fp8_recipe is not None, recipe=fp8_recipe):
+        y = layer(x)
+    torch.manual_seed(seed)
+    y.backward(dy)
+    return [y.detach(), x.grad] + [p.grad for p in layer.parameters()]
+
+
+@pytest.mark.parametrize("kind", list(RECIPES))
+@pytest.mark.parametrize("module", list(NORM_MODULES))
+def test_norm_modules_use_their_quantized_weights(device, kind, module, monkeypatch):
+    """The module computes exactly what the same module with high-precision
+    weights computes when its weight quantizers hand out the quantized
+    parameters' bytes, and its own weight quantizers never run."""
+    make, slots = NORM_MODULES[module]
+    fp8_recipe = RECIPES[kind][0]()
+    with te.quantized_model_init(recipe=fp8_recipe):
+        layer = make(device)
+    for name, param in layer.named_parameters():
+        if name in slots:
+            assert isinstance(param, RECIPES[kind][1]) and isinstance(param, torch.nn.Parameter), name
+            assert param.requires_grad and param._quantizer is layer.quantizers["scaling_fwd"][slots[name]]
+        else:
+            assert type(param) is torch.nn.Parameter, name
+    twin = make(device)
+    with torch.no_grad():
+        for (name, param), (_, other) in zip(layer.named_parameters(), twin.named_parameters()):
+            if name not in slots:
+                param.normal_(0.5, 0.3)
+            other.copy_(param.detach().dequantize() if name in slots else param)
+    twin.init_fp8_metadata(fp8_recipe, device)
+    for name, slot in slots.items():
+        weight = getattr(layer, name).detach()
+        _serve_weight_bytes(monkeypatch, twin.quantizers["scaling_fwd"][slot], weight)
+        q = layer.quantizers["scaling_fwd"][slot]
+        method = "quantize_fields" if hasattr(q, "quantize_fields") else "quantize_parts"
+        monkeypatch.setattr(q, method, lambda *a, **k: pytest.fail("the weight was requantized"))
+    x = torch.randn(TOKENS, HIDDEN, device=device)
+    dy = torch.randn(TOKENS, HIDDEN if module == "layernorm_mlp" else N_OUT, device=device)
+    seed = int(torch.randint(0, 2**31, ()))
+    got = _run_norm_module(layer, fp8_recipe, x, dy, seed)
+    expected = _run_norm_module(twin, fp8_recipe, x, dy, seed)
+    for name, a, b in zip(["y", "dx"] + [n for n, _ in layer.named_parameters()], got, expected):
+        assert type(a) is torch.Tensor and torch.equal(a, b), name
+
+
+@pytest.mark.parametrize("module", list(NORM_MODULES))
+def test_norm_modules_without_autocast_run_the_dequantized_weights(module):
+    make, slots = NORM_MODULES[module]
+    with te.quantized_model_init(recipe=recipe.MXFP8BlockScaling()):
+        layer = make("cpu")
+    twin = make("cpu")
+    with torch.no_grad():
+        for (name, param), (_, other) in zip(layer.named_parameters(), twin.named_parameters()):
+            other.copy_(param.detach().dequantize() if name in slots else param)
+    x, dy = torch.randn(TOKENS, HIDDEN), torch.randn(TOKENS, HIDDEN if module == "layernorm_mlp" else N_OUT)
+    for a, b in zip(_run_norm_module(layer, None, x, dy, 0), _run_norm_module(twin, None, x, dy, 0)):
+        assert torch.equal(a, b)
+
+
+def test_layernorm_mlp_meta_device_inference_and_optimizer_step():
+    with te.quantized_model_init(recipe=recipe.Float8BlockScaling()):
+        meta = te.LayerNormMLP(HIDDEN, FFN, device="meta")
+        with torch.no_grad():
+            inference = te.LayerNormMLP(HIDDEN, FFN, device="cpu")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (the CPU fallback of the default device)
+        meta.reset_parameters()  # outside the context: the module remembers it
+    assert isinstance(meta.fc1_weight, te.Float8BlockwiseQTensor) and isinstance(
+        meta.fc2_weight, te.Float8BlockwiseQTensor
+    )
+    # Created without gradients: rowwise copies only, and an inference forward needs no more.
+    assert inference.fc1_weight._columnwise_data is None and inference.fc2_weight._columnwise_data is None
+    with torch.no_grad(), te.autocast(recipe=recipe.Float8BlockScaling()):
+        assert inference(torch.randn(TOKENS, HIDDEN)).shape == (TOKENS, HIDDEN)
+    # A training step updates the quantized weights in place (requantized).
+    layer = meta.to("cpu")
+    with te.autocast(recipe=recipe.Float8BlockScaling()):
+        layer(torch.randn(TOKENS, HIDDEN)).square().mean().backward()
+    before = layer.fc2_weight.detach().dequantize()
+    torch.optim.SGD(layer.parameters(), lr=0.5).step()
+    assert isinstance(layer.fc2_weight, te.Float8BlockwiseQTensor)
+    assert not torch.equal(layer.fc2_weight.detach().dequantize(), before)

@@ -5,31 +5,40 @@
     a   = act(h)                       (kernels.activation: [T, F1] -> [T, F])
     out = a W2^T + b2                  (fc2: [T, F] -> [T, H])
 
-Under FP8 (DelayedScaling, Float8CurrentScaling) the GEMMs are Linear's TN
-triple (_linear_fn): fprop x rowwise . W rowwise, dgrad dy rowwise . W
-columnwise, wgrad dy columnwise . x columnwise. Forward quantizer slots are
-0/1 fc1 input/weight and 3/4 fc2 input/weight; backward slots 0 (fc1's
-grad_output, the activation's gradient) and 2 (fc2's grad_output).
+Under a quantization recipe the two GEMMs are Linear's TN triple
+(_linear_fn), run on the Operands of _operand.py so that every recipe
+(per-tensor FP8, MXFP8, FP8 block, NVFP4) takes the same code: fprop
+x rowwise . W rowwise, dgrad dy rowwise . W columnwise, wgrad dy columnwise .
+x columnwise. Forward quantizer slots are 0/1 fc1 input/weight and 3/4 fc2
+input/weight; backward slots 0 (fc1's grad_output, the activation's gradient)
+and 2 (fc2's grad_output).
 
-Delayed scaling writes FP8 straight from the kernels: the norm's output and
-the activation's output are quantized in the kernels that compute them, and
-the activation backward writes fc1's FP8 gradient (both copies) together with
-the fc1 bias gradient. Current scaling computes those tensors in high
-precision and then quantizes them with their own amax.
+DelayedScaling writes FP8 straight from the kernels: the norm's output and the
+activation's output are quantized in the kernels that compute them, and the
+activation backward writes fc1's FP8 gradient (both copies) together with the
+fc1 bias gradient. The other recipes compute those tensors in high precision
+and quantize them with their quantizers (current scaling needs the whole
+tensor's amax first; the block formats quantize per block).
 
-What backward keeps under FP8 (the memory goal: fewer saved bytes than the
-BF16 module, and a lower step peak):
+What backward keeps under a recipe (the memory goal: fewer saved bytes than
+the BF16 module, and a lower step peak):
   - x, mu, rsigma (the norm's backward; x is the caller's tensor anyway),
-  - ln as FP8 rowwise bytes (transposed in backward for fc1's wgrad),
+  - ln quantized: per-tensor FP8 its rowwise bytes (transposed in backward,
+    exactly the columnwise copy), the block formats their columnwise copy
+    (which cannot be derived from the rowwise one),
   - h in high precision (the activation backward needs the exact values).
-It does not keep the activation output nor FP8 copies of the weights: fc2's
-wgrad operand (a columnwise) is recomputed from h by the activation kernel,
-and the weights' columnwise copies are quantized again from the parameters,
-both with the forward's scales (saved; delayed scaling updates the scales at
-the autocast exit, before backward), so the bytes equal the forward's. Weights
-cached across microbatches (is_first_microbatch) keep both copies in the
-cache and are not quantized again. Without FP8 the function keeps ln, h and
-a in high precision.
+It keeps neither the activation output nor quantized copies of the weights:
+fc2's wgrad operand (a columnwise) is recomputed from h and quantized, and the
+weights' columnwise copies are quantized again from the parameters -- with
+the forward's scales under delayed scaling (saved: the autocast exit updates
+them before backward); current scaling and the block formats derive their
+scales from the weight itself, so the bytes equal the forward's (checked per
+recipe by the tests). A weight quantizer that rounds stochastically would not
+reproduce its bytes: its columnwise copy is then made in forward and kept.
+Weights held quantized (quantized_model_init) or cached across microbatches
+(is_first_microbatch) are never quantized again: backward reads their own
+columnwise copies. Without a recipe the function keeps ln, h and a in high
+precision.
 """
 
 from __future__ import annotations
@@ -37,6 +46,8 @@ from __future__ import annotations
 import torch
 
 from .. import kernels
+from ..tensor import QuantizedTensor
+from ._operand import Operand, operand_gemm, quantize_operand, tensor_operand
 
 
 class MLPArgs:
@@ -56,6 +67,7 @@ class MLPArgs:
         "fp8",
         "fuse_wgrad",
         "fwd_q",
+        "grads",
         "kind",
         "module",
         "return_ln",
@@ -66,6 +78,7 @@ class MLPArgs:
     )
 
     def __init__(self) -> None:
+        self.grads = (False,) * 5  # which of (inp, gamma, beta, W1, b1) need a gradient (set by the module)
         self.fp8 = False
         self.calibrate = False
         self.bwd_queue = None
@@ -75,21 +88,9 @@ def _code(quantizer) -> int:
     return int(quantizer.dtype)
 
 
-def _tn(a_op, b_op, split: bool, out_dtype, bias=None, out=None, beta: float = 0.0):
-    """op_a @ op_b^T of two FP8 operands (bytes, code, scale_inv): a new
-    tensor of out_dtype, or accumulated into `out` (beta * out + ...)."""
-    kw = {
-        "a_dtype": a_op[1],
-        "a_scale_inv": a_op[2],
-        "b_dtype": b_op[1],
-        "b_scale_inv": b_op[2],
-        "transb": True,
-        "use_split_accumulator": split,
-    }
-    if out is not None:
-        kernels.gemm_accumulate(a_op[0], b_op[0], out, beta=beta, **kw)
-        return None
-    return kernels.gemm(a_op[0], b_op[0], out_dtype=out_dtype, bias=bias, **kw)[0]
+def _fp8_operand(row, col, scale_inv, quantizer) -> Operand:
+    """A per-tensor Operand of bytes a fused (delayed-scaling) kernel wrote."""
+    return Operand("fp8", {"row": row, "col": col, "scale_inv": scale_inv, "code": _code(quantizer)})
 
 
 def _main_grad(a: MLPArgs, param):
@@ -100,62 +101,108 @@ def _main_grad(a: MLPArgs, param):
     return param.main_grad, (0.0 if getattr(param, "overwrite_main_grad", False) else 1.0)
 
 
-# --------------------------------------------------------------------------- FP8 weights
+def _pack(ctx, tensors: list, operands: tuple) -> None:
+    """save_for_backward of `tensors` followed by the operands' tensors; the
+    operands (None allowed) are kept as templates for _unpack."""
+    ctx.operands = operands
+    ctx.n_plain = len(tensors)
+    ctx.counts = [0 if op is None else len(op.tensors()) for op in operands]
+    ctx.save_for_backward(*tensors, *(t for op in operands if op is not None for t in op.tensors()))
 
 
-def _weight_fprop(a: MLPArgs, key: str, weight, slot: int):
-    """(rowwise, columnwise | None, scale_inv) of a weight for the fprop GEMM."""
+def _unpack(ctx):
+    """(plain tensors, operands) as _pack saved them."""
+    saved = ctx.saved_tensors
+    plain, start, ops = saved[: ctx.n_plain], ctx.n_plain, []
+    for op, n in zip(ctx.operands, ctx.counts):
+        ops.append(None if op is None else op.with_tensors(saved[start : start + n]))
+        start += n
+    return plain, ops
+
+
+# --------------------------------------------------------------------------- weights
+
+
+def _requantizes_exactly(quantizer) -> bool:
+    """Whether quantizing the same weight again gives the same bytes (not with stochastic rounding)."""
+    return not getattr(quantizer, "stochastic_rounding", False)
+
+
+def _weight_fprop(a: MLPArgs, key: str, weight, slot: int, need_dgrad: bool):
+    """(fprop Operand, Operand kept for dgrad | None: quantize again in backward)."""
+    if isinstance(weight, QuantizedTensor):  # quantized_model_init: the parameter's own copies
+        op = tensor_operand(weight, columnwise=need_dgrad)
+        return op, (op.drop(rowwise=True) if need_dgrad else None)
     cache = a.module._weight_cache or {}
     if a.reuse_weight and key in cache:
-        return cache[key]
-    parts = a.fwd_q[slot].quantize_parts(weight, True, a.cache_weight)
-    if a.cache_weight:
-        cache[key] = parts
-        a.module._weight_cache = cache
-    return parts
-
-
-def _weight_dgrad(a: MLPArgs, parts, weight, slot: int):
-    """(columnwise, code, scale_inv): from the cache, else quantized again with the forward's scale."""
+        op = cache[key]
+        return op, op.drop(rowwise=True)
     q = a.fwd_q[slot]
-    if parts[1] is not None:
-        return parts[1], _code(q), parts[2]
-    if a.delayed:
+    keep_col = a.cache_weight or (need_dgrad and not _requantizes_exactly(q))
+    op = quantize_operand(q, weight, rowwise=True, columnwise=keep_col)
+    if a.cache_weight:
+        cache[key] = op
+        a.module._weight_cache = cache
+    return op, (op.drop(rowwise=True) if keep_col and need_dgrad else None)
+
+
+def _weight_dgrad(a: MLPArgs, kept, weight, slot: int) -> Operand:
+    """W's columnwise Operand: the kept one, else W quantized again as forward quantized it."""
+    if kept is not None:
+        return kept
+    q = a.fwd_q[slot]
+    if a.delayed:  # the forward's scale (the quantizer's may have been updated since)
         _, col, scale_inv = kernels.quantize_fp8(weight, a.scales[slot : slot + 1], None, _code(q), False, True)
-    else:  # current scaling: the same weight gives the same scale and bytes
-        _, col, scale_inv = q.quantize_parts(weight, False, True)
-    return col, _code(q), scale_inv
+        return _fp8_operand(None, col, scale_inv, q)
+    return quantize_operand(q, weight, rowwise=False, columnwise=True)
+
+
+def _columnwise(op: Operand) -> Operand:
+    """A per-tensor operand with its columnwise copy (the exact transpose of the rowwise bytes)."""
+    if op.kind != "fp8" or op.fields["col"] is not None:
+        return op
+    return Operand("fp8", {**op.fields, "row": None, "col": op.fields["row"].t().contiguous()})
 
 
 # --------------------------------------------------------------------------- forward
 
 
-def _forward_fp8(ctx, x, gamma, beta, w1, b1, w2, b2, a: MLPArgs):
+def _forward_q(ctx, x, gamma, beta, w1, b1, w2, b2, a: MLPArgs):
     q = a.fwd_q
+    grads = a.grads
     dt = a.act_dtype
     ln_hp = None
-    if a.delayed and not a.return_ln:
+    per_tensor = not hasattr(q[0], "KIND")
+    if a.delayed and not a.return_ln:  # the norm kernel writes FP8
         ln_r, mu, rsigma, ln_s = kernels.norm_fwd(
             x, gamma, beta, a.eps, a.zero_centered_gamma, fp8_dtype=_code(q[0]), scale=q[0].scale, amax=q[0].amax
         )
+        ln_op = _fp8_operand(ln_r, None, ln_s, q[0])
     else:
         ln_hp, mu, rsigma, _ = kernels.norm_fwd(x, gamma, beta, a.eps, a.zero_centered_gamma, out_dtype=dt)
-        ln_r, _, ln_s = q[0].quantize_parts(ln_hp, True, False)
-    w1_parts = _weight_fprop(a, "fc1", w1, 1)
-    w2_parts = _weight_fprop(a, "fc2", w2, 4)
-    ln_op = (ln_r, _code(q[0]), ln_s)
-    h = _tn(ln_op, (w1_parts[0], _code(q[1]), w1_parts[2]), a.split_acc[0], dt, bias=b1)
+        ln_col = grads[3] and not per_tensor
+        ln_op = quantize_operand(q[0], ln_hp, rowwise=True, columnwise=ln_col)
+    # fc1's dgrad (W1 columnwise) serves the norm's inputs; fc2's (W2 columnwise) everything before it.
+    need_ln = any(grads[:3])
+    w1_op, w1_keep = _weight_fprop(a, "fc1", w1, 1, need_ln)
+    w2_op, w2_keep = _weight_fprop(a, "fc2", w2, 4, need_ln or grads[3] or grads[4])
+    h = operand_gemm(ln_op, False, w1_op, False, out_dtype=dt, bias=b1, use_split_accumulator=a.split_acc[0])
     if a.delayed:
         act_r, _, act_s = kernels.activation_fwd(
             h, a.kind, fp8_dtype=_code(q[3]), scale=q[3].scale, amax=q[3].amax, **a.act_params
         )
+        act_op = _fp8_operand(act_r, None, act_s, q[3])
     else:
         act_hp = kernels.activation_fwd(h, a.kind, **a.act_params)[0]
-        act_r, _, act_s = q[3].quantize_parts(act_hp, True, False)
+        act_op = quantize_operand(q[3], act_hp, rowwise=True, columnwise=False)
         del act_hp
-    out = _tn((act_r, _code(q[3]), act_s), (w2_parts[0], _code(q[4]), w2_parts[2]), a.split_acc[0], dt, bias=b2)
-    ctx.save_for_backward(x, mu, rsigma, gamma, ln_r, ln_s, h, w1, w2)
-    ctx.weight_parts = (w1_parts, w2_parts)
+    out = operand_gemm(act_op, False, w2_op, False, out_dtype=dt, bias=b2, use_split_accumulator=a.split_acc[0])
+    ln_keep = None
+    if grads[3]:  # fc1's wgrad reads ln columnwise (per-tensor: transposed in backward)
+        ln_keep = ln_op if per_tensor else ln_op.drop(rowwise=True)
+    # The parameters are saved only where backward quantizes them again.
+    weights = [w1 if w1_keep is None else None, w2 if w2_keep is None else None]
+    _pack(ctx, [x, mu, rsigma, gamma, h, *weights], (ln_keep, w1_keep, w2_keep))
     return out, ln_hp
 
 
@@ -178,7 +225,7 @@ class LayerNormMLPFunction(torch.autograd.Function):
     def forward(ctx, inp, ln_weight, ln_bias, fc1_weight, fc1_bias, fc2_weight, fc2_bias, a: MLPArgs):
         hidden = ln_weight.shape[0]
         x = inp.reshape(-1, hidden)
-        run = _forward_fp8 if a.fp8 else _forward_hp
+        run = _forward_q if a.fp8 else _forward_hp
         if a.fp8 and a.delayed:
             # The scales this forward used (the autocast exit updates them before backward).
             a.scales = a.module.fp8_meta["scaling_fwd"].scale.clone()
@@ -196,16 +243,19 @@ class LayerNormMLPFunction(torch.autograd.Function):
         a: MLPArgs = ctx.args
         needs = ctx.needs_input_grad[:7]
         dy = grad_out.reshape(-1, grad_out.shape[-1]).to(a.act_dtype)
-        run = _backward_fp8 if a.fp8 else _backward_hp
-        d_ln, dw1, db1, dw2, db2 = run(ctx, a, dy, needs)
+        if a.fp8:
+            (x, mu, rsigma, gamma, *rest), ops = _unpack(ctx)
+            d_ln, dw1, db1, dw2, db2 = _backward_q(a, ctx.dtypes, dy, needs, rest, ops)
+        else:
+            x, mu, rsigma, gamma, *rest = ctx.saved_tensors
+            d_ln, dw1, db1, dw2, db2 = _backward_hp(a, ctx.dtypes, dy, needs, rest)
         dx = dgamma = dbeta = None
         if d_ln is not None:
-            x, mu, rsigma, gamma = ctx.saved_tensors[:4]
             if grad_ln and grad_ln[0] is not None:  # the returned layernorm output's gradient
                 d_ln = d_ln + grad_ln[0].reshape(d_ln.shape)
             dx, dgamma, dbeta = kernels.norm_bwd(d_ln.to(x.dtype), x, mu, rsigma, gamma, a.zero_centered_gamma)
             dx = dx.view(ctx.inp_shape)
-        w1_dt, b1_dt, w2_dt, b2_dt = ctx.dtypes
+        _, b1_dt, _, b2_dt = ctx.dtypes
         db1 = None if db1 is None else db1.to(b1_dt)
         db2 = None if db2 is None else db2.to(b2_dt)
         if a.bwd_queue is not None:
@@ -218,62 +268,70 @@ class LayerNormMLPFunction(torch.autograd.Function):
 # --------------------------------------------------------------------------- backward
 
 
-def _backward_fp8(ctx, a: MLPArgs, dy, needs):
-    n_x, n_g, n_b, n_w1, n_b1, n_w2, n_b2 = needs
-    _, _, _, _, ln_r, ln_s, h, w1, w2 = ctx.saved_tensors
-    w1_parts, w2_parts = ctx.weight_parts
-    w1_dt, _, w2_dt, _ = ctx.dtypes
-    q, gq = a.fwd_q, a.bwd_q
-    need_ln = n_x or n_g or n_b
-    need_dact = need_ln or n_w1 or n_b1
-    dt = a.act_dtype
-    dyr, dyc, dys = gq[2].quantize_parts(dy, need_dact, n_w2) if (need_dact or n_w2) else (None, None, None)
-    g2 = _code(gq[2])
-    d_ln = dw1 = db1 = dw2 = db2 = None
-    if n_w2:
-        if a.delayed:
-            _, act_c, act_s = kernels.activation_fwd(
-                h, a.kind, fp8_dtype=_code(q[3]), scale=a.scales[3:4], rowwise=False, columnwise=True, **a.act_params
-            )
-        else:
-            act_hp = kernels.activation_fwd(h, a.kind, **a.act_params)[0]
-            _, act_c, act_s = q[3].quantize_parts(act_hp, False, True)
-            del act_hp
-        out, beta = _main_grad(a, a.fc2_param)
-        dw2 = _tn((dyc, g2, dys), (act_c, _code(q[3]), act_s), a.split_acc[2], w2_dt, out=out, beta=beta)
-    if n_b2:
-        db2 = dy.sum(dim=0, dtype=torch.float32)
-    if not need_dact:
-        return d_ln, dw1, db1, dw2, db2
-    d_act = _tn((dyr, g2, dys), _weight_dgrad(a, w2_parts, w2, 4), a.split_acc[1], dt)
-    del dyr, dyc
-    g1 = _code(gq[0])
-    fp8_grad = need_ln or n_w1
-    if fp8_grad and a.delayed:
+def _act_columnwise(a: MLPArgs, h) -> Operand:
+    """fc2's wgrad operand: act(h) recomputed and quantized columnwise as forward would have."""
+    q = a.fwd_q[3]
+    if a.delayed:
+        _, col, scale_inv = kernels.activation_fwd(
+            h, a.kind, fp8_dtype=_code(q), scale=a.scales[3:4], rowwise=False, columnwise=True, **a.act_params
+        )
+        return _fp8_operand(None, col, scale_inv, q)
+    act_hp = kernels.activation_fwd(h, a.kind, **a.act_params)[0]
+    return quantize_operand(q, act_hp, rowwise=False, columnwise=True)
+
+
+def _act_grad(a: MLPArgs, d_act, h, need_row: bool, need_col: bool, need_bias: bool):
+    """(quantized dL/dh Operand | None, fc1 bias gradient | None)."""
+    gq = a.bwd_q[0]
+    if (need_row or need_col) and a.delayed:  # the kernel writes FP8 (and the bias gradient)
         d1r, d1c, d1s, db1 = kernels.activation_bwd(
             d_act,
             h,
             a.kind,
-            fp8_dtype=g1,
-            scale=gq[0].scale,
-            amax=gq[0].amax,
-            rowwise=need_ln,
-            columnwise=n_w1,
-            dbias=n_b1,
+            fp8_dtype=_code(gq),
+            scale=gq.scale,
+            amax=gq.amax,
+            rowwise=need_row,
+            columnwise=need_col,
+            dbias=need_bias,
             **a.act_params,
         )
-    else:
-        d1_hp, _, _, db1 = kernels.activation_bwd(d_act, h, a.kind, dbias=n_b1, **a.act_params)
-        if fp8_grad:
-            d1r, d1c, d1s = gq[0].quantize_parts(d1_hp, need_ln, n_w1)
-        del d1_hp
+        return _fp8_operand(d1r, d1c, d1s, gq), db1
+    d1_hp, _, _, db1 = kernels.activation_bwd(d_act, h, a.kind, dbias=need_bias, **a.act_params)
+    d1_op = quantize_operand(gq, d1_hp, rowwise=need_row, columnwise=need_col) if (need_row or need_col) else None
+    return d1_op, db1
+
+
+def _backward_q(a: MLPArgs, dtypes, dy, needs, saved, ops):
+    n_x, n_g, n_b, n_w1, n_b1, n_w2, n_b2 = needs
+    h, w1, w2 = saved
+    ln_op, w1_keep, w2_keep = ops
+    w1_dt, _, w2_dt, _ = dtypes
+    need_ln = n_x or n_g or n_b
+    need_dact = need_ln or n_w1 or n_b1
+    dt = a.act_dtype
+    dy_op = quantize_operand(a.bwd_q[2], dy, rowwise=need_dact, columnwise=n_w2) if (need_dact or n_w2) else None
+    d_ln = dw1 = db1 = dw2 = db2 = None
+    if n_w2:
+        out, beta = _main_grad(a, a.fc2_param)
+        kw = {"use_split_accumulator": a.split_acc[2], "out": out, "beta": beta}
+        dw2 = operand_gemm(dy_op, True, _act_columnwise(a, h), True, out_dtype=w2_dt, **kw)
+    if n_b2:
+        db2 = dy.sum(dim=0, dtype=torch.float32)
+    if not need_dact:
+        return d_ln, dw1, db1, dw2, db2
+    w2_col = _weight_dgrad(a, w2_keep, w2, 4)
+    d_act = operand_gemm(dy_op, False, w2_col, True, out_dtype=dt, use_split_accumulator=a.split_acc[1])
+    del dy_op, w2_col
+    d1_op, db1 = _act_grad(a, d_act, h, need_ln, n_w1, n_b1)
     del d_act
     if n_w1:
-        ln_c = ln_r.t().contiguous()
         out, beta = _main_grad(a, a.fc1_param)
-        dw1 = _tn((d1c, g1, d1s), (ln_c, _code(q[0]), ln_s), a.split_acc[2], w1_dt, out=out, beta=beta)
+        kw = {"use_split_accumulator": a.split_acc[2], "out": out, "beta": beta}
+        dw1 = operand_gemm(d1_op, True, _columnwise(ln_op), True, out_dtype=w1_dt, **kw)
     if need_ln:
-        d_ln = _tn((d1r, g1, d1s), _weight_dgrad(a, w1_parts, w1, 1), a.split_acc[1], dt)
+        w1_col = _weight_dgrad(a, w1_keep, w1, 1)
+        d_ln = operand_gemm(d1_op, False, w1_col, True, out_dtype=dt, use_split_accumulator=a.split_acc[1])
     return d_ln, dw1, db1, dw2, db2
 
 
@@ -286,10 +344,10 @@ def _hp_wgrad(a: MLPArgs, param, dy, x, weight_dtype, bias_grad: bool):
     return dw, db
 
 
-def _backward_hp(ctx, a: MLPArgs, dy, needs):
+def _backward_hp(a: MLPArgs, dtypes, dy, needs, saved):
     n_x, n_g, n_b, n_w1, n_b1, n_w2, n_b2 = needs
-    _, _, _, _, ln, h, act, w1, w2 = ctx.saved_tensors
-    w1_dt, _, w2_dt, _ = ctx.dtypes
+    ln, h, act, w1, w2 = saved
+    w1_dt, _, w2_dt, _ = dtypes
     need_ln = n_x or n_g or n_b
     d_ln = dw1 = db1 = dw2 = db2 = None
     if n_w2:

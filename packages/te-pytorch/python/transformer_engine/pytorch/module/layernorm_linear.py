@@ -143,6 +143,8 @@ class LayerNormLinear(Linear):
             self._setup_fp8(a, recipe, ln_out, weight, is_first_microbatch)
         a.fuse_wgrad = self.fuse_wgrad_accumulation
         a.weight_param = weight
+        if not a.fp8:  # (a quantized_model_init weight runs dequantized; its gradient reaches it)
+            weight = self.high_precision_weight(weight)
         out = LinearFunction.apply(ln_out, weight, None if self.return_bias else bias, a)
         result = (out,)
         if self.return_bias:

@@ -146,14 +146,20 @@ class LayerNormMLP(TransformerEngineBaseModule):
     def reset_parameters(self, defer_init: bool = False) -> None:
         """fc1 weight: init_method, fc2 weight: output_layer_init_method, biases 0,
         norm weight 1 (0 when zero-centered). Meta parameters are materialized
-        on the default device first."""
+        on the default device first. Under quantized_model_init (at
+        construction) both weights then become quantized parameters."""
         if defer_init:
             return
-        if self._parameter_device().type == "meta":
+        device = self._parameter_device()
+        if device.type == "meta":
             self._allocate(resolve_device("cuda"))
+        elif self.primary_weights_in_fp8:  # fresh high-precision weights to initialize, then quantize
+            self._allocate(device)
         with torch.no_grad():
             self.init_method(self.fc1_weight)
+            self.quantize_weight_param("fc1_weight", gemm=0)
             self.output_layer_init_method(self.fc2_weight)
+            self.quantize_weight_param("fc2_weight", gemm=1)
             if self.use_bias:
                 self.fc1_bias.zero_()
                 self.fc2_bias.zero_()
@@ -170,25 +176,19 @@ class LayerNormMLP(TransformerEngineBaseModule):
         a.zero_centered_gamma = self.zero_centered_gamma
         a.return_ln = self.return_layernorm_output
         a.fuse_wgrad = self.fuse_wgrad_accumulation
-        a.fc1_param, a.fc2_param = self.fc1_weight, self.fc2_weight
+        w1, w2 = self.fc1_weight, self.fc2_weight
+        a.fc1_param, a.fc2_param = w1, w2
+        if torch.is_grad_enabled():
+            params = (inp, self.layer_norm_weight, self.layer_norm_bias, w1, self.fc1_bias)
+            a.grads = tuple(t is not None and t.requires_grad for t in params)
         recipe = self.fp8_state_for_forward(inp.device)
-        if recipe is not None and not (recipe.delayed() or recipe.float8_current_scaling()):
-            raise NotImplementedError(
-                f"{_OWNER}: {type(recipe).__name__} is not supported yet (te.Linear and te.LayerNormLinear "
-                "run it); use recipe.DelayedScaling() or recipe.Float8CurrentScaling() for this module"
-            )
         if recipe is not None:
             self._setup_fp8(a, recipe, inp, is_first_microbatch)
+        if not a.fp8:  # (quantized_model_init weights run dequantized; their gradient reaches them)
+            w1, w2 = self.high_precision_weight(w1), self.high_precision_weight(w2)
         fc2_bias = None if self.return_bias else self.fc2_bias
         result = LayerNormMLPFunction.apply(
-            inp,
-            self.layer_norm_weight,
-            self.layer_norm_bias,
-            self.fc1_weight,
-            self.fc1_bias,
-            self.fc2_weight,
-            fc2_bias,
-            a,
+            inp, self.layer_norm_weight, self.layer_norm_bias, w1, self.fc1_bias, w2, fc2_bias, a
         )
         if not (self.return_bias or self.return_layernorm_output):
             return result
@@ -206,8 +206,10 @@ class LayerNormMLP(TransformerEngineBaseModule):
         if not FP8GlobalStateManager.fp8_enabled:
             a.calibrate = a.delayed  # high-precision forward that records amaxes
             return
-        check_fp8_dims(inp.numel() // self.hidden_size, self.hidden_size, self._fc1_out, owner=_OWNER)
-        check_fp8_dims(inp.numel() // self.hidden_size, self.ffn_hidden_size, self.hidden_size, owner=_OWNER)
+        kind = getattr(a.fwd_q[0], "KIND", "fp8")
+        tokens = inp.numel() // self.hidden_size
+        check_fp8_dims(tokens, self.hidden_size, self._fc1_out, kind, _OWNER)
+        check_fp8_dims(tokens, self.ffn_hidden_size, self.hidden_size, kind, _OWNER)
         a.fp8 = True
         a.split_acc = mm_split_accumulator(recipe)
         a.module = self
