@@ -96,9 +96,12 @@ def bench(session: nox.Session) -> None:
 
 @nox.session
 def demo(session: nox.Session) -> None:
-    """The main job: quantize a weight/activation pair with each per-tensor recipe, FP8 GEMM, errors vs FP32."""
+    """The main job: train a small MLP block with te modules under every recipe (CPU without a GPU)."""
     install_core(session, cuda="OFF")
-    session.run("python", "examples/fp8_demo.py", *session.posargs)
+    session.install(TORCH_CPU)
+    session.install("--no-deps", "./packages/te-pytorch")
+    session.run("python", "examples/train_demo.py", *session.posargs)
+    session.run("python", "examples/fp8_demo.py")
 
 
 @nox.session
