@@ -1,46 +1,71 @@
 #!/usr/bin/env bash
 # One command for the GPU machine: CUDA build of te-core for sm_90, all tests
-# (GPU ones included), then the benchmarks; the short table is printed last.
-# Logs go to $OUT (the device tool's output folder) or build/gpu-out.
+# (GPU ones included), the standalone kernel drivers, then the benchmarks; the
+# short table is printed last. Logs go to $OUT (the device tool's output folder)
+# or build/gpu-out.
+#
+# TE_GPU_STAGES picks stages (default: all, in this order): build tests kernels bench.
+# A machine that stays warm between two calls keeps the installed build, so a
+# long session can be split, e.g. "build tests" then "kernels bench".
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-build/gpu-out}"
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 PY="${PYTHON:-python3}"
+STAGES=" ${TE_GPU_STAGES:-build tests kernels bench} "
+# te-pytorch is pure Python: used from the source tree (the machine has no
+# network to fetch its build backend); transformer_engine is a namespace package.
+export PYTHONPATH="$PWD/packages/te-pytorch/python${PYTHONPATH:+:$PYTHONPATH}"
+has_stage() { [[ "$STAGES" == *" $1 "* ]]; }
 
 nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1 || true
 "$PY" -c "import torch, sys; print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda)" | tee "$OUT/versions.txt"
 
-echo "== build te-core with CUDA (sm_90)"
-start=$(date +%s)
-TE_WITH_CUDA=ON TE_CUDA_ARCHS=90 "$PY" -m pip install --no-build-isolation --no-deps -v ./packages/te-core \
-  > "$OUT/build.log" 2>&1 || { tail -60 "$OUT/build.log"; exit 1; }
-echo "built in $(( $(date +%s) - start )) s"
+if has_stage build; then
+  echo "== build te-core with CUDA (sm_90)"
+  start=$(date +%s)
+  TE_WITH_CUDA=ON TE_CUDA_ARCHS=90 "$PY" -m pip install --no-build-isolation --no-deps -v ./packages/te-core \
+    > "$OUT/build.log" 2>&1 || { tail -60 "$OUT/build.log"; exit 1; }
+  echo "built in $(( $(date +%s) - start )) s"
+fi
 
-echo "== tests (CPU and GPU)"
-# te-pytorch is pure Python: used from the source tree (the machine has no
-# network to fetch its build backend); transformer_engine is a namespace package.
-export PYTHONPATH="$PWD/packages/te-pytorch/python${PYTHONPATH:+:$PYTHONPATH}"
-# pytest-xdist (on the device image) spreads the tests over processes sharing the GPU.
-workers=()
-if "$PY" -c "import xdist" 2>/dev/null; then workers=(-n "${TE_PYTEST_WORKERS:-8}"); fi
-set +e
-"$PY" -m pytest -q -p no:cacheprovider "${workers[@]}" --durations=15 packages/te-core/tests \
-  packages/te-pytorch/tests ${TE_GPU_PYTEST_ARGS:-} > "$OUT/tests.log" 2>&1
-tests_rc=$?
-set -e
-tail -25 "$OUT/tests.log"
+tests_rc=0
+if has_stage tests; then
+  echo "== tests (CPU and GPU)"
+  # pytest-xdist (on the device image) spreads the tests over processes sharing the GPU.
+  workers=()
+  if "$PY" -c "import xdist" 2>/dev/null; then workers=(-n "${TE_PYTEST_WORKERS:-8}"); fi
+  set +e
+  "$PY" -m pytest -q -p no:cacheprovider "${workers[@]}" --durations=15 packages/te-core/tests \
+    packages/te-pytorch/tests ${TE_GPU_PYTEST_ARGS:-} > "$OUT/tests.log" 2>&1
+  tests_rc=$?
+  set -e
+  grep -E "^(FAILED|ERROR)" "$OUT/tests.log" | head -40 || true
+  tail -3 "$OUT/tests.log"
+fi
 
-echo "== benchmarks"
-# Standalone kernel drivers (candidate configurations of one kernel, timed and
-# checked against the CPU backend), when present.
-for driver in bench/kernels/run_*.sh; do
-  if [ -f "$driver" ]; then bash "$driver" 2>&1 | tee "$OUT/$(basename "$driver" .sh).log" || echo "($driver failed)"; fi
-done
-for extra in bench/bench_norm.py bench/bench_activation.py bench/bench_te_pytorch_linear.py \
-  bench/bench_te_pytorch_mlp.py bench/bench_host_overhead.py; do
-  if [ -f "$extra" ]; then "$PY" "$extra" 2>&1 | tee "$OUT/$(basename "$extra" .py).log" || echo "($extra failed)"; fi
-done
-"$PY" bench/bench_core.py --markdown "$OUT/bench.md" ${TE_BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log"
+if has_stage kernels; then
+  echo "== standalone kernel drivers"
+  # Candidate configurations of one kernel, timed and checked against the CPU backend.
+  for driver in bench/kernels/run_*.sh; do
+    if [ -f "$driver" ]; then
+      bash "$driver" > "$OUT/$(basename "$driver" .sh).log" 2>&1 || echo "($driver failed)"
+      tail -30 "$OUT/$(basename "$driver" .sh).log"
+    fi
+  done
+fi
+
+if has_stage bench; then
+  echo "== benchmarks"
+  for extra in bench/bench_norm.py bench/bench_activation.py bench/bench_te_pytorch_linear.py \
+    bench/bench_te_pytorch_mlp.py bench/bench_host_overhead.py; do
+    if [ -f "$extra" ]; then
+      "$PY" "$extra" > "$OUT/$(basename "$extra" .py).log" 2>&1 || echo "($extra failed)"
+      grep -v -i "warn" "$OUT/$(basename "$extra" .py).log" | tail -20
+    fi
+  done
+  "$PY" bench/bench_core.py --markdown "$OUT/bench.md" ${TE_BENCH_ARGS:-} > "$OUT/bench.log" 2>&1
+  cat "$OUT/bench.md"
+fi
 exit $tests_rc
