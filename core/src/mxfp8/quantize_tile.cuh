@@ -116,8 +116,8 @@ __device__ __forceinline__ void rowwise_pass(const In* tile, uint8_t* row_e, con
   // shared-memory load and runs out of registers.
 #pragma unroll 2
   for (int step = 0; step < G::R * G::kChunks / G::T; ++step) {
-    const int it = step * G::T + threadIdx.x;
-    const int r = it / G::kChunks, ch = it % G::kChunks;
+    const unsigned it = step * G::T + threadIdx.x;  // unsigned: / and % become shifts
+    const int r = static_cast<int>(it / G::kChunks), ch = static_cast<int>(it % G::kChunks);
     const Vec<In, V> x = *reinterpret_cast<const Vec<In, V>*>(tile + r * G::C + ch * V);
     const float amax = butterfly_max<1, G::kLanesPerBlock / 2>(row_abs_max(x));
     const uint8_t e = e8m0_round_up(__fmul_rn(amax, k.reciprocal));
@@ -246,8 +246,8 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinBlocks) quantize_kernel(co
   const In* in = static_cast<const In*>(k.a.input);
 #pragma unroll
   for (int step = 0; step < G::R * G::kChunks / G::T; ++step) {
-    const int it = step * G::T + threadIdx.x;
-    const int r = it / G::kChunks, ch = it % G::kChunks;
+    const unsigned it = step * G::T + threadIdx.x;  // unsigned: / and % become shifts
+    const int r = static_cast<int>(it / G::kChunks), ch = static_cast<int>(it % G::kChunks);
     const int64_t gr = m0 + r, gc = k0 + ch * G::V;
     const bool valid = gr < k.a.rows && gc < k.a.cols;
     copy16_async(tile + r * G::C + ch * G::V, valid ? in + gr * k.a.cols + gc : in, valid);
