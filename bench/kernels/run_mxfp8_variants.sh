@@ -12,5 +12,5 @@ src="$root/core/src"
 nvcc -std=c++17 -O3 -arch=sm_90 --expt-relaxed-constexpr -Xcompiler -pthread,-ffp-contract=off \
   -DTE_VERSION_STRING='"variants"' -I "$root/core/include" -I "$src" \
   "$root/bench/kernels/mxfp8_quantize_variants.cu" "$src/mxfp8/cpu.cpp" "$src/runtime/parallel.cpp" \
-  "$src/runtime/status.cpp" "$src/runtime/tensor.cpp" -o "$out"
+  "$src/runtime/status.cpp" "$src/runtime/tensor.cpp" "$src/runtime/cuda_launch.cu" -o "$out"
 [ "${BUILD_ONLY:-0}" = 1 ] || "$out" "$@"

@@ -9,7 +9,8 @@
 //     the first wait: R*C*sizeof(x) bytes in flight per block (32 KB for the
 //     default 128 x 128 BF16 tile) while the thread state stays small, so
 //     several blocks share an SM. Rows and columns outside the tensor are
-//     zero-filled by the copy itself.
+//     zero-filled by the copy itself. With Shape::kStages = 2 the grid is one
+//     wave instead and each block loads its next tile while it works on this one.
 //  2. Rowwise: a thread takes one 16-byte chunk (V = 16 / sizeof(x) elements)
 //     of a row; the 32 / V chunks of a 1x32 block sit in neighbouring lanes,
 //     a __shfl_xor butterfly gives each the block amax. It casts and stores V
@@ -41,10 +42,13 @@ namespace te::mxfp8::cuda::tiled {
 // kRows: tile rows for 2-byte inputs (halved for FP32, at least 32, so the
 // shared tile keeps its size); kCols: tile columns; kColLanes: lanes along a
 // row in the columnwise pass (8: 4 row groups of 8 rows; 16: 2 groups of 16).
-template <int kRows_, int kCols_, int kThreads_, int kMinBlocks_, int kColLanes_>
+// kStages: 1, one tile per block (grid = tiles); 2, a persistent grid (one
+// wave) whose blocks loop over tiles, loading the next tile into a second
+// buffer while they work on the current one.
+template <int kRows_, int kCols_, int kThreads_, int kMinBlocks_, int kColLanes_, int kStages_ = 1>
 struct Shape {
   static constexpr int kRows = kRows_, kCols = kCols_, kThreads = kThreads_;
-  static constexpr int kMinBlocks = kMinBlocks_, kColLanes = kColLanes_;
+  static constexpr int kMinBlocks = kMinBlocks_, kColLanes = kColLanes_, kStages = kStages_;
 };
 
 // The shape the CUDA backend uses (cuda.cu), chosen by timing the candidates of
@@ -68,20 +72,23 @@ struct Geometry {
   static constexpr int kColUnits = kStrips * (kChunks / kColLanes);  // one warp each
   static constexpr int kTileBytes = R * C * static_cast<int>(sizeof(In));
   static constexpr int kScaleBytes = R * kBlocksPerRow;  // per direction
-  static constexpr int kSmemBytes = kTileBytes + 2 * kScaleBytes;
+  static constexpr int kStages = S::kStages;
+  static constexpr int kSmemBytes = kStages * kTileBytes + 2 * kScaleBytes;
 
   static_assert(R % kBlock == 0 && 128 % R == 0, "tile rows: 32, 64 or 128");
   static_assert(C % kBlock == 0 && 128 % C == 0 && kChunks % 8 == 0, "tile columns: 64 or 128");
   static_assert(kColLanes == 8 || kColLanes == 16, "columnwise lanes per row: 8 or 16");
   static_assert(kChunks % kColLanes == 0 && kLanesPerBlock <= kColLanes, "columnwise layout");
   static_assert(T % 32 == 0 && (R * kChunks) % T == 0, "whole warps in every pass");
+  static_assert(kStages == 1 || kStages == 2, "one or two tile buffers");
   static_assert(kSmemBytes <= 48 * 1024, "static shared memory limit");
 };
 
 struct TileArgs {
   QuantizeArgs a;
-  unsigned tiles_k;  // tiles along K
-  float reciprocal;  // fl32(1 / fp8_max)
+  unsigned tiles_k;    // tiles along K
+  unsigned num_tiles;  // in all
+  float reciprocal;    // fl32(1 / fp8_max)
 };
 
 // 16 bytes global -> shared, asynchronously; zeros when !valid (nothing read).
@@ -91,8 +98,13 @@ __device__ __forceinline__ void copy16_async(void* smem, const void* global, boo
                "r"(valid ? 16 : 0)
                : "memory");
 }
+__device__ __forceinline__ void commit_async_copies() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+// Waits until at most kPending committed groups of this thread are in flight.
+template <int kPending>
 __device__ __forceinline__ void wait_async_copies() {
-  asm volatile("cp.async.wait_all;\n" ::: "memory");
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
 }
 
 // An unsigned integer of N bytes (1, 2 or 4), or uint4 for N = 16.
@@ -233,16 +245,9 @@ __device__ __forceinline__ void store_scales(const uint8_t* row_e, const uint8_t
   }
 }
 
-template <class In, bool kE5M2, bool kRow, bool kCol, bool k2D, class S>
-__global__ void __launch_bounds__(S::kThreads, S::kMinBlocks) quantize_kernel(const TileArgs k) {
-  using G = Geometry<In, S>;
-  __shared__ alignas(16) uint8_t smem[G::kSmemBytes];
-  In* tile = reinterpret_cast<In*>(smem);
-  uint8_t* row_e = smem + G::kTileBytes;    // [R][C / 32]
-  uint8_t* col_e = row_e + G::kScaleBytes;  // [R / 32][C]
-  const int64_t m0 = static_cast<int64_t>(blockIdx.x / k.tiles_k) * G::R;
-  const int64_t k0 = static_cast<int64_t>(blockIdx.x % k.tiles_k) * G::C;
-
+// Step 1: the tile at (m0, k0) into shared memory, asynchronously (one group).
+template <class G, class In>
+__device__ __forceinline__ void load_tile(In* tile, const TileArgs& k, int64_t m0, int64_t k0) {
   const In* in = static_cast<const In*>(k.a.input);
 #pragma unroll
   for (int step = 0; step < G::R * G::kChunks / G::T; ++step) {
@@ -252,17 +257,57 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinBlocks) quantize_kernel(co
     const bool valid = gr < k.a.rows && gc < k.a.cols;
     copy16_async(tile + r * G::C + ch * G::V, valid ? in + gr * k.a.cols + gc : in, valid);
   }
-  wait_async_copies();
-  __syncthreads();
+  commit_async_copies();
+}
 
-  if constexpr (k2D) {
-    column_pass<G, kE5M2, kRow, kCol, true>(tile, row_e, col_e, k, m0, k0);
-  } else {
-    if constexpr (kRow) rowwise_pass<G, kE5M2>(tile, row_e, k, m0, k0);
-    if constexpr (kCol) column_pass<G, kE5M2, false, true, false>(tile, row_e, col_e, k, m0, k0);
+template <class In, bool kE5M2, bool kRow, bool kCol, bool k2D, class S>
+__global__ void __launch_bounds__(S::kThreads, S::kMinBlocks) quantize_kernel(const TileArgs k) {
+  using G = Geometry<In, S>;
+  __shared__ alignas(16) uint8_t smem[G::kSmemBytes];
+  In* const buffers = reinterpret_cast<In*>(smem);     // kStages x [R][C]
+  uint8_t* row_e = smem + G::kStages * G::kTileBytes;  // [R][C / 32]
+  uint8_t* col_e = row_e + G::kScaleBytes;             // [R / 32][C]
+  auto origin = [&](unsigned tile, int64_t& m0, int64_t& k0) {
+    m0 = static_cast<int64_t>(tile / k.tiles_k) * G::R;
+    k0 = static_cast<int64_t>(tile % k.tiles_k) * G::C;
+  };
+  int64_t m0, k0;
+  unsigned tile = blockIdx.x;
+  if (G::kStages == 2 && tile < k.num_tiles) {
+    origin(tile, m0, k0);
+    load_tile<G>(buffers, k, m0, k0);
   }
-  __syncthreads();
-  store_scales<G, kRow, kCol>(row_e, col_e, k.a, m0, k0);
+  for (int buffer = 0; tile < k.num_tiles; tile += gridDim.x, buffer ^= 1) {
+    origin(tile, m0, k0);
+    In* const current = buffers + (G::kStages == 2 ? buffer : 0) * (G::R * G::C);
+    if constexpr (G::kStages == 1) {
+      load_tile<G>(current, k, m0, k0);
+      wait_async_copies<0>();
+    } else {
+      // The other buffer was last read before the barrier ahead of the
+      // previous tile's scale stores: free.
+      const unsigned next = tile + gridDim.x;
+      if (next < k.num_tiles) {
+        int64_t next_m0, next_k0;
+        origin(next, next_m0, next_k0);
+        load_tile<G>(buffers + (buffer ^ 1) * (G::R * G::C), k, next_m0, next_k0);
+      } else {
+        commit_async_copies();  // an empty group keeps the count below uniform
+      }
+      wait_async_copies<1>();  // all but the group just committed: the current tile
+    }
+    __syncthreads();
+
+    if constexpr (k2D) {
+      column_pass<G, kE5M2, kRow, kCol, true>(current, row_e, col_e, k, m0, k0);
+    } else {
+      if constexpr (kRow) rowwise_pass<G, kE5M2>(current, row_e, k, m0, k0);
+      if constexpr (kCol)
+        column_pass<G, kE5M2, false, true, false>(current, row_e, col_e, k, m0, k0);
+    }
+    __syncthreads();
+    store_scales<G, kRow, kCol>(row_e, col_e, k.a, m0, k0);
+  }
 }
 
 // Whether the pointers allow this kernel: 16-byte aligned input (cp.async),
@@ -279,12 +324,17 @@ inline bool fits(const QuantizeArgs& a) {
 template <class In, bool kE5M2, class S>
 void launch_quantize(const QuantizeArgs& a, cudaStream_t stream) {
   using G = Geometry<In, S>;
-  const TileArgs k{a, static_cast<unsigned>(round_up(a.cols, 128) / G::C),
+  const unsigned tiles_k = static_cast<unsigned>(round_up(a.cols, 128) / G::C);
+  const TileArgs k{a, tiles_k, static_cast<unsigned>(round_up(a.rows, 128) / G::R * tiles_k),
                    kE5M2 ? kE5M2MaxReciprocal : kE4M3MaxReciprocal};
-  const int64_t blocks = round_up(a.rows, 128) / G::R * k.tiles_k;
   dispatch_directions(a, [&](auto row, auto col, auto two_d) {
-    quantize_kernel<In, kE5M2, decltype(row)::value, decltype(col)::value, decltype(two_d)::value,
-                    S><<<blocks, G::T, 0, stream>>>(k);
+    auto kernel = quantize_kernel<In, kE5M2, decltype(row)::value, decltype(col)::value,
+                                  decltype(two_d)::value, S>;
+    const int64_t blocks =
+        G::kStages == 1
+            ? k.num_tiles
+            : persistent_blocks(reinterpret_cast<const void*>(kernel), G::T, k.num_tiles);
+    kernel<<<blocks, G::T, 0, stream>>>(k);
     TE_CHECK_LAUNCH();
   });
 }
