@@ -72,6 +72,10 @@ const Variant kVariants[] = {
      run_tiled<__nv_bfloat16, false, Shape<64, 128, 128, 6, 8, 2>>},
     {"tiled 64x64, 128 thr, 2 stages",
      run_tiled<__nv_bfloat16, false, Shape<64, 64, 128, 8, 8, 2>>},
+    {"tiled 128x128, 256 thr, row blk/thr",
+     run_tiled<__nv_bfloat16, false, Shape<128, 128, 256, 4, 8, 1, true>>},
+    {"tiled 64x128, 128 thr, 2 st, row blk/thr",
+     run_tiled<__nv_bfloat16, false, Shape<64, 128, 128, 6, 8, 2, true>>},
 };
 using cuda::tiled::DefaultShape;
 static_assert(std::is_same_v<DefaultShape, Shape<128, 128, 256, 4, 8>>,

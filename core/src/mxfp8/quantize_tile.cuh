@@ -44,11 +44,15 @@ namespace te::mxfp8::cuda::tiled {
 // row in the columnwise pass (8: 4 row groups of 8 rows; 16: 2 groups of 16).
 // kStages: 1, one tile per block (grid = tiles); 2, a persistent grid (one
 // wave) whose blocks loop over tiles, loading the next tile into a second
-// buffer while they work on the current one.
-template <int kRows_, int kCols_, int kThreads_, int kMinBlocks_, int kColLanes_, int kStages_ = 1>
+// buffer while they work on the current one. kWholeRowBlocks: in the rowwise
+// pass a thread takes a whole 1x32 block (no shuffles, one scale per thread,
+// 16-byte stores) instead of one chunk of it.
+template <int kRows_, int kCols_, int kThreads_, int kMinBlocks_, int kColLanes_, int kStages_ = 1,
+          bool kWholeRowBlocks_ = false>
 struct Shape {
   static constexpr int kRows = kRows_, kCols = kCols_, kThreads = kThreads_;
   static constexpr int kMinBlocks = kMinBlocks_, kColLanes = kColLanes_, kStages = kStages_;
+  static constexpr bool kWholeRowBlocks = kWholeRowBlocks_;
 };
 
 // The shape the CUDA backend uses (cuda.cu), chosen by timing the candidates of
@@ -73,6 +77,7 @@ struct Geometry {
   static constexpr int kTileBytes = R * C * static_cast<int>(sizeof(In));
   static constexpr int kScaleBytes = R * kBlocksPerRow;  // per direction
   static constexpr int kStages = S::kStages;
+  static constexpr bool kWholeRowBlocks = S::kWholeRowBlocks;
   static constexpr int kSmemBytes = kStages * kTileBytes + 2 * kScaleBytes;
 
   static_assert(R % kBlock == 0 && 128 % R == 0, "tile rows: 32, 64 or 128");
@@ -81,6 +86,7 @@ struct Geometry {
   static_assert(kChunks % kColLanes == 0 && kLanesPerBlock <= kColLanes, "columnwise layout");
   static_assert(T % 32 == 0 && (R * kChunks) % T == 0, "whole warps in every pass");
   static_assert(kStages == 1 || kStages == 2, "one or two tile buffers");
+  static_assert((R * kBlocksPerRow) % T == 0, "whole warps in the rowwise pass (whole blocks)");
   static_assert(kSmemBytes <= 48 * 1024, "static shared memory limit");
 };
 
@@ -119,10 +125,10 @@ __device__ __forceinline__ void copy_bytes(uint8_t* dst, const uint8_t* src) {
   *reinterpret_cast<Word<N>*>(dst) = *reinterpret_cast<const Word<N>*>(src);
 }
 
-// Step 2: rowwise 1x32 blocks.
+// Step 2: rowwise 1x32 blocks, a chunk per thread.
 template <class G, bool kE5M2, class In>
-__device__ __forceinline__ void rowwise_pass(const In* tile, uint8_t* row_e, const TileArgs& k,
-                                             int64_t m0, int64_t k0) {
+__device__ __forceinline__ void rowwise_pass_chunks(const In* tile, uint8_t* row_e,
+                                                    const TileArgs& k, int64_t m0, int64_t k0) {
   constexpr int V = G::V;
   // Unrolled by 2 only: fully unrolled, the compiler hoists every chunk's
   // shared-memory load and runs out of registers.
@@ -141,6 +147,56 @@ __device__ __forceinline__ void rowwise_pass(const In* tile, uint8_t* row_e, con
       for (int j = 0; j < V; ++j) f[j] = quantize_factor(e);
       store_bytes<true>(k.a.rowwise + gr * k.a.cols + gc, cast_row<kE5M2>(x, f));
     }
+  }
+}
+
+// Step 2 with kWholeRowBlocks: a 1x32 block per thread (4 or 8 chunks; the
+// lanes of a warp read chunks 64 or 128 bytes apart, a 4-way bank conflict that
+// shared memory has the bandwidth for), its 32 bytes stored as two 16-byte words.
+template <class G, bool kE5M2, class In>
+__device__ __forceinline__ void rowwise_pass_blocks(const In* tile, uint8_t* row_e,
+                                                    const TileArgs& k, int64_t m0, int64_t k0) {
+  constexpr int V = G::V, kChunks = G::kLanesPerBlock;  // per block
+#pragma unroll
+  for (int step = 0; step < G::R * G::kBlocksPerRow / G::T; ++step) {
+    const unsigned it = step * G::T + threadIdx.x;
+    const int r = static_cast<int>(it / G::kBlocksPerRow),
+              b = static_cast<int>(it % G::kBlocksPerRow);
+    const In* p = tile + r * G::C + b * kBlock;
+    Vec<In, V> x[kChunks];
+    ColumnMax<In, V> m;
+#pragma unroll
+    for (int j = 0; j < kChunks; ++j) {
+      x[j] = *reinterpret_cast<const Vec<In, V>*>(p + j * V);
+      m.add(x[j]);
+    }
+    const uint8_t e = e8m0_round_up(__fmul_rn(m.all(), k.reciprocal));
+    row_e[r * G::kBlocksPerRow + b] = e;
+    const int64_t gr = m0 + r, gc = k0 + b * kBlock;
+    if (gr >= k.a.rows || gc >= k.a.cols) continue;
+    float f[V];
+#pragma unroll
+    for (int j = 0; j < V; ++j) f[j] = quantize_factor(e);
+    uint32_t w[kBlock / 4];
+#pragma unroll
+    for (int j = 0; j < kChunks; ++j) {
+      const Bytes<V> q = cast_row<kE5M2>(x[j], f);
+#pragma unroll
+      for (int i = 0; i < V / 4; ++i) w[j * (V / 4) + i] = q.w[i];
+    }
+    uint4* dst = reinterpret_cast<uint4*>(k.a.rowwise + gr * k.a.cols + gc);
+    dst[0] = make_uint4(w[0], w[1], w[2], w[3]);
+    dst[1] = make_uint4(w[4], w[5], w[6], w[7]);
+  }
+}
+
+template <class G, bool kE5M2, class In>
+__device__ __forceinline__ void rowwise_pass(const In* tile, uint8_t* row_e, const TileArgs& k,
+                                             int64_t m0, int64_t k0) {
+  if constexpr (G::kWholeRowBlocks) {
+    rowwise_pass_blocks<G, kE5M2>(tile, row_e, k, m0, k0);
+  } else {
+    rowwise_pass_chunks<G, kE5M2>(tile, row_e, k, m0, k0);
   }
 }
 
