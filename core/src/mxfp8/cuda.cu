@@ -3,8 +3,8 @@
 //
 // Quantize: one kernel, one pass over the input. 16-byte aligned pointers (the
 // usual case) take the tiled kernel of quantize_tile.cuh in its
-// tiled::DefaultShape (chosen by timing the candidates of
-// bench/kernels/mxfp8_quantize_variants.cu); other pointers take the warp-tile
+// tiled::DefaultShape (bench/kernels/run_mxfp8_variants.sh times it against
+// other shapes and the warp-tile kernel); other pointers take the warp-tile
 // kernel of quantize_warp.cuh, with vector or element-wise accesses as the
 // pointers allow.
 //  Traffic per element (BF16 in, both directions): 2 bytes read, 2 bytes written,

@@ -14,9 +14,11 @@
 //  2. Rowwise: a thread takes one 16-byte chunk (V = 16 / sizeof(x) elements)
 //     of a row; the 32 / V chunks of a 1x32 block sit in neighbouring lanes,
 //     a __shfl_xor butterfly gives each the block amax. It casts and stores V
-//     bytes; a warp's stores cover whole 128-byte lines.
+//     bytes; a warp's stores cover whole 128-byte lines. (Shape::kWholeRowBlocks:
+//     one whole block per thread instead.)
 //  3. Columnwise (and 2-D): a warp takes a 32-row strip x kColLanes chunks; lane
-//     = group * kColLanes + chunk, each group holding 32 / (32 / kColLanes) rows.
+//     = group * kColLanes + chunk, each of the 32 / kColLanes groups holding
+//     kColLanes rows.
 //     A lane takes its column maxima over its rows (first read of shared
 //     memory), the butterfly over the groups completes the 32x1 blocks (and, in
 //     2-D, over the chunks the 32x32 block), then it reads the rows again to
@@ -55,10 +57,12 @@ struct Shape {
   static constexpr bool kWholeRowBlocks = kWholeRowBlocks_;
 };
 
-// The shape the CUDA backend uses (cuda.cu), chosen by timing the candidates of
-// bench/kernels/mxfp8_quantize_variants.cu: 128 x 128 tiles (64 x 128 for
-// FP32), 256 threads, 4 blocks per SM at least (64 registers), 4 columnwise row
-// groups of 8 rows.
+// The shape the CUDA backend uses (cuda.cu): 128 x 128 tiles (64 x 128 for
+// FP32), 256 threads, at least 4 blocks per SM (64 registers), 4 columnwise row
+// groups of 8 rows; one 32 KB tile in flight per block, as the per-tensor
+// cast-transpose (16 KB, more blocks) that reaches 86% of copy. Picked before
+// any GPU measurement: bench/kernels/run_mxfp8_variants.sh times it against
+// the other candidates, and the winner goes here.
 using DefaultShape = Shape<128, 128, 256, 4, 8>;
 
 template <class In, class S>
