@@ -16,28 +16,26 @@ constexpr float kE4M3MaxReciprocal = static_cast<float>(1.0 / 448.0);
 constexpr float kE5M2MaxReciprocal = static_cast<float>(1.0 / 57344.0);
 
 // The smallest E8M0 byte e with 2^(e-127) >= v, for v = amax * reciprocal >= 0:
-// take the FP32 exponent field and add 1 when the mantissa is non-zero.
+// take the FP32 exponent field and add 1 when the mantissa is non-zero. Written
+// with selects, not branches: the CUDA kernels evaluate it once per block.
 TE_HD uint8_t e8m0_round_up(float v) {
-  if (v != v) return 0xFF;  // NaN (never from a NaN-skipping amax)
   const uint32_t bits = bit_cast_value<uint32_t>(v) & 0x7FFFFFFFu;
-  if (bits == 0x7F800000u) return 0xFE;  // inf saturates to the largest finite scale
   const uint32_t exponent = bits >> 23;
   const uint32_t mantissa = bits & 0x7FFFFFu;
-  if (exponent == 0) {
-    // 0 or subnormal: 2^-127 (byte 0) is the subnormal with mantissa 0x400000.
-    return mantissa > 0x400000u ? 1 : 0;
-  }
   // Exponent 0xFE with a non-zero mantissa would round to 0xFF (NaN): saturate.
-  if (mantissa != 0 && exponent < 0xFE) return static_cast<uint8_t>(exponent + 1);
-  return static_cast<uint8_t>(exponent);
+  uint32_t e = exponent + ((mantissa != 0 && exponent < 0xFE) ? 1u : 0u);
+  // 0 or subnormal: 2^-127 (byte 0) is the subnormal with mantissa 0x400000.
+  e = exponent == 0 ? (mantissa > 0x400000u ? 1u : 0u) : e;
+  e = bits == 0x7F800000u ? 0xFEu : e;  // inf saturates to the largest finite scale
+  e = bits > 0x7F800000u ? 0xFFu : e;   // NaN (never from a NaN-skipping amax)
+  return static_cast<uint8_t>(e);
 }
 
 // 2^(127 - e), the factor applied before the FP8 cast; exact for every e <= 254
 // (2^127 for e = 0, the subnormal 2^-127 for e = 254). NaN for e = 255.
 TE_HD float quantize_factor(uint8_t e) {
-  if (e == 0xFF) return bit_cast_value<float>(0x7FC00000u);
-  if (e == 0xFE) return bit_cast_value<float>(0x00400000u);
-  return bit_cast_value<float>(static_cast<uint32_t>(254 - e) << 23);
+  const uint32_t normal = static_cast<uint32_t>(254 - e) << 23;
+  return bit_cast_value<float>(e == 0xFF ? 0x7FC00000u : e == 0xFE ? 0x00400000u : normal);
 }
 
 // 2^(e - 127), the decode factor (2^-127 for e = 0, NaN for e = 255).

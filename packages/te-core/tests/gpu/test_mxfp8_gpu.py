@@ -30,10 +30,12 @@ E8M0 = np.dtype(ml_dtypes.float8_e8m0fnu)
 BF16 = np.dtype(ml_dtypes.bfloat16)
 INPUT_DTYPES = [np.dtype(np.float32), BF16, np.dtype(np.float16)]
 FORMATS = ["e4m3", "e5m2"]
-# M % 32 == 0 (every mode). K = 32, 96, 160 leave half of a BF16 warp tile (64
-# columns) empty; (512, 4096) and (2048, 1024) fill many warps and blocks.
-SHAPES = [(32, 32), (96, 64), (160, 96), (2, 3, 32, 64), (64, 160), (512, 4096), (2048, 1024)]
-ROWWISE_ONLY_SHAPES = [(1, 32), (5, 64), (33, 96), (3, 5, 160), (1000, 1024)]
+# M % 32 == 0 (every mode). K = 32, 96, 160, 416 leave part of a 64- or
+# 128-column tile empty; M = 160, 288, 1056 part of a 64- or 128-row tile, and
+# give scale padding in both directions (1056 / 32 = 33 strips, padded to 36);
+# (512, 4096) and (2048, 1024) fill many warps and blocks.
+SHAPES = [(32, 32), (96, 64), (160, 96), (2, 3, 32, 64), (64, 160), (288, 416), (1056, 160), (512, 4096), (2048, 1024)]
+ROWWISE_ONLY_SHAPES = [(1, 32), (5, 64), (33, 96), (3, 5, 160), (200, 416), (1000, 1024)]
 NAN_BITS = {
     np.dtype(np.float32): (np.uint32, [0x7FC00000, 0xFFC00000, 0x7FFFFFFF, 0xFFC00001]),
     BF16: (np.uint16, [0x7FC0, 0xFFC0, 0x7FFF, 0xFFC1]),
