@@ -433,3 +433,40 @@ def test_layernorm_mlp_meta_device_inference_and_optimizer_step():
     torch.optim.SGD(layer.parameters(), lr=0.5).step()
     assert isinstance(layer.fc2_weight, te.Float8BlockwiseQTensor)
     assert not torch.equal(layer.fc2_weight.detach().dequantize(), before)
+
+
+def _buffers(weight) -> dict:
+    return {k: v for k, v in vars(weight).items() if k.startswith("_") and isinstance(v, torch.Tensor)}
+
+
+@pytest.mark.parametrize("name", list(RECIPES))
+def test_module_conversion_replaces_the_quantized_buffers(name):
+    """module.to()/.cuda() run nn.Module._apply: the quantized parameter must end up
+    holding the converted buffers (nn.Module's default `param.data = new` keeps the
+    wrapper's old Python attributes, and so the old device)."""
+    with te.quantized_model_init(recipe=RECIPES[name][0]()):
+        layer = te.Linear(N_IN, N_OUT, device="cpu")
+    old = {k: (v.data_ptr(), v.clone()) for k, v in _buffers(layer.weight).items()}
+    layer._apply(torch.clone)
+    new = _buffers(layer.weight)
+    assert isinstance(layer.weight, torch.nn.Parameter) and set(new) == set(old)
+    for key, (ptr, value) in old.items():
+        assert new[key].data_ptr() != ptr and torch.equal(new[key], value), key
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("name", list(RECIPES))
+def test_module_moves_between_devices(name):
+    with te.quantized_model_init(recipe=RECIPES[name][0]()):
+        layer = te.Linear(N_IN, N_OUT, device="cuda")
+    expected = layer.weight.detach().dequantize().cpu()
+    layer.to("cpu")
+    assert all(v.device.type == "cpu" for v in _buffers(layer.weight).values())
+    assert torch.equal(layer.weight.detach().dequantize(), expected)
+    layer.cuda()
+    assert all(v.device.type == "cuda" for v in _buffers(layer.weight).values())
+    x = torch.randn(TOKENS, N_IN, device="cuda")
+    with te.autocast(recipe=RECIPES[name][0]()):
+        layer(x).sum().backward()
+    assert layer.weight.grad is not None and layer.weight.grad.device.type == "cuda"

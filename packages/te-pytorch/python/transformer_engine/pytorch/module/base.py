@@ -75,6 +75,23 @@ class TransformerEngineBaseModule(torch.nn.Module):
         self._model_init_columnwise = torch.is_grad_enabled()  # no_grad: inference, rowwise copy only
         self._quantized_weights: dict[str, int] = {}  # parameter name -> its GEMM's index
 
+    def _apply(self, fn, recurse=True):
+        """module.to(...) / .cuda() / .half() with quantized parameters.
+
+        A quantized parameter keeps its bytes in Python attributes of a wrapper
+        tensor, so nn.Module's default `param.data = fn(param)` would keep the
+        old buffers (and device); swapping the converted tensor in
+        (torch.utils.swap_tensors, what torch's own opt-in flag does) moves
+        everything."""
+        if not any(isinstance(p, QuantizedTensor) for p in self._parameters.values()):
+            return super()._apply(fn, recurse)
+        previous = torch.__future__.get_swap_module_params_on_conversion()
+        torch.__future__.set_swap_module_params_on_conversion(True)
+        try:
+            return super()._apply(fn, recurse)
+        finally:
+            torch.__future__.set_swap_module_params_on_conversion(previous)
+
     # ------------------------------------------------------------------ FP8 state
 
     def init_fp8_metadata(self, recipe, device) -> None:
