@@ -1,13 +1,17 @@
 // CUDA backend of the delayed-scaling update (te/recipe.h): one block per
-// group, one thread per amax-history column, all groups in as few launches as
+// group, one warp per amax-history column, all groups in as few launches as
 // possible. Per column, exactly as recipe/cpu.cpp:
 //   last = buffer[j] if buffer && buffer[j] != 0 else H[0][j]
 //   if last != 0: roll (H[i] = H[i+1] for 0 < i < L-1, H[L-1] = last, H[0] = 0),
 //                 window max over the rolled values
 //   amax = last (MOST_RECENT) or the window max;  scale = delayed_scale(...)
 //   scale_inv = 1 / scale (IEEE division)
-// A column is owned by one thread, which reads row i+1 before it writes row i,
-// so the in-place roll needs no synchronization.
+// A column is owned by one warp. Its lanes roll it in passes of 32 * kRowsPerLane
+// rows: every lane loads its rows' successors (all loads in flight at once; a
+// thread per column walking the 1024 rows of the default history one load at a
+// time took 0.1 ms per launch on the H200), __syncwarp, then stores them. A
+// pass reads row `end` before the next pass writes it, so the in-place roll is
+// exact. The window max is a warp max of fmaxf (exact, order-independent).
 //
 // The groups travel by value in the kernel parameters (no device allocation,
 // graph-capturable). Launches are chunked to kGroupsPerLaunch groups so the
@@ -42,29 +46,54 @@ struct LaunchParams {
 };
 static_assert(sizeof(LaunchParams) <= 4096, "kernel parameters must fit in 4 KB");
 
+constexpr int kRowsPerLane = 8;
+constexpr unsigned kFullMask = 0xFFFFFFFFu;
+
+// Rolls column j of g's history (see the header) and returns its window max
+// (to every lane).
+__device__ float roll_column(const GroupParams& g, int64_t j, int64_t L, float last, int lane) {
+  float* h = g.history + j;
+  const int64_t stride = g.num_scales;
+  float window_max = 0.0f;
+  for (int64_t base = 0; base < L; base += 32 * kRowsPerLane) {
+    float rolled[kRowsPerLane];
+#pragma unroll
+    for (int k = 0; k < kRowsPerLane; ++k) {
+      const int64_t i = base + lane + 32 * k;
+      rolled[k] = i < L - 1 ? h[(i + 1) * stride] : last;
+      if (i < L) window_max = fmaxf(window_max, rolled[k]);
+    }
+    __syncwarp();
+#pragma unroll
+    for (int k = 0; k < kRowsPerLane; ++k) {
+      const int64_t i = base + lane + 32 * k;
+      if (i < L) h[i * stride] = i > 0 ? rolled[k] : 0.0f;
+    }
+    __syncwarp();
+  }
+  for (int offset = 16; offset > 0; offset /= 2)
+    window_max = fmaxf(window_max, __shfl_xor_sync(kFullMask, window_max, offset));
+  return window_max;
+}
+
 // __grid_constant__: groups[blockIdx.x] is read in place from the parameter
 // space instead of copying the whole array to local memory.
 __global__ void __launch_bounds__(kThreads)
     delayed_update_kernel(const __grid_constant__ LaunchParams p) {
   const GroupParams& g = p.groups[blockIdx.x];
-  const int64_t L = p.history_length, stride = g.num_scales;
-  for (int64_t j = threadIdx.x; j < g.num_scales; j += blockDim.x) {
-    float* h = g.history + j;
+  const int lane = threadIdx.x % 32;
+  for (int64_t j = threadIdx.x / 32; j < g.num_scales; j += kThreads / 32) {
     const float reduced =
         p.reduction_buffer != nullptr ? p.reduction_buffer[g.buffer_offset + j] : 0.0f;
-    const float last = reduced != 0.0f ? reduced : h[0];
-    float window_max = 0.0f;
-    if (last != 0.0f) {
-      for (int64_t i = 0; i < L; ++i) {
-        const float a = i < L - 1 ? h[(i + 1) * stride] : last;
-        window_max = fmaxf(window_max, a);
-        h[i * stride] = i > 0 ? a : 0.0f;
-      }
+    const float last = reduced != 0.0f ? reduced : g.history[j];
+    __syncwarp();  // (every lane has read H[0][j] before the roll rewrites it)
+    const float window_max = last != 0.0f ? roll_column(g, j, p.history_length, last, lane) : 0.0f;
+    if (lane == 0) {
+      const float amax = p.most_recent ? last : window_max;
+      const float scale = delayed_scale(amax, g.scale[j], p.scaled_max);
+      g.scale[j] = scale;
+      if (g.scale_inv != nullptr) g.scale_inv[j] = __fdiv_rn(1.0f, scale);
     }
-    const float amax = p.most_recent ? last : window_max;
-    const float scale = delayed_scale(amax, g.scale[j], p.scaled_max);
-    g.scale[j] = scale;
-    if (g.scale_inv != nullptr) g.scale_inv[j] = __fdiv_rn(1.0f, scale);
   }
 }
 

@@ -454,7 +454,7 @@ def _amax_values(rng, shape):
 @pytest.mark.parametrize("margin", [0.0, 1.0])
 @pytest.mark.parametrize("fp8", list(FP8))
 @pytest.mark.parametrize("algo", ["max", "most_recent"])
-@pytest.mark.parametrize("length", [1, 16])
+@pytest.mark.parametrize("length", [1, 16, 300, 1024])  # 300: a partial pass of the warp roll
 def test_delayed_scaling_update(length, algo, fp8, margin, with_buffer, with_scale_inv, num_groups, rng_and_seed):
     rng, seed = rng_and_seed
     sizes = [int(s) for s in rng.integers(1, 6, num_groups)]
