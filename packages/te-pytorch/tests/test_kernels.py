@@ -295,3 +295,21 @@ def test_device_mismatch_is_named():
         pytest.skip("needs a CUDA device and a te-core build with the CUDA backend")
     with pytest.raises(ValueError, match="device"):
         kernels.gemm(torch.randn(16, 16, device="cuda"), torch.randn(16, 16), transb=True)
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (5, 160), (217, 256), (64, 33)])
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.bfloat16, torch.float32, torch.float8_e4m3fn])
+def test_transpose_equals_torch(device, shape, dtype):
+    x = (torch.rand(shape, device=device) * 200).to(dtype)
+    out = kernels.transpose(x)
+    assert out.is_contiguous() and out.dtype == dtype and out.shape == (shape[1], shape[0])
+    assert torch.equal(
+        out.view(torch.uint8) if dtype.itemsize == 1 else out,
+        (x.t().view(torch.uint8) if dtype.itemsize == 1 else x.t()),
+    )
+    with pytest.raises(ValueError, match="argument 'x' must be 2-D"):
+        kernels.transpose(x.reshape(-1))
+
+
+def test_transpose_opcheck():
+    torch.library.opcheck(torch.ops.te.transpose.default, (torch.randint(0, 255, (48, 80), dtype=torch.uint8),))

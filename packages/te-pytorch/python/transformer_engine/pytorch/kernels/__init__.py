@@ -23,6 +23,7 @@ from .mxfp8 import dequantize_mxfp8, quantize_mxfp8
 from .norm import norm_bwd, norm_fwd
 from .nvfp4 import dequantize_nvfp4, quantize_nvfp4
 from .recipe import delayed_scaling_update
+from .transpose import transpose
 
 __all__ = [
     "activation_bwd",
@@ -45,4 +46,5 @@ __all__ = [
     "quantize_fp8_current_scaling",
     "quantize_mxfp8",
     "quantize_nvfp4",
+    "transpose",
 ]

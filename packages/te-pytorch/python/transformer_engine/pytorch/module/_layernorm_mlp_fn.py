@@ -161,7 +161,7 @@ def _columnwise(op: Operand) -> Operand:
     """A per-tensor operand with its columnwise copy (the exact transpose of the rowwise bytes)."""
     if op.kind != "fp8" or op.fields["col"] is not None:
         return op
-    return Operand("fp8", {**op.fields, "row": None, "col": op.fields["row"].t().contiguous()})
+    return Operand("fp8", {**op.fields, "row": None, "col": kernels.transpose(op.fields["row"])})
 
 
 # --------------------------------------------------------------------------- forward

@@ -62,7 +62,7 @@ class NormFP8Function(_NormFunction):
         ctx.save_for_backward(x, mu, rsigma, weight)
         ctx.zero_centered_gamma = zero_centered_gamma
         ctx.shapes = (inp.shape, weight.shape)
-        transpose = y.t().contiguous() if columnwise else None
+        transpose = kernels.transpose(y) if columnwise else None
         return Float8Tensor(inp.shape, inp.dtype, y.view(inp.shape), scale_inv, code, data_transpose=transpose)
 
     @staticmethod
