@@ -84,7 +84,8 @@ def main() -> None:
     warnings.formatwarning = lambda message, category, *rest: f"  note: {message}\n"
     target = teacher(args.device)
     print(f"training {args.steps} steps of a {HIDDEN}/{FFN} MLP block on {TOKENS} tokens ({args.device})\n")
-    print(f"{'recipe':<22} {'loss@1':>8} {'loss@25%':>9} {'loss@50%':>9} {'final':>8} {'vs high prec.':>14} {'ms/step':>8}")
+    header = ("recipe", "loss@1", "loss@25%", "loss@50%", "final", "vs high prec.", "ms/step")
+    print("{:<22} {:>8} {:>9} {:>9} {:>8} {:>14} {:>8}".format(*header))
     baseline = None
     for name, fp8_recipe in RECIPES.items():
         losses, step_s = train(name, fp8_recipe, args.steps, args.device, target)
