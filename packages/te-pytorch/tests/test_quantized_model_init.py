@@ -393,7 +393,16 @@ def test_norm_modules_use_their_quantized_weights(device, kind, module, monkeypa
     got = _run_norm_module(layer, fp8_recipe, x, dy, seed)
     expected = _run_norm_module(twin, fp8_recipe, x, dy, seed)
     for name, a, b in zip(["y", "dx"] + [n for n, _ in layer.named_parameters()], got, expected):
-        assert type(a) is torch.Tensor and torch.equal(a, b), name
+        assert type(a) is torch.Tensor, name
+        if device == "cpu" or name == "y" or name in slots:
+            assert torch.equal(a, b), name
+        else:
+            # On the H200 the GEMM calls of both runs were identical (same flags, same
+            # operand copies; outputs and weight gradients bit-equal), yet the input
+            # and bias/norm gradients differed in the last FP32 bits between runs of
+            # the same model (dx by up to 4e-7 of its max): reduction order on CUDA.
+            # Bit-equality of everything is asserted on the CPU backend.
+            assert (a - b).abs().max() <= 2.0**-19 * b.abs().max(), name
 
 
 @pytest.mark.parametrize("module", list(NORM_MODULES))
