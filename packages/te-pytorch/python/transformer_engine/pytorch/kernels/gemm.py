@@ -162,7 +162,8 @@ def _run(
         nbytes = _workspace_bytes(key, descs, alpha, beta, transa, transb, use_split_accumulator)
         ws = workspace(nbytes, a, stream)
     args = (c_desc, None, None, bias_desc, pre_desc, grad_desc)
-    try:
+
+    def call(ws):
         lib.gemm(
             a_desc,
             b_desc,
@@ -178,26 +179,14 @@ def _run(
             use_split_accumulator,
             stream,
         )
+
+    try:
+        call(ws)
     except ValueError as err:
         if ws is None or "argument 'workspace'" not in str(err):
             raise
         _WORKSPACE_BYTES.pop(key)  # an alignment-dependent plan: ask the core, retry once
-        ws = workspace(_workspace_bytes(key, descs, alpha, beta, transa, transb, use_split_accumulator), a, stream)
-        lib.gemm(
-            a_desc,
-            b_desc,
-            d_desc,
-            a_sdesc,
-            b_sdesc,
-            *args,
-            ws,
-            alpha,
-            beta,
-            transa,
-            transb,
-            use_split_accumulator,
-            stream,
-        )
+        call(workspace(_workspace_bytes(key, descs, alpha, beta, transa, transb, use_split_accumulator), a, stream))
 
 
 def _check_out_dtype(out_dtype) -> None:
