@@ -18,7 +18,11 @@ activation's output are quantized in the kernels that compute them, and the
 activation backward writes fc1's FP8 gradient (both copies) together with the
 fc1 bias gradient. The other recipes compute those tensors in high precision
 and quantize them with their quantizers (current scaling needs the whole
-tensor's amax first; the block formats quantize per block).
+tensor's amax first; the block formats quantize per block). Backward frees
+the activation's input gradient and then its high-precision output gradient
+dL/dh [T, F1] as soon as they are consumed (the step's peak is there);
+per-tensor FP8 quantizes dL/dh rowwise only, runs fc1's dgrad, then
+transposes the bytes (exactly the columnwise copy: one scale) for fc1's wgrad.
 
 What backward keeps under a recipe (the memory goal: fewer saved bytes than
 the BF16 module, and a lower step peak):
@@ -182,6 +186,8 @@ def _forward_q(ctx, x, gamma, beta, w1, b1, w2, b2, a: MLPArgs):
         ln_hp, mu, rsigma, _ = kernels.norm_fwd(x, gamma, beta, a.eps, a.zero_centered_gamma, out_dtype=dt)
         ln_col = grads[3] and not per_tensor
         ln_op = quantize_operand(q[0], ln_hp, rowwise=True, columnwise=ln_col)
+        if not a.return_ln:  # (not returned: freed before fc1's output exists)
+            ln_hp = None
     # fc1's dgrad (W1 columnwise) serves the norm's inputs; fc2's (W2 columnwise) everything before it.
     need_ln = any(grads[:3])
     w1_op, w1_keep = _weight_fprop(a, "fc1", w1, 1, need_ln)
@@ -280,26 +286,22 @@ def _act_columnwise(a: MLPArgs, h) -> Operand:
     return quantize_operand(q, act_hp, rowwise=False, columnwise=True)
 
 
-def _act_grad(a: MLPArgs, d_act, h, need_row: bool, need_col: bool, need_bias: bool):
-    """(quantized dL/dh Operand | None, fc1 bias gradient | None)."""
+def _act_grad_fp8(a: MLPArgs, d_act, h, need_row: bool, need_col: bool, need_bias: bool):
+    """Delayed scaling: (dL/dh Operand, fc1 bias gradient | None) written in FP8 by the activation kernel."""
     gq = a.bwd_q[0]
-    if (need_row or need_col) and a.delayed:  # the kernel writes FP8 (and the bias gradient)
-        d1r, d1c, d1s, db1 = kernels.activation_bwd(
-            d_act,
-            h,
-            a.kind,
-            fp8_dtype=_code(gq),
-            scale=gq.scale,
-            amax=gq.amax,
-            rowwise=need_row,
-            columnwise=need_col,
-            dbias=need_bias,
-            **a.act_params,
-        )
-        return _fp8_operand(d1r, d1c, d1s, gq), db1
-    d1_hp, _, _, db1 = kernels.activation_bwd(d_act, h, a.kind, dbias=need_bias, **a.act_params)
-    d1_op = quantize_operand(gq, d1_hp, rowwise=need_row, columnwise=need_col) if (need_row or need_col) else None
-    return d1_op, db1
+    d1r, d1c, d1s, db1 = kernels.activation_bwd(
+        d_act,
+        h,
+        a.kind,
+        fp8_dtype=_code(gq),
+        scale=gq.scale,
+        amax=gq.amax,
+        rowwise=need_row,
+        columnwise=need_col,
+        dbias=need_bias,
+        **a.act_params,
+    )
+    return _fp8_operand(d1r, d1c, d1s, gq), db1
 
 
 def _backward_q(a: MLPArgs, dtypes, dy, needs, saved, ops):
@@ -323,15 +325,29 @@ def _backward_q(a: MLPArgs, dtypes, dy, needs, saved, ops):
     w2_col = _weight_dgrad(a, w2_keep, w2, 4)
     d_act = operand_gemm(dy_op, False, w2_col, True, out_dtype=dt, use_split_accumulator=a.split_acc[1])
     del dy_op, w2_col
-    d1_op, db1 = _act_grad(a, d_act, h, need_ln, n_w1, n_b1)
-    del d_act
-    if n_w1:
-        out, beta = _main_grad(a, a.fc1_param)
-        kw = {"use_split_accumulator": a.split_acc[2], "out": out, "beta": beta}
-        dw1 = operand_gemm(d1_op, True, _columnwise(ln_op), True, out_dtype=w1_dt, **kw)
+    if a.delayed and (need_ln or n_w1):
+        d1_op, db1 = _act_grad_fp8(a, d_act, h, need_ln, n_w1, n_b1)
+        del d_act
+    else:
+        d1_hp, _, _, db1 = kernels.activation_bwd(d_act, h, a.kind, dbias=n_b1, **a.act_params)
+        del d_act  # (before quantizing: the peak of the step is here)
+        if not (need_ln or n_w1):
+            return d_ln, dw1, db1, dw2, db2
+        per_tensor = not hasattr(a.bwd_q[0], "KIND")
+        # Per-tensor FP8 quantizes the rowwise copy only: its transpose is
+        # exactly the columnwise copy (one scale), made after the dgrad GEMM
+        # once the high-precision gradient is gone.
+        d1_op = quantize_operand(a.bwd_q[0], d1_hp, rowwise=need_ln or per_tensor, columnwise=n_w1 and not per_tensor)
+        del d1_hp
     if need_ln:
         w1_col = _weight_dgrad(a, w1_keep, w1, 1)
         d_ln = operand_gemm(d1_op, False, w1_col, True, out_dtype=dt, use_split_accumulator=a.split_acc[1])
+        del w1_col
+    if n_w1:
+        d1_op = _columnwise(d1_op).drop(rowwise=True)  # (per-tensor: the rowwise copy is freed here)
+        out, beta = _main_grad(a, a.fc1_param)
+        kw = {"use_split_accumulator": a.split_acc[2], "out": out, "beta": beta}
+        dw1 = operand_gemm(d1_op, True, _columnwise(ln_op), True, out_dtype=w1_dt, **kw)
     return d_ln, dw1, db1, dw2, db2
 
 
