@@ -141,8 +141,9 @@ def _run(
     grad_desc = None if bias_grad is None else desc(bias_grad, TORCH_TO_CODE[bias_grad.dtype])
     ws = None
     stream = 0
-    if a.is_cuda:
-        stream = torch._C._cuda_getCurrentRawStream(a.device.index)
+    device = a.get_device()  # (-1 on the CPU; an int, cheaper than a.device.index)
+    if device >= 0:
+        stream = torch._C._cuda_getCurrentRawStream(device)
         descs = (a_desc, b_desc, d_desc, a_sdesc, b_sdesc, c_desc, bias_desc, pre_desc, grad_desc)
         key = (
             a.shape,
@@ -157,7 +158,7 @@ def _run(
             bias_grad is None,
             beta != 0.0,
             use_split_accumulator,
-            a.device.index,
+            device,
         )
         nbytes = _workspace_bytes(key, descs, alpha, beta, transa, transb, use_split_accumulator)
         ws = workspace(nbytes, a, stream)
@@ -212,9 +213,11 @@ def _gemm(
 ):
     _check_out_dtype(out_dtype)
     shape, m, n = _out_shape(a, b, transa, transb)
-    d = torch.empty(shape, dtype=out_dtype, device=a.device)
-    pre = torch.empty((m, n), dtype=out_dtype, device=a.device) if gelu else None
-    grad = torch.empty((m,), dtype=out_dtype, device=a.device) if bias_grad else None
+    # (sizes as separate ints: torch parses them faster than a tuple; see cast._prepared_outputs)
+    device = a.device
+    d = torch.empty(*shape, dtype=out_dtype, device=device)
+    pre = torch.empty(m, n, dtype=out_dtype, device=device) if gelu else None
+    grad = torch.empty(m, dtype=out_dtype, device=device) if bias_grad else None
     _run(
         a,
         b,
@@ -369,7 +372,7 @@ def _gemm_accumulate(
             f"argument 'out' must be a contiguous tensor of {m}x{n} elements, got shape {tuple(out.shape)}"
         )
     _check_out_dtype(out.dtype)
-    grad = torch.empty((m,), dtype=out.dtype, device=a.device) if bias_grad else None
+    grad = torch.empty(m, dtype=out.dtype, device=a.device) if bias_grad else None
     _run(
         a,
         b,

@@ -120,8 +120,9 @@ class LinearFunction(torch.autograd.Function):
             x_keep = x_op.drop(rowwise=True, columnwise=not need_wgrad)
             w_keep = w_op.drop(rowwise=True, columnwise=not inp.requires_grad)
             ctx.operands = (x_keep, w_keep)
-            ctx.n_x = len(x_keep.tensors())
-            ctx.save_for_backward(*x_keep.tensors(), *w_keep.tensors())
+            x_saved = x_keep.tensors()
+            ctx.n_x = len(x_saved)
+            ctx.save_for_backward(*x_saved, *w_keep.tensors())
         else:
             x = x.to(a.act_dtype)
             w = weight.to(a.act_dtype)

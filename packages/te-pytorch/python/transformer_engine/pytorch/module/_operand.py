@@ -58,9 +58,14 @@ class Operand:
 
     def drop(self, *, rowwise: bool = False, columnwise: bool = False) -> Operand:
         """A copy without the named copies (what backward does not need is not kept)."""
-        names = {"row": rowwise, "col": columnwise}
-        if self.kind == "fp8":
-            fields = {k: (None if names.get(k) else v) for k, v in self.fields.items()}
+        if self.kind == "fp8":  # (the four fields written out: this runs for every operand of every step)
+            f = self.fields
+            fields = {
+                "row": None if rowwise else f["row"],
+                "col": None if columnwise else f["col"],
+                "scale_inv": f["scale_inv"],
+                "code": f["code"],
+            }
         else:
             fields = {
                 k: (None if (rowwise and "rowwise" in k) or (columnwise and "columnwise" in k) else v)
