@@ -26,8 +26,10 @@ import torch
 from transformer_engine.core import lib
 
 from ._common import (
+    BYTE,
     FLOAT32,
     FP8_CODES,
+    TORCH_TO_CODE,
     code_of,
     compiling,
     contiguous,
@@ -78,8 +80,11 @@ def _prepared_outputs(x, fp8_dtype: int, rowwise: bool, columnwise: bool):
     and all their descriptors, plus the stream: the per-call part of the fast
     paths. The caller must hold the returned x until the core call is made: a
     descriptor is a raw pointer and does not keep a contiguous copy alive."""
-    x = contiguous(x)
-    code = code_of(x, "x")
+    if not x.is_contiguous():
+        x = x.contiguous()
+    code = TORCH_TO_CODE.get(x.dtype)
+    if code is None or code == BYTE:
+        code_of(x, "x")  # (raises, naming the argument)
     shape, device = x.shape, x.device
     index = x.get_device()
     if index >= 0:
