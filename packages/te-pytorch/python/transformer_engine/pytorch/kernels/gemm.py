@@ -64,9 +64,13 @@ def _matrix(shape) -> tuple[int, int]:
 
 def _out_shape(a, b, transa: bool, transb: bool) -> tuple:
     """(D's shape as a tuple of ints, m, n)."""
-    a_shape = a.shape
-    a_rows, a_cols = _matrix(a_shape)
-    b_rows, b_cols = _matrix(b.shape)
+    a_shape, b_shape = a.shape, b.shape
+    if len(a_shape) == 2 and len(b_shape) == 2:  # (the common case, without the helper calls)
+        a_rows, a_cols = a_shape
+        b_rows, b_cols = b_shape
+    else:
+        a_rows, a_cols = _matrix(a_shape)
+        b_rows, b_cols = _matrix(b_shape)
     m = a_cols if transa else a_rows
     n = b_rows if transb else b_cols
     if transa or len(a_shape) == 2:
@@ -129,7 +133,10 @@ def _run(
     beta,
     use_split_accumulator,
 ):
-    a, b = contiguous(a), contiguous(b)
+    if not a.is_contiguous():
+        a = a.contiguous()
+    if not b.is_contiguous():
+        b = b.contiguous()
     a_desc, a_sdesc = _operand(a, a_dtype, a_scale_inv, "a")
     b_desc, b_sdesc = _operand(b, b_dtype, b_scale_inv, "b")
     d_desc = desc(d, TORCH_TO_CODE[d.dtype])
