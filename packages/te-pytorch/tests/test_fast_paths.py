@@ -100,5 +100,5 @@ def test_workspace_is_cached_and_outgrown_buffers_stay_alive():
     assert big.data != small.data and big.shape[0] >= 3 << 20
     # The old buffer is kept (a captured CUDA graph may still point at it).
     assert len(_common._RETIRED) == retired + 1 and _common._RETIRED[-1].data_ptr() == small.data
-    del _common._WORKSPACES[(like.device.index, stream)]
+    del _common._WORKSPACES[(like.get_device(), stream)]
     _common._RETIRED.pop()

@@ -202,29 +202,37 @@ def _world_size(group) -> int:
 
 def _reduce_and_update(recipe, group, states: list) -> None:
     """§3.3: reduce the row-0 amaxes over the group, then update every state."""
+    algo = recipe.amax_compute_algo
+    fused = not (callable(algo) or recipe.scaling_factor_compute_algo is not None)
+    reduce = recipe.reduce_amax and _world_size(group) > 1
+    if fused and not reduce and not torch.compiler.is_compiling():
+        # Eager fast path (every step of a single-process run): the states'
+        # tensors were made float32 and contiguous by recipe_state, and their
+        # descriptors are cached there.
+        history_descs, scale_descs = [], []
+        for state in states:
+            descs = state.update_descs()
+            history_descs.append(descs[0])
+            scale_descs.append(descs[1])
+        lib.delayed_scaling_update(
+            None,
+            history_descs,
+            scale_descs,
+            None,
+            kernels.recipe.ALGOS[algo],
+            int(states[0].dtype),
+            float(recipe.margin),
+            stream_of(states[0].amax_history),
+        )
+        return
     histories = [s.amax_history for s in states]
     buffer = None
-    if recipe.reduce_amax and _world_size(group) > 1:
+    if reduce:
         buffer = torch.cat([h[0] for h in histories])
         torch.distributed.all_reduce(buffer, op=torch.distributed.ReduceOp.MAX, group=group)
     fp8_dtype = int(states[0].dtype)
-    if callable(recipe.amax_compute_algo) or recipe.scaling_factor_compute_algo is not None:
+    if not fused:
         _unfused_update(recipe, buffer, states)
-        return
-    if buffer is None and not torch.compiler.is_compiling():
-        # Eager fast path: the states' tensors were made float32 and contiguous
-        # by recipe_state, and their descriptors are cached there.
-        descs = [s.update_descs() for s in states]
-        lib.delayed_scaling_update(
-            None,
-            [d[0] for d in descs],
-            [d[1] for d in descs],
-            None,
-            kernels.recipe.ALGOS[recipe.amax_compute_algo],
-            fp8_dtype,
-            float(recipe.margin),
-            stream_of(histories[0]),
-        )
         return
     kernels.delayed_scaling_update(
         buffer,

@@ -53,8 +53,9 @@ def code_of(t: torch.Tensor, name: str) -> int:
 
 def desc(t: torch.Tensor, code: int) -> lib.TensorDesc:
     """Descriptor of a contiguous tensor with an explicit dtype code."""
-    if t.is_cuda:
-        return lib.TensorDesc(t.data_ptr(), code, t.shape, 1, t.device.index)
+    index = t.get_device()  # (an int: cheaper than t.device.index, which builds a torch.device)
+    if index >= 0:
+        return lib.TensorDesc(t.data_ptr(), code, t.shape, 1, index)
     return lib.TensorDesc(t.data_ptr(), code, t.shape, 0, 0)
 
 
@@ -68,8 +69,9 @@ def scalar_desc(base: torch.Tensor, index: int) -> lib.TensorDesc:
     made by pointer arithmetic: no torch view is created (saves host time when
     several scalars share one allocation)."""
     ptr = base.data_ptr() + 4 * index
-    if base.is_cuda:
-        return lib.TensorDesc(ptr, FLOAT32, (), 1, base.device.index)
+    device = base.get_device()
+    if device >= 0:
+        return lib.TensorDesc(ptr, FLOAT32, (), 1, device)
     return lib.TensorDesc(ptr, FLOAT32, (), 0, 0)
 
 
@@ -87,23 +89,22 @@ def matrix_t_shape(shape) -> tuple:
 
 def stream_of(t: torch.Tensor) -> int:
     """The raw current CUDA stream of t's device, or 0 for a CPU tensor."""
-    if t.is_cuda:
-        return torch._C._cuda_getCurrentRawStream(t.device.index)
-    return 0
+    index = t.get_device()
+    return torch._C._cuda_getCurrentRawStream(index) if index >= 0 else 0
 
 
 def contiguous(t: torch.Tensor) -> torch.Tensor:
     return t if t.is_contiguous() else t.contiguous()
 
 
-# (device index, stream) -> (buffer, its descriptor). A buffer that is
+# (device index, stream) -> (buffer, its descriptor, its bytes). A buffer that is
 # outgrown is kept alive in _RETIRED, never freed: a CUDA graph captured
 # earlier may still point at it, and freed memory would be handed to other
 # tensors while the graph's replays keep writing to it. With doubling growth
 # the retired buffers add at most the size of the live one. Graphs captured
 # on one stream share its workspace: replay them one after another (as on
 # one stream), not concurrently on different streams.
-_WORKSPACES: dict[tuple[int, int], tuple[torch.Tensor, lib.TensorDesc]] = {}
+_WORKSPACES: dict[tuple[int, int], tuple[torch.Tensor, lib.TensorDesc, int]] = {}  # (buffer, desc, bytes)
 _RETIRED: list[torch.Tensor] = []
 
 
@@ -111,9 +112,9 @@ def workspace(nbytes: int, like: torch.Tensor, stream: int) -> lib.TensorDesc | 
     """A byte workspace of at least nbytes on like's device, cached per (device, stream)."""
     if nbytes == 0:
         return None
-    key = (like.device.index, stream)
+    key = (like.get_device(), stream)
     cached = _WORKSPACES.get(key)
-    if cached is not None and cached[0].numel() >= nbytes:
+    if cached is not None and cached[2] >= nbytes:
         return cached[1]
     # Round up so that slightly different shapes do not reallocate each call.
     size = max(nbytes, 1 << 20)
@@ -121,7 +122,7 @@ def workspace(nbytes: int, like: torch.Tensor, stream: int) -> lib.TensorDesc | 
         size = max(size, 2 * cached[0].numel())
         _RETIRED.append(cached[0])
     buffer = torch.empty(size, dtype=torch.uint8, device=like.device)
-    _WORKSPACES[key] = (buffer, desc(buffer, BYTE))
+    _WORKSPACES[key] = (buffer, desc(buffer, BYTE), size)
     return _WORKSPACES[key][1]
 
 

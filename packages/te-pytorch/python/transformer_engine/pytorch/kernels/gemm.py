@@ -64,9 +64,13 @@ def _matrix(shape) -> tuple[int, int]:
 
 def _out_shape(a, b, transa: bool, transb: bool) -> tuple:
     """(D's shape as a tuple of ints, m, n)."""
-    a_shape = a.shape
-    a_rows, a_cols = _matrix(a_shape)
-    b_rows, b_cols = _matrix(b.shape)
+    a_shape, b_shape = a.shape, b.shape
+    if len(a_shape) == 2 and len(b_shape) == 2:  # (the common case, without the helper calls)
+        a_rows, a_cols = a_shape
+        b_rows, b_cols = b_shape
+    else:
+        a_rows, a_cols = _matrix(a_shape)
+        b_rows, b_cols = _matrix(b_shape)
     m = a_cols if transa else a_rows
     n = b_rows if transb else b_cols
     if transa or len(a_shape) == 2:
@@ -129,7 +133,10 @@ def _run(
     beta,
     use_split_accumulator,
 ):
-    a, b = contiguous(a), contiguous(b)
+    if not a.is_contiguous():
+        a = a.contiguous()
+    if not b.is_contiguous():
+        b = b.contiguous()
     a_desc, a_sdesc = _operand(a, a_dtype, a_scale_inv, "a")
     b_desc, b_sdesc = _operand(b, b_dtype, b_scale_inv, "b")
     d_desc = desc(d, TORCH_TO_CODE[d.dtype])
@@ -141,8 +148,9 @@ def _run(
     grad_desc = None if bias_grad is None else desc(bias_grad, TORCH_TO_CODE[bias_grad.dtype])
     ws = None
     stream = 0
-    if a.is_cuda:
-        stream = torch._C._cuda_getCurrentRawStream(a.device.index)
+    device = a.get_device()  # (-1 on the CPU; an int, cheaper than a.device.index)
+    if device >= 0:
+        stream = torch._C._cuda_getCurrentRawStream(device)
         descs = (a_desc, b_desc, d_desc, a_sdesc, b_sdesc, c_desc, bias_desc, pre_desc, grad_desc)
         key = (
             a.shape,
@@ -157,7 +165,7 @@ def _run(
             bias_grad is None,
             beta != 0.0,
             use_split_accumulator,
-            a.device.index,
+            device,
         )
         nbytes = _workspace_bytes(key, descs, alpha, beta, transa, transb, use_split_accumulator)
         ws = workspace(nbytes, a, stream)
@@ -212,9 +220,11 @@ def _gemm(
 ):
     _check_out_dtype(out_dtype)
     shape, m, n = _out_shape(a, b, transa, transb)
-    d = torch.empty(shape, dtype=out_dtype, device=a.device)
-    pre = torch.empty((m, n), dtype=out_dtype, device=a.device) if gelu else None
-    grad = torch.empty((m,), dtype=out_dtype, device=a.device) if bias_grad else None
+    # (sizes as separate ints: torch parses them faster than a tuple; see cast._prepared_outputs)
+    device = a.device
+    d = torch.empty(*shape, dtype=out_dtype, device=device)
+    pre = torch.empty(m, n, dtype=out_dtype, device=device) if gelu else None
+    grad = torch.empty(m, dtype=out_dtype, device=device) if bias_grad else None
     _run(
         a,
         b,
@@ -369,7 +379,7 @@ def _gemm_accumulate(
             f"argument 'out' must be a contiguous tensor of {m}x{n} elements, got shape {tuple(out.shape)}"
         )
     _check_out_dtype(out.dtype)
-    grad = torch.empty((m,), dtype=out.dtype, device=a.device) if bias_grad else None
+    grad = torch.empty(m, dtype=out.dtype, device=a.device) if bias_grad else None
     _run(
         a,
         b,

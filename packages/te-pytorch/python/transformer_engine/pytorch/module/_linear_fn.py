@@ -120,11 +120,13 @@ class LinearFunction(torch.autograd.Function):
             x_keep = x_op.drop(rowwise=True, columnwise=not need_wgrad)
             w_keep = w_op.drop(rowwise=True, columnwise=not inp.requires_grad)
             ctx.operands = (x_keep, w_keep)
-            ctx.n_x = len(x_keep.tensors())
-            ctx.save_for_backward(*x_keep.tensors(), *w_keep.tensors())
+            x_saved = x_keep.tensors()
+            ctx.n_x = len(x_saved)
+            ctx.save_for_backward(*x_saved, *w_keep.tensors())
         else:
-            x = x.to(a.act_dtype)
-            w = weight.to(a.act_dtype)
+            # (.to is skipped when the dtype already matches: even a no-op .to is a dispatcher call)
+            x = x if x.dtype == a.act_dtype else x.to(a.act_dtype)
+            w = weight if weight.dtype == a.act_dtype else weight.to(a.act_dtype)
             out, _, _ = kernels.gemm(x, w, transb=True, out_dtype=a.act_dtype, bias=bias)
             ctx.save_for_backward(x, w)
         ctx.args = a

@@ -26,6 +26,8 @@ import warnings
 import torch
 
 from .. import kernels
+from ..kernels._common import compiling
+from ..kernels.gemm import _gemm, _gemm_accumulate
 from ..tensor import Float8BlockwiseQTensor, Float8Tensor, MXFP8Tensor, NVFP4Tensor
 from ..tensor._block_tensor import BlockQuantizer
 
@@ -52,15 +54,23 @@ class Operand:
 
     def with_tensors(self, tensors) -> Operand:
         """This operand with its tensor fields replaced, in tensors()'s order."""
+        f = self.fields
+        if self.kind == "fp8" and f["row"] is None and len(tensors) == 2:  # (the columnwise copy kept: the usual case)
+            return Operand("fp8", {"row": None, "col": tensors[0], "scale_inv": tensors[1], "code": f["code"]})
         it = iter(tensors)
-        fields = {k: (next(it) if isinstance(v, torch.Tensor) else v) for k, v in self.fields.items()}
+        fields = {k: (next(it) if isinstance(v, torch.Tensor) else v) for k, v in f.items()}
         return Operand(self.kind, fields, self.fmt)
 
     def drop(self, *, rowwise: bool = False, columnwise: bool = False) -> Operand:
         """A copy without the named copies (what backward does not need is not kept)."""
-        names = {"row": rowwise, "col": columnwise}
-        if self.kind == "fp8":
-            fields = {k: (None if names.get(k) else v) for k, v in self.fields.items()}
+        if self.kind == "fp8":  # (the four fields written out: this runs for every operand of every step)
+            f = self.fields
+            fields = {
+                "row": None if rowwise else f["row"],
+                "col": None if columnwise else f["col"],
+                "scale_inv": f["scale_inv"],
+                "code": f["code"],
+            }
         else:
             fields = {
                 k: (None if (rowwise and "rowwise" in k) or (columnwise and "columnwise" in k) else v)
@@ -136,6 +146,13 @@ def operand_gemm(
     if a.kind == "fp8":
         ad, ac, asi = _fp8_args(a, a_columnwise, "a")
         bd, bc, bsi = _fp8_args(b, b_columnwise, "b")
+        if not compiling():  # (eager: the implementations, called positionally -- per-GEMM host time)
+            if out is not None:
+                _gemm_accumulate(ad, bd, ac, asi, bc, bsi, False, True, out, float(beta), False, use_split_accumulator)
+                return None
+            return _gemm(
+                ad, bd, ac, asi, bc, bsi, False, True, out_dtype, bias, False, False, use_split_accumulator, 1.0
+            )[0]
         kw = {"a_dtype": ac, "a_scale_inv": asi, "b_dtype": bc, "b_scale_inv": bsi, "transb": True}
         if out is not None:
             kernels.gemm_accumulate(ad, bd, out, beta=beta, use_split_accumulator=use_split_accumulator, **kw)
