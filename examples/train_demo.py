@@ -55,7 +55,7 @@ def teacher(device: str):
     return lambda x: torch.tanh(x @ w1) @ w2
 
 
-def train(name: str, fp8_recipe, steps: int, device: str, target) -> tuple[list[float], float]:
+def train(fp8_recipe, steps: int, device: str, target) -> tuple[list[float], float]:
     torch.manual_seed(0)
     model = Block(device)
     opt = torch.optim.Adam(model.parameters(), lr=2e-3)
@@ -88,7 +88,7 @@ def main() -> None:
     print("{:<22} {:>8} {:>9} {:>9} {:>8} {:>14} {:>8}".format(*header))
     baseline = None
     for name, fp8_recipe in RECIPES.items():
-        losses, step_s = train(name, fp8_recipe, args.steps, args.device, target)
+        losses, step_s = train(fp8_recipe, args.steps, args.device, target)
         final = sum(losses[-10:]) / len(losses[-10:])  # (mean of the last 10: less noisy)
         baseline = final if baseline is None else baseline
         marks = [losses[0], losses[args.steps // 4], losses[args.steps // 2]]

@@ -6,7 +6,8 @@
 # driver (--check-only: skip the timing). Needs nvcc and an sm_90 GPU.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-build="${OUT:-/tmp}/nvfp4_variants_build"
+# (Not under $OUT: objects there crowd the logs out of what the device tool returns.)
+build="${TMPDIR:-/tmp}/nvfp4_variants_build"
 mkdir -p "$build"
 flags=(-std=c++17 -O3 -arch=sm_90 -DTE_WITH_CUDA -DTE_VERSION_STRING='"bench"' -I core/include -I core/src)
 sources=(bench/kernels/nvfp4_quantize_variants.cu core/src/nvfp4/cuda.cu core/src/nvfp4/cpu.cpp

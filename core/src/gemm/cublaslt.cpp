@@ -216,8 +216,6 @@ constexpr size_t kMaxCachedAlgos = 4096;  // then start over: shapes are few in 
 // Heuristic answers asked for (see find_lt_algo).
 constexpr int kHeuristicResults = 8;
 
-}  // namespace
-
 cublasStatus_t heuristic_candidates(const LtCall& call,
                                     std::vector<cublasLtMatmulAlgo_t>* candidates) {
   Descriptors desc(call);
@@ -245,6 +243,8 @@ cublasStatus_t heuristic_candidates(const LtCall& call,
   if (status == CUBLAS_STATUS_SUCCESS && candidates->empty()) status = CUBLAS_STATUS_NOT_SUPPORTED;
   return status;
 }
+
+}  // namespace
 
 cublasStatus_t find_lt_algo(const LtCall& call, cublasLtMatmulAlgo_t* algo,
                             const cudaStream_t* tune_stream) {

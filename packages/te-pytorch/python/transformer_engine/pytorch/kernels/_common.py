@@ -93,6 +93,20 @@ def stream_of(t: torch.Tensor) -> int:
     return torch._C._cuda_getCurrentRawStream(index) if index >= 0 else 0
 
 
+def check_out_dtype(out_dtype) -> None:
+    """A GEMM's D is float32, bfloat16 or float16."""
+    if out_dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        raise TypeError(f"argument 'out_dtype' must be float32, bfloat16 or float16, got {out_dtype}")
+
+
+def check_accumulate_out(out: torch.Tensor, m: int, n: int) -> None:
+    """The `out` of an accumulating GEMM: a contiguous tensor of m x n elements in a GEMM output dtype."""
+    if out.numel() != m * n or not out.is_contiguous():
+        got = tuple(out.shape)
+        raise ValueError(f"argument 'out' must be a contiguous tensor of {m}x{n} elements, got shape {got}")
+    check_out_dtype(out.dtype)
+
+
 def contiguous(t: torch.Tensor) -> torch.Tensor:
     return t if t.is_contiguous() else t.contiguous()
 

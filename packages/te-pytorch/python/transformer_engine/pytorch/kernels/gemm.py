@@ -27,6 +27,8 @@ from ._common import (
     FLOAT32,
     FP8_CODES,
     TORCH_TO_CODE,
+    check_accumulate_out,
+    check_out_dtype,
     compiling,
     contiguous,
     desc,
@@ -197,11 +199,6 @@ def _run(
         call(workspace(_workspace_bytes(key, descs, alpha, beta, transa, transb, use_split_accumulator), a, stream))
 
 
-def _check_out_dtype(out_dtype) -> None:
-    if out_dtype not in (torch.float32, torch.bfloat16, torch.float16):
-        raise TypeError(f"argument 'out_dtype' must be float32, bfloat16 or float16, got {out_dtype}")
-
-
 def _gemm(
     a,
     b,
@@ -218,7 +215,7 @@ def _gemm(
     use_split_accumulator,
     alpha,
 ):
-    _check_out_dtype(out_dtype)
+    check_out_dtype(out_dtype)
     shape, m, n = _out_shape(a, b, transa, transb)
     # (sizes as separate ints: torch parses them faster than a tuple; see cast._prepared_outputs)
     device = a.device
@@ -374,11 +371,7 @@ def _gemm_accumulate(
     a, b, a_dtype, a_scale_inv, b_dtype, b_scale_inv, transa, transb, out, beta, bias_grad, use_split_accumulator
 ):
     _, m, n = _out_shape(a, b, transa, transb)
-    if out.numel() != m * n or not out.is_contiguous():
-        raise ValueError(
-            f"argument 'out' must be a contiguous tensor of {m}x{n} elements, got shape {tuple(out.shape)}"
-        )
-    _check_out_dtype(out.dtype)
+    check_accumulate_out(out, m, n)
     grad = torch.empty(m, dtype=out.dtype, device=a.device) if bias_grad else None
     _run(
         a,

@@ -22,7 +22,18 @@ import torch
 
 from transformer_engine.core import DType, lib
 
-from ._common import FLOAT32, TORCH_TO_CODE, compiling, contiguous, desc, scalar_desc, stream_of, workspace
+from ._common import (
+    FLOAT32,
+    TORCH_TO_CODE,
+    check_accumulate_out,
+    check_out_dtype,
+    compiling,
+    contiguous,
+    desc,
+    scalar_desc,
+    stream_of,
+    workspace,
+)
 from .nvfp4 import fp4_desc
 
 SCALING = {"none": 0, "tensor": 1, "fp8_block_1d": 2, "fp8_block_2d": 3, "mxfp8": 4, "nvfp4": 5}
@@ -95,13 +106,8 @@ def _run(a_args, b_args, transa, transb, d, beta, bias, split, force):
     return PATHS[path]
 
 
-def _check_out_dtype(out_dtype) -> None:
-    if out_dtype not in (torch.float32, torch.bfloat16, torch.float16):
-        raise TypeError(f"argument 'out_dtype' must be float32, bfloat16 or float16, got {out_dtype}")
-
-
 def _gemm_block(a_args, b_args, transa, transb, out_dtype, bias, split, force):
-    _check_out_dtype(out_dtype)
+    check_out_dtype(out_dtype)
     m, n = _out_mn(a_args[0], a_args[1], b_args[0], b_args[1], transa, transb)
     d = torch.empty((m, n), dtype=out_dtype, device=a_args[0].device)
     return d, _run(a_args, b_args, transa, transb, d, 0.0, bias, split, force)
@@ -165,10 +171,8 @@ def gemm_block(
 
 
 def _gemm_block_accumulate(a_args, b_args, transa, transb, out, beta, split, force):
-    _check_out_dtype(out.dtype)
     m, n = _out_mn(a_args[0], a_args[1], b_args[0], b_args[1], transa, transb)
-    if out.numel() != m * n or not out.is_contiguous():
-        raise ValueError(f"argument 'out' must be a contiguous tensor of {m}x{n} elements, got {tuple(out.shape)}")
+    check_accumulate_out(out, m, n)
     return _run(a_args, b_args, transa, transb, out, beta, None, split, force)
 
 
