@@ -37,7 +37,12 @@
  * (FP32, BF16, FP16; round to nearest even), or, for an FP8 output, quantized
  * exactly as te_quantize_fp8 would quantize an FP32 tensor of the values v:
  * q = fp8(v * scale), scale_inv = 1 / scale, amax = max(amax, max|v|) (NaN
- * skipped). "columnwise" is the FP8 output viewed as [M, N] (N its last dim)
+ * skipped). With a high-precision output the optional amax is that of the
+ * values AS STORED: amax = max(amax, max|round(v)|), round to the output's type
+ * (NaN skipped), which is what a separate amax pass over the output computes,
+ * so current scaling can take its scale from it without re-reading the output.
+ * (With an FP8 output amax is of the unrounded v, as delayed scaling's
+ * reference does.) "columnwise" is the FP8 output viewed as [M, N] (N its last dim)
  * and transposed to [N, M], as Hopper FP8 GEMMs need; it has the same bytes.
  *
  * Bias gradient (backward): dbias[j] = sum over rows r of grad_input[r, j] in
@@ -92,8 +97,9 @@ typedef struct {
  *                            type as output when both are given.
  * \param[in]     scale       FP32 scalar; required with an FP8 output, else NULL.
  * \param[out]    scale_inv   FP32 scalar 1/scale, or NULL; only with an FP8 output.
- * \param[in,out] amax        FP32 scalar, amax = max(amax, max|v|), or NULL
- *                            (allowed with any output type). */
+ * \param[in,out] amax        FP32 scalar, or NULL (allowed with any output type):
+ *                            amax = max(amax, max|v|) with an FP8 output,
+ *                            max(amax, max|output|) (stored values) otherwise. */
 TE_API te_status te_activation_fwd(te_activation kind, const te_activation_params* params,
                                    const te_tensor* input, te_tensor* output, te_tensor* columnwise,
                                    const te_tensor* scale, te_tensor* scale_inv, te_tensor* amax,
@@ -107,7 +113,8 @@ TE_API te_status te_activation_fwd(te_activation kind, const te_activation_param
  *                            May be NULL when columnwise is given.
  * \param[out]    columnwise  FP8 [K, M] transposed copy of grad_input (K = input's
  *                            last dim), or NULL; same FP8 type as grad_input.
- * \param[in]     scale, scale_inv, amax   as in te_activation_fwd, for grad_input.
+ * \param[in]     scale, scale_inv, amax   as in te_activation_fwd, for grad_input
+ *                            (a high-precision grad_input: amax of its stored values).
  * \param[out]    dbias       [K], FP32, BF16 or FP16, or NULL.
  * \param[in]     workspace   TE_DTYPE_BYTE, at least te_activation_bwd_workspace_size
  *                            bytes, 16-byte aligned; may be NULL when that size is 0. */

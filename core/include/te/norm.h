@@ -18,9 +18,12 @@
  *   the unrounded FP32 y, amax = max(amax, max|y_fp32|) (NaN ignored) and
  *   scale_inv = 1 / y_scale: byte for byte what te_quantize_fp8 writes for the
  *   FP32 y that the same backend returns when y is FP32.
- *   Current scaling cannot be fused in one pass (its scale needs the amax of
- *   the whole output first): normalize to FP32, then call
- *   te_quantize_fp8_current_scaling.
+ *   With a high-precision y, y_amax (optional) is the amax of y AS STORED:
+ *   amax = max(amax, max|y|) over the rounded values (NaN ignored), what a
+ *   separate amax pass over y computes. Current scaling cannot quantize in
+ *   the same pass (its scale needs the amax of the whole output first), but
+ *   it can take the amax from here: normalize to BF16/FP32 with y_amax, derive
+ *   the scale, then quantize y with that scale (te_quantize_fp8).
  *
  * Backward, per row, with xhat = (x - mu) * rsigma (LayerNorm) or x * rsigma
  * (RMSNorm) and dy = dz * g:
@@ -56,7 +59,8 @@ extern "C" {
  *                            then y_scale is required).
  * \param[in]     y_scale     FP32 scalar; only (and required) with an FP8 y.
  * \param[out]    y_scale_inv FP32 scalar, written with 1 / y_scale; FP8 y only; may be NULL.
- * \param[in,out] y_amax      FP32 scalar, amax = max(amax, max|y_fp32|); FP8 y only; may be NULL.
+ * \param[in,out] y_amax      FP32 scalar, may be NULL: amax = max(amax, max|y_fp32|) with an
+ *                            FP8 y, max(amax, max|y|) of the stored y otherwise.
  * \param[out]    mu          FP32, N elements (saved for backward); may be NULL.
  * \param[out]    rsigma      FP32, N elements (saved for backward); may be NULL.
  */

@@ -60,6 +60,9 @@ class Writer {
   // scale_inv and amax, once every row is stored.
   void finish(float amax) const {
     if (out_.scale_inv != nullptr) *out_.scale_inv = 1.0f / scale_;
+    // A high-precision output's amax is that of the stored (rounded) values.
+    const bool rounded = out_.rowwise != nullptr && !rowwise_fp8_;
+    if (rounded) amax = stored_amax(amax, out_.rowwise_dtype);
     if (out_.amax != nullptr) *out_.amax = std::fmax(*out_.amax, amax);
   }
 

@@ -323,6 +323,8 @@ __global__ void __launch_bounds__(kThreads, kBwd ? 2 : 3)
                ? rowwise_run<K, kBwd, In, Out, N>(in, out, p, scale, t, v * N, s.rows_per_thread)
                : rowwise_run<K, kBwd, In, Out, 1>(in, out, p, scale, t, v, s.rows_per_thread);
   }
+  // A high-precision output's amax is that of its stored values (te::stored_amax).
+  if constexpr (!std::is_same_v<Out, Fp8Bytes>) amax = cuda_elem::round_through<Out>(amax);
   finish(out, amax, scale);
 }
 

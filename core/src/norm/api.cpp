@@ -112,16 +112,16 @@ FwdArgs check_forward(const te_tensor* x, const te_tensor* gamma, float eps,
       check_element_aligned(y_scale_inv, "y_scale_inv");
       a.y_scale_inv = static_cast<float*>(y_scale_inv->data);
     }
-    if (y_amax) {
-      Arg(y_amax, "y_amax").scalar_fp32().same_device(*x, "x");
-      check_element_aligned(y_amax, "y_amax");
-      a.y_amax = static_cast<float*>(y_amax->data);
-    }
-  } else if (y_scale || y_scale_inv || y_amax) {
+  } else if (y_scale || y_scale_inv) {
     fail(TE_ERROR_INVALID_ARGUMENT,
-         "arguments 'y_scale', 'y_scale_inv' and 'y_amax' are only for "
+         "arguments 'y_scale' and 'y_scale_inv' are only for "
          "an FP8 'y'; 'y' is ",
          dtype_name(y->dtype), " (pass NULL)");
+  }
+  if (y_amax) {  // any y type: a high-precision y gives the amax of its stored values
+    Arg(y_amax, "y_amax").scalar_fp32().same_device(*x, "x");
+    check_element_aligned(y_amax, "y_amax");
+    a.y_amax = static_cast<float*>(y_amax->data);
   }
   a.rsigma = optional_per_row(rsigma, "rsigma", a.rows, *x);
   if (on_cuda(*x)) use_cuda_device(x->device_index);

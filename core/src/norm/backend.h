@@ -25,7 +25,7 @@ struct FwdArgs {
   te_dtype y_dtype;      // FP32, BF16, FP16, E4M3 or E5M2
   const float* y_scale;  // FP8 y only
   float* y_scale_inv;    // FP8 y only, may be null
-  float* y_amax;         // FP8 y only, may be null (max-accumulated)
+  float* y_amax;         // may be null (max-accumulated; high-precision y: of the stored y)
   float* mu;             // LayerNorm only, may be null
   float* rsigma;         // may be null
 };

@@ -84,7 +84,7 @@ void normalize_row(const float* x, int64_t H, RowStats s, const float* g, const 
   }
 }
 
-// Stores an FP32 row into y's type; for FP8 returns max|y| (NaN ignored).
+// Stores an FP32 row into y's type; returns max|y_fp32| (NaN ignored).
 float store_row(const float* y, int64_t H, const FwdArgs& a, int64_t row) {
   float amax = 0.0f;
   if (is_fp8(a.y_dtype)) {
@@ -100,7 +100,10 @@ float store_row(const float* y, int64_t H, const FwdArgs& a, int64_t row) {
   dispatch_float_type(a.y_dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     T* out = static_cast<T*>(a.y) + row * H;
-    for (int64_t i = 0; i < H; ++i) out[i] = from_float<T>(y[i]);
+    for (int64_t i = 0; i < H; ++i) {
+      amax = std::fmax(amax, std::fabs(y[i]));
+      out[i] = from_float<T>(y[i]);
+    }
   });
   return amax;
 }
@@ -128,10 +131,9 @@ void forward(const FwdArgs& a) {
     std::lock_guard<std::mutex> lock(amax_mutex);
     amax = std::fmax(amax, local_amax);  // max is order-independent: deterministic
   });
-  if (is_fp8(a.y_dtype)) {
-    if (a.y_scale_inv) *a.y_scale_inv = 1.0f / *a.y_scale;
-    if (a.y_amax) *a.y_amax = std::fmax(*a.y_amax, amax);
-  }
+  if (is_fp8(a.y_dtype) && a.y_scale_inv) *a.y_scale_inv = 1.0f / *a.y_scale;
+  // FP8: amax of the unrounded y; otherwise of y as stored (te::stored_amax).
+  if (a.y_amax) *a.y_amax = std::fmax(*a.y_amax, stored_amax(amax, a.y_dtype));
 }
 
 void backward(const BwdArgs& a) {

@@ -187,13 +187,14 @@ __device__ __forceinline__ float y_value(float x, float mu, float rsigma, float 
   return kLayerNorm ? __fadd_rn(scaled, b) : scaled;
 }
 
-// After the rows: the block's amax (one atomic) and scale_inv (block 0).
-__device__ __forceinline__ void finish_fp8(const FwdArgs& a, float amax) {
-  if (!is_fp8_code(a.y_dtype)) return;  // uniform over the grid
-  if (a.y_amax != nullptr) {
+// After the rows: the block's amax (one atomic; a high-precision y's amax is
+// that of its stored values, te::stored_amax) and scale_inv (FP8, block 0).
+__device__ __forceinline__ void finish(const FwdArgs& a, float amax) {
+  if (a.y_amax != nullptr) {  // uniform over the grid
     amax = block_max(amax);
-    if (threadIdx.x == 0) atomic_fmax(a.y_amax, amax);
+    if (threadIdx.x == 0) atomic_fmax(a.y_amax, cuda_elem::stored_amax(amax, a.y_dtype));
   }
+  if (!is_fp8_code(a.y_dtype)) return;  // uniform over the grid
   if (a.y_scale_inv != nullptr && blockIdx.x == 0 && threadIdx.x == 0)
     *a.y_scale_inv = __fdiv_rn(1.0f, *a.y_scale);
 }
@@ -230,7 +231,7 @@ struct GroupSum {
 };
 
 // Pass 3 of a row for one output type: y = ((x - mu) * rsigma) * g (+ beta),
-// stored chunk by chunk; FP8 also folds |y| of the row's elements into amax.
+// stored chunk by chunk, |y| of the row's elements folded into amax.
 // The lane's chunk k starts k * kStride elements after its first one, which
 // starts `rem` elements before the end of the row (rem may be <= 0).
 template <YKind kY, class Tx, class S, bool kLayerNorm>
@@ -254,11 +255,11 @@ __device__ __forceinline__ void write_row(const uint32_t (&w)[S::kVecs][4], cons
 #pragma unroll
     for (int j = 0; j < kE; ++j)
       y[j] = y_value<kLayerNorm>(x[j], mu, rsigma, g[j], kLayerNorm ? b[j] : 0.0f);
-    if constexpr (kY == YKind::kE4M3 || kY == YKind::kE5M2) {
-      // Past the row g = beta = 0, so y is +-0 or NaN there: no mask needed.
+    // Every output type (FP8 quantizes with it; a high-precision y's amax is
+    // rounded once in finish). Past the row g = beta = 0, so y is +-0 or NaN
+    // there: no mask needed.
 #pragma unroll
-      for (int j = 0; j < kE; ++j) amax = fmaxf(amax, fabsf(y[j]));  // fmaxf drops NaN
-    }
+    for (int j = 0; j < kE; ++j) amax = fmaxf(amax, fabsf(y[j]));  // fmaxf drops NaN
     store_y<kY, kE>(y_lane + k * kStride * y_bytes<kY>(), left, vec, pack_y<kY, kE>(y, scale));
   }
 }
@@ -352,19 +353,19 @@ __global__ void __launch_bounds__(S::kBlockThreads) norm_fwd_kernel(const FwdArg
       default: write(YTag<YKind::kE5M2>{}); break;
     }
   }
-  finish_fp8(a, amax);
+  finish(a, amax);
 }
 
-// Rounds and stores one element of y; FP8 outputs also update the thread's amax.
+// Rounds and stores one element of y and folds |y| into the thread's amax.
 __device__ __forceinline__ void store_y_element(const FwdArgs& a, int64_t i, float y, float scale,
                                                 float& amax) {
+  amax = fmaxf(amax, fabsf(y));
   switch (a.y_dtype) {
     case TE_DTYPE_FLOAT32: static_cast<float*>(a.y)[i] = y; return;
     case TE_DTYPE_BFLOAT16: static_cast<__nv_bfloat16*>(a.y)[i] = __float2bfloat16_rn(y); return;
     case TE_DTYPE_FLOAT16: static_cast<__half*>(a.y)[i] = __float2half_rn(y); return;
     default: break;
   }
-  amax = fmaxf(amax, fabsf(y));
   static_cast<uint8_t*>(a.y)[i] = fp8_byte(__fmul_rn(y, scale), a.y_dtype == TE_DTYPE_FLOAT8E5M2);
 }
 
@@ -402,7 +403,7 @@ __global__ void __launch_bounds__(kLoopThreads) norm_fwd_looped_kernel(const Fwd
                       amax);
     }
   }
-  finish_fp8(a, amax);
+  finish(a, amax);
 }
 
 template <class Tx, bool kLayerNorm>

@@ -117,6 +117,20 @@ __device__ __forceinline__ __half from_float<__half>(float v) {
   return __float2half_rn(v);
 }
 
+// v rounded to Out and widened back: the device twin of te::stored_amax
+// (runtime/element.h) for an output element type Out.
+template <class Out>
+__device__ __forceinline__ float round_through(float v) {
+  return to_float(from_float<Out>(v));
+}
+
+// te::stored_amax on the device, for a run-time output dtype.
+__device__ __forceinline__ float stored_amax(float amax, te_dtype dtype) {
+  if (dtype == TE_DTYPE_BFLOAT16) return round_through<__nv_bfloat16>(amax);
+  if (dtype == TE_DTYPE_FLOAT16) return round_through<__half>(amax);
+  return amax;
+}
+
 template <bool kE5M2>
 __device__ __forceinline__ float2 fp8x2_to_float2(uint32_t two_codes) {
   const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two_codes),

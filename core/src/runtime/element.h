@@ -54,6 +54,17 @@ void dispatch_float_type(te_dtype dtype, F&& f) {
   }
 }
 
+// The amax of a high-precision output as stored: max|round(v_i)| over the
+// rounded values. RNE rounding is monotone and odd, so that equals
+// round(max|v_i|): an amax of the unrounded FP32 values becomes the stored
+// tensor's amax by rounding it once. FP32 (and any non-float dtype) is the
+// identity; amax is never NaN here (the maxima skip NaN).
+inline float stored_amax(float amax, te_dtype dtype) {
+  if (dtype == TE_DTYPE_BFLOAT16) return bf16_to_float(float_to_bf16(amax));
+  if (dtype == TE_DTYPE_FLOAT16) return fp16_to_float(float_to_fp16(amax));
+  return amax;
+}
+
 inline const Fp8Format& fp8_format(te_dtype dtype) {
   return dtype == TE_DTYPE_FLOAT8E5M2 ? kE5M2 : kE4M3;
 }

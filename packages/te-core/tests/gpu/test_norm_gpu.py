@@ -83,8 +83,9 @@ def shifts(offset, offsets, names):
     return {**{n: offset for n in names}, **(offsets or {})}
 
 
-def gpu_forward(layernorm, x, gamma, beta, eps, zcg, y_dtype, *, scale=None, amax=0.0, offset=0, offsets=None):
+def gpu_forward(layernorm, x, gamma, beta, eps, zcg, y_dtype, *, scale=None, amax=None, offset=0, offsets=None):
     """Runs the CUDA forward; y_dtype is a NumPy dtype or 'e4m3'/'e5m2'. NumPy results.
+    amax: the y_amax start value (FP8 y: 0 when None; high-precision y: none passed when None).
     x and y start `offset` ELEMENTS into their buffers; `offsets` maps any of x, gamma,
     beta, y to its own shift in elements."""
     fp8 = isinstance(y_dtype, str)
@@ -98,7 +99,7 @@ def gpu_forward(layernorm, x, gamma, beta, eps, zcg, y_dtype, *, scale=None, ama
     mu, rsigma = Dev(shape=rows, dtype=np.float32), Dev(shape=rows, dtype=np.float32)
     s = Dev(np.array(scale, np.float32)) if fp8 else None
     si = Dev(np.array(0.0, np.float32)) if fp8 else None
-    am = Dev(np.array(amax, np.float32)) if fp8 else None
+    am = Dev(np.array(0.0 if amax is None else amax, np.float32)) if fp8 or amax is not None else None
     if layernorm:
         lib.layernorm_fwd(
             dx_.desc, dg.desc, db.desc, eps, zcg, y.desc, opt(s), opt(si), opt(am), mu.desc, rsigma.desc, _stream()
@@ -107,7 +108,9 @@ def gpu_forward(layernorm, x, gamma, beta, eps, zcg, y_dtype, *, scale=None, ama
         lib.rmsnorm_fwd(dx_.desc, dg.desc, eps, zcg, y.desc, opt(s), opt(si), opt(am), rsigma.desc, _stream())
     out = {"y": y.numpy(), "rsigma": rsigma.numpy(), "mu": mu.numpy() if layernorm else None}
     if fp8:
-        out.update(scale_inv=si.numpy()[()], amax=am.numpy()[()])
+        out.update(scale_inv=si.numpy()[()])
+    if am is not None:
+        out.update(amax=am.numpy()[()])
     return out
 
 
@@ -207,6 +210,25 @@ def test_fused_fp8_equals_quantize_of_cuda_fp32_output(rng, layernorm, x_dtype, 
 
 
 @pytest.mark.parametrize("layernorm", [True, False], ids=["layernorm", "rmsnorm"])
+@pytest.mark.parametrize("x_dtype", FLOAT_DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("y_dtype", FLOAT_DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("shape,offset", [(s, 0) for s in GPU_SHAPES] + [((40, 256), 2), ((9, 1000), 4)])
+def test_high_precision_y_amax_is_that_of_the_stored_y(rng, layernorm, x_dtype, y_dtype, shape, offset):
+    """y_amax with a FP32/BF16/FP16 y: max(start, max|y|) of the y the kernel stored (NaN
+    rows skipped), exactly; the y bytes are those of the same call without y_amax."""
+    x = norm_input(rng, shape, x_dtype)
+    gamma, beta = weights(rng, shape[-1], np.dtype(np.float32))
+    zcg = bool(rng.integers(2))
+    amax0 = np.float32(rng.choice([0.0, 0.5, 1e4]))
+    fused = gpu_forward(layernorm, x, gamma, beta, 1e-5, zcg, y_dtype, amax=amax0, offset=offset)
+    plain = gpu_forward(layernorm, x, gamma, beta, 1e-5, zcg, y_dtype, offset=offset)
+    same_bytes(fused["y"], plain["y"], "y with and without y_amax")
+    stored = np.abs(fused["y"].astype(np.float32))
+    want = max(amax0, np.float32(np.max(stored, initial=0.0, where=~np.isnan(stored))))
+    assert fused["amax"] == want, (fused["amax"], want)
+
+
+@pytest.mark.parametrize("layernorm", [True, False], ids=["layernorm", "rmsnorm"])
 @pytest.mark.parametrize(
     "x_dtype,w_dtype", list(itertools.product(FLOAT_DTYPES, FLOAT_DTYPES)), ids=lambda d: np.dtype(d).name
 )
@@ -291,7 +313,8 @@ def test_each_misaligned_buffer_gives_the_aligned_bytes(rng, layernorm, x_dtype,
     x = norm_input(rng, shape, x_dtype, specials=False)
     gamma, beta = weights(rng, shape[-1], BF16)
     dz = grad_input(rng, shape, x_dtype)
-    kw = dict(scale=np.float32(8.0)) if isinstance(y_dtype, str) else {}
+    # (a high-precision y with y_amax: the stored y's amax must not depend on the path either)
+    kw = dict(scale=np.float32(8.0)) if isinstance(y_dtype, str) else dict(amax=np.float32(0.0))
     aligned = gpu_forward(layernorm, x, gamma, beta, 1e-5, False, y_dtype, **kw)
     for name in ("x", "y", "gamma", "beta"):
         shifted = gpu_forward(layernorm, x, gamma, beta, 1e-5, False, y_dtype, offsets={name: 1}, **kw)

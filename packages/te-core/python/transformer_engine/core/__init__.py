@@ -9,6 +9,7 @@ from ._native import lib
 from .activation import (
     ACTIVATIONS,
     ActivationGrad,
+    HighPrecisionOutput,
     activation_backward,
     activation_forward,
 )
@@ -64,6 +65,7 @@ def built_with_cuda() -> bool:
 __all__ = [
     "ACTIVATIONS",
     "ActivationGrad",
+    "HighPrecisionOutput",
     "activation_backward",
     "activation_forward",
     "BlockOperand",

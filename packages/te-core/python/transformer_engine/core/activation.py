@@ -52,10 +52,18 @@ def is_gated(kind: str | int) -> bool:
     return ACTIVATIONS[activation_code(kind)] in GATED_ACTIVATIONS
 
 
+class HighPrecisionOutput(NamedTuple):
+    """A high-precision result asked for with `amax`: amax = max(amax, max|values|)
+    over the values as stored (rounded to their dtype; NaN skipped)."""
+
+    values: np.ndarray
+    amax: np.ndarray  # FP32 scalar
+
+
 class ActivationGrad(NamedTuple):
     """Result of `activation_backward`."""
 
-    grad_input: np.ndarray | Fp8Tensor  # the input's shape
+    grad_input: np.ndarray | HighPrecisionOutput | Fp8Tensor  # the input's shape
     dbias: np.ndarray | None  # [K], K the input's last dim; None unless requested
 
 
@@ -91,9 +99,9 @@ def _outputs(shape, out_dtype, scale, rowwise: bool, columnwise: bool, amax):
     return row, col, scale, scale_inv, amax
 
 
-def _result(row, col, scale, scale_inv, amax):
+def _result(row, col, scale, scale_inv, amax, amax_given: bool):
     if scale is None:
-        return row
+        return HighPrecisionOutput(row, amax) if amax_given else row
     return Fp8Tensor(row, col, scale, scale_inv, amax)
 
 
@@ -119,8 +127,11 @@ def activation_forward(
     out_dtype: None (the input's), float32/bfloat16/float16, or FP8 ('e4m3',
     'e5m2'); FP8 needs `scale` and returns an Fp8Tensor (rowwise and/or the
     [N, M] transposed columnwise copy, scale_inv, amax max-accumulated into
-    `amax`). limit/alpha/glu_linear_offset apply to clamped_swiglu only.
+    `amax`). A high-precision out_dtype returns the array, or with `amax` given a
+    HighPrecisionOutput whose amax is that of the stored values. limit/alpha/
+    glu_linear_offset apply to clamped_swiglu only.
     """
+    amax_given = amax is not None
     x = as_high_precision(x, "x")
     code = activation_code(kind)
     shape = _output_shape(x, code, halve=True)
@@ -139,7 +150,7 @@ def activation_forward(
         float(alpha),
         float(glu_linear_offset),
     )
-    return _result(row, col, scale, scale_inv, amax)
+    return _result(row, col, scale, scale_inv, amax, amax_given)
 
 
 def activation_backward(
@@ -165,6 +176,7 @@ def activation_backward(
     also returns dbias[j] = sum over rows of grad_input[:, j] (FP32 sums in the
     order of te/activation.h, rounded to dbias_dtype).
     """
+    amax_given = amax is not None
     x = as_high_precision(x, "x")
     grad = as_high_precision(grad, "grad")
     code = activation_code(kind)
@@ -187,4 +199,4 @@ def activation_backward(
         float(alpha),
         float(glu_linear_offset),
     )
-    return ActivationGrad(_result(row, col, scale, scale_inv, amax), bias)
+    return ActivationGrad(_result(row, col, scale, scale_inv, amax, amax_given), bias)

@@ -11,6 +11,10 @@ scaling: amax accumulates, scale_inv = 1/scale). Without one it is current
 scaling, which needs the amax of the whole output first, so it runs in two
 steps: the norm to FP32, then `quantize_fp8_current_scaling` of that FP32 y.
 Both quantize the unrounded FP32 y.
+
+High-precision outputs: an `amax` given is max-accumulated with the amax of y
+as stored (the rounded values), returned in NormForward.amax; current scaling
+can derive its scale from it without another pass over y.
 """
 
 from __future__ import annotations
@@ -59,7 +63,7 @@ def _forward(
     fp8 = code in FP8_DTYPES
     scale_arr = fp32_scalar(scale, "scale") if fp8 else None
     scale_inv = np.zeros((), np.float32) if fp8 else None
-    amax_arr = fp32_scalar(0.0 if amax is None else amax, "amax").copy() if fp8 else None
+    amax_arr = fp32_scalar(0.0 if amax is None else amax, "amax").copy() if fp8 or amax is not None else None
     opt = lambda a: None if a is None else desc(a)  # noqa: E731
     if layernorm:
         beta = as_high_precision(beta, "beta")
@@ -110,6 +114,8 @@ def layernorm_fwd(
     ml_dtypes float8 type). For FP8, `scale` given means delayed scaling fused into the
     norm (`amax`, if given, is max-accumulated); no `scale` means current scaling
     (`force_pow2_scales`, `amax_epsilon` as in quantize_fp8_current_scaling).
+    A high-precision out_dtype with `amax` given returns amax = max(amax, max|y|) of
+    the stored (rounded) y in `.amax`.
     """
     return _forward(
         True, x, gamma, beta, eps, zero_centered_gamma, out_dtype, scale, amax, force_pow2_scales, amax_epsilon

@@ -7,8 +7,10 @@ core's code (transformer_engine.core.activation.ACTIVATIONS lists the names in
 code order). Values are computed in FP32 and written once: rounded to
 out_dtype, or quantized to FP8 with the delayed-scaling `scale` exactly as
 quantize_fp8 would quantize the FP32 values (`amax` max-accumulated in place;
-the op returns scale_inv). The FP8 output can be rowwise and/or the [K, M]
-transposed "columnwise" copy.
+the op returns scale_inv). With a high-precision output, `amax` (if given)
+max-accumulates the amax of the output as stored (rounded to out_dtype), so
+current scaling can take its scale from it without another pass. The FP8
+output can be rowwise and/or the [K, M] transposed "columnwise" copy.
 
 The backward takes grad = dL/dy and the forward input x and returns
 dL/dx (x's shape, optionally FP8 as above) and optionally the bias gradient

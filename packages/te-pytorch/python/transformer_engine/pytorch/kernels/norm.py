@@ -9,8 +9,10 @@ row) are saved for the backward pass.
 The forward can write FP8 directly (fp8_dtype >= 0): the quantization with
 the delayed-scaling `scale` is fused into the norm, `amax` is max-accumulated
 in place and the op returns scale_inv. (Current scaling needs the amax of the
-whole output first, so it is the norm to high precision followed by
-cast.quantize_fp8_current_scaling.) Outputs not produced (mu of RMSNorm,
+whole output first, so it is the norm to high precision, with `amax` given,
+followed by compute_scale_from_amax and quantize_fp8 with that scale: a
+high-precision y max-accumulates into `amax` the amax of y as stored, what a
+separate amax pass would compute.) Outputs not produced (mu of RMSNorm,
 scale_inv of a high-precision y) are empty tensors inside the ops and None
 from the public wrappers.
 """
@@ -42,7 +44,7 @@ def _norm_fwd(x, gamma, beta, eps, zero_centered_gamma, out_dtype, fp8_dtype, sc
         y = torch.empty(x.shape, dtype=out_dtype, device=x.device)
         y_desc = hp_desc(y, "out_dtype")
         scale_inv = None
-        fp8_descs = (None, None, None)
+        fp8_descs = (None, None, None if amax is None else desc(amax, FLOAT32))
     stream = stream_of(x)
     if beta is None:
         lib.rmsnorm_fwd(
@@ -144,8 +146,9 @@ def norm_fwd(
     """LayerNorm (beta given) or RMSNorm (beta None) over the last dim of x.
 
     Returns (y, mu | None, rsigma, scale_inv | None). y has out_dtype (default
-    x's), or is uint8 FP8 bytes when fp8_dtype >= 0 (then `scale` is required
-    and `amax`, if given, is max-accumulated).
+    x's), or is uint8 FP8 bytes when fp8_dtype >= 0 (then `scale` is required).
+    `amax`, if given (FP32, one element), is max-accumulated in place: with max|y_fp32|
+    for an FP8 y, with max|y| of the stored y for a high-precision one.
     """
     out_dtype = x.dtype if out_dtype is None else out_dtype
     eps = float(eps)

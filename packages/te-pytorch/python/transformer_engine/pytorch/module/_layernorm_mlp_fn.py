@@ -18,7 +18,9 @@ activation's output are quantized in the kernels that compute them, and the
 activation backward writes fc1's FP8 gradient (both copies) together with the
 fc1 bias gradient. The other recipes compute those tensors in high precision
 and quantize them with their quantizers (current scaling needs the whole
-tensor's amax first; the block formats quantize per block). Backward frees
+tensor's amax first: the norm / activation kernel computes it while writing
+the tensor, _operand.fused_amax, so no separate amax pass reads it again; the
+block formats quantize per block). Backward frees
 the activation's input gradient and then its high-precision output gradient
 dL/dh [T, F1] as soon as they are consumed (the step's peak is there);
 per-tensor FP8 quantizes dL/dh rowwise only, runs fc1's dgrad, then
@@ -51,7 +53,7 @@ import torch
 
 from .. import kernels
 from ..tensor import QuantizedTensor
-from ._operand import Operand, operand_gemm, quantize_operand, tensor_operand
+from ._operand import Operand, fused_amax, operand_gemm, quantize_operand, tensor_operand
 
 
 class MLPArgs:
@@ -183,9 +185,10 @@ def _forward_q(ctx, x, gamma, beta, w1, b1, w2, b2, a: MLPArgs):
         )
         ln_op = _fp8_operand(ln_r, None, ln_s, q[0])
     else:
-        ln_hp, mu, rsigma, _ = kernels.norm_fwd(x, gamma, beta, a.eps, a.zero_centered_gamma, out_dtype=dt)
+        amax = fused_amax(q[0], x)  # current scaling: the norm kernel writes max|ln|
+        ln_hp, mu, rsigma, _ = kernels.norm_fwd(x, gamma, beta, a.eps, a.zero_centered_gamma, out_dtype=dt, amax=amax)
         ln_col = grads[3] and not per_tensor
-        ln_op = quantize_operand(q[0], ln_hp, rowwise=True, columnwise=ln_col)
+        ln_op = quantize_operand(q[0], ln_hp, rowwise=True, columnwise=ln_col, amax=amax)
         if not a.return_ln:  # (not returned: freed before fc1's output exists)
             ln_hp = None
     # fc1's dgrad (W1 columnwise) serves the norm's inputs; fc2's (W2 columnwise) everything before it.
@@ -199,8 +202,9 @@ def _forward_q(ctx, x, gamma, beta, w1, b1, w2, b2, a: MLPArgs):
         )
         act_op = _fp8_operand(act_r, None, act_s, q[3])
     else:
-        act_hp = kernels.activation_fwd(h, a.kind, **a.act_params)[0]
-        act_op = quantize_operand(q[3], act_hp, rowwise=True, columnwise=False)
+        amax = fused_amax(q[3], h)
+        act_hp = kernels.activation_fwd(h, a.kind, amax=amax, **a.act_params)[0]
+        act_op = quantize_operand(q[3], act_hp, rowwise=True, columnwise=False, amax=amax)
         del act_hp
     out = operand_gemm(act_op, False, w2_op, False, out_dtype=dt, bias=b2, use_split_accumulator=a.split_acc[0])
     ln_keep = None
@@ -282,8 +286,9 @@ def _act_columnwise(a: MLPArgs, h) -> Operand:
             h, a.kind, fp8_dtype=_code(q), scale=a.scales[3:4], rowwise=False, columnwise=True, **a.act_params
         )
         return _fp8_operand(None, col, scale_inv, q)
-    act_hp = kernels.activation_fwd(h, a.kind, **a.act_params)[0]
-    return quantize_operand(q, act_hp, rowwise=False, columnwise=True)
+    amax = fused_amax(q, h)
+    act_hp = kernels.activation_fwd(h, a.kind, amax=amax, **a.act_params)[0]
+    return quantize_operand(q, act_hp, rowwise=False, columnwise=True, amax=amax)
 
 
 def _act_grad_fp8(a: MLPArgs, d_act, h, need_row: bool, need_col: bool, need_bias: bool):
@@ -329,7 +334,9 @@ def _backward_q(a: MLPArgs, dtypes, dy, needs, saved, ops):
         d1_op, db1 = _act_grad_fp8(a, d_act, h, need_ln, n_w1, n_b1)
         del d_act
     else:
-        d1_hp, _, _, db1 = kernels.activation_bwd(d_act, h, a.kind, dbias=n_b1, **a.act_params)
+        # (the fused amax only where it is quantized: asking for it resets the quantizer's amax)
+        amax = fused_amax(a.bwd_q[0], h) if (need_ln or n_w1) else None
+        d1_hp, _, _, db1 = kernels.activation_bwd(d_act, h, a.kind, amax=amax, dbias=n_b1, **a.act_params)
         del d_act  # (before quantizing: the peak of the step is here)
         if not (need_ln or n_w1):
             return d_ln, dw1, db1, dw2, db2
@@ -337,7 +344,9 @@ def _backward_q(a: MLPArgs, dtypes, dy, needs, saved, ops):
         # Per-tensor FP8 quantizes the rowwise copy only: its transpose is
         # exactly the columnwise copy (one scale), made after the dgrad GEMM
         # once the high-precision gradient is gone.
-        d1_op = quantize_operand(a.bwd_q[0], d1_hp, rowwise=need_ln or per_tensor, columnwise=n_w1 and not per_tensor)
+        d1_op = quantize_operand(
+            a.bwd_q[0], d1_hp, rowwise=need_ln or per_tensor, columnwise=n_w1 and not per_tensor, amax=amax
+        )
         del d1_hp
     if need_ln:
         w1_col = _weight_dgrad(a, w1_keep, w1, 1)

@@ -39,6 +39,7 @@ class LinearArgs:
         "fp8",
         "fuse_wgrad",
         "grad_q",
+        "input_amax",
         "input_q",
         "module",
         "reuse_weight",
@@ -50,6 +51,7 @@ class LinearArgs:
     def __init__(self) -> None:
         self.fp8 = False
         self.bwd_queue = None
+        self.input_amax = None  # max|input| from the kernel that wrote it (LayerNormLinear, current scaling)
 
 
 # Each quantized dim is the reduction dim K of one of the three GEMMs, so
@@ -111,7 +113,7 @@ class LinearFunction(torch.autograd.Function):
                 # Already quantized by the producer (LayerNormLinear's fused norm).
                 x_op = _operand_of_float8(inp, in_features, a)
             else:
-                x_op = quantize_operand(a.input_q, x, rowwise=True, columnwise=need_wgrad)
+                x_op = quantize_operand(a.input_q, x, rowwise=True, columnwise=need_wgrad, amax=a.input_amax)
             w_op = _quantized_weight(a, weight, inp.requires_grad)
             out = operand_gemm(
                 x_op, False, w_op, False, out_dtype=a.act_dtype, bias=bias, use_split_accumulator=a.split_acc[0]

@@ -13,7 +13,7 @@ import torch
 
 from .. import kernels
 from ..tensor import Float8Tensor
-from .normalization import _NormFunction
+from .normalization import _NormFunction, norm_backward, norm_forward
 
 NORMALIZATIONS = ("LayerNorm", "RMSNorm")
 
@@ -68,3 +68,17 @@ class NormFP8Function(_NormFunction):
     @staticmethod
     def backward(ctx, dy):
         return (*_NormFunction.backward(ctx, dy), None, None)
+
+
+class NormAmaxFunction(torch.autograd.Function):
+    """The norm in high precision, max-accumulating max|y| of the stored y into
+    `amax` (current scaling: the input quantizer's fused amax, see
+    _operand.fused_amax), so quantizing y needs no separate amax pass."""
+
+    @staticmethod
+    def forward(ctx, inp, weight, bias, eps, zero_centered_gamma, hidden, amax):
+        return norm_forward(ctx, inp, weight, bias, eps, zero_centered_gamma, hidden, amax)
+
+    @staticmethod
+    def backward(ctx, dy):
+        return (*norm_backward(ctx, dy), None, None, None, None)

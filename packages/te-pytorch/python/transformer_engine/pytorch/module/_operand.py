@@ -28,7 +28,7 @@ import torch
 from .. import kernels
 from ..kernels._common import compiling
 from ..kernels.gemm import _gemm, _gemm_accumulate
-from ..tensor import Float8BlockwiseQTensor, Float8Tensor, MXFP8Tensor, NVFP4Tensor
+from ..tensor import Float8BlockwiseQTensor, Float8CurrentScalingQuantizer, Float8Tensor, MXFP8Tensor, NVFP4Tensor
 from ..tensor._block_tensor import BlockQuantizer
 
 _WARNED: set = set()
@@ -79,11 +79,31 @@ class Operand:
         return Operand(self.kind, fields, self.fmt)
 
 
-def quantize_operand(quantizer, x: torch.Tensor, *, rowwise: bool, columnwise: bool) -> Operand:
-    """The Operand of x under `quantizer` (per-tensor FP8 or block) with the asked copies."""
+# Current scaling takes the amax of a tensor that a norm or activation kernel
+# writes from that kernel (fused_amax), instead of a separate pass over the
+# tensor. The results are bit-identical either way (the kernels' amax is that of
+# the stored values); False restores the separate pass (the tests compare both).
+FUSE_AMAX = True
+
+
+def fused_amax(quantizer, like: torch.Tensor) -> torch.Tensor | None:
+    """The FP32 [1] buffer the kernel producing x (on like's device) should
+    max-accumulate max|x| into, to pass to quantize_operand(..., amax=); None
+    where the quantizer does not take it (not current scaling, or FUSE_AMAX off)."""
+    if not FUSE_AMAX or type(quantizer) is not Float8CurrentScalingQuantizer:
+        return None
+    return quantizer.fused_amax_buffer(like)
+
+
+def quantize_operand(quantizer, x: torch.Tensor, *, rowwise: bool, columnwise: bool, amax=None) -> Operand:
+    """The Operand of x under `quantizer` (per-tensor FP8 or block) with the asked copies.
+    amax: max|x| from the kernel that wrote x (fused_amax), or None."""
     if isinstance(quantizer, BlockQuantizer):
         return Operand(quantizer.KIND, quantizer.quantize_fields(x, rowwise, columnwise), quantizer.TENSOR)
-    row, col, scale_inv = quantizer.quantize_parts(x, rowwise, columnwise)
+    if amax is not None:
+        row, col, scale_inv = quantizer.quantize_parts_with_amax(x, amax, rowwise, columnwise)
+    else:
+        row, col, scale_inv = quantizer.quantize_parts(x, rowwise, columnwise)
     return Operand("fp8", {"row": row, "col": col, "scale_inv": scale_inv, "code": int(quantizer.dtype)})
 
 

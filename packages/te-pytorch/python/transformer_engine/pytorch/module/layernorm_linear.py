@@ -4,8 +4,9 @@ It is te.Linear (same weight/bias handling, FP8 GEMMs, weight caching,
 main_grad accumulation) behind the norm of _norm_parts. Under DelayedScaling
 the norm kernel writes the GEMM's FP8 input directly (no high-precision
 normalized tensor exists); under Float8CurrentScaling the whole output's amax
-is needed first, so the norm writes high precision and the GEMM's input
-quantizer casts it. Backward keeps the input x with the per-row statistics
+is needed first, so the norm writes high precision, computing that amax as it
+writes (no separate pass), and the GEMM's input quantizer casts it with the
+scale derived from it. Backward keeps the input x with the per-row statistics
 (for the norm) and the FP8 operands Linear keeps.
 """
 
@@ -15,7 +16,8 @@ import torch
 
 from ..quantization import FP8GlobalStateManager
 from ._linear_fn import LinearArgs, LinearFunction, check_fp8_dims
-from ._norm_parts import NormFP8Function, allocate_norm_params, check_normalization, reset_norm_params
+from ._norm_parts import NormAmaxFunction, NormFP8Function, allocate_norm_params, check_normalization, reset_norm_params
+from ._operand import fused_amax
 from .linear import Linear, _check_input
 from .normalization import _NormFunction
 
@@ -134,13 +136,19 @@ class LayerNormLinear(Linear):
             kind = getattr(self.quantizers["scaling_fwd"][0], "KIND", "fp8")
             check_fp8_dims(inp.numel() // self.in_features, self.in_features, self.out_features, kind, _OWNER)
         norm_args = (inp, self.layer_norm_weight, self.layer_norm_bias, self.eps, self.zero_centered_gamma)
+        amax = None
         if fp8 and recipe.delayed() and not self.return_layernorm_output:
             quantizer = self.quantizers["scaling_fwd"][0]
             ln_out = NormFP8Function.apply(*norm_args, self.in_features, quantizer, weight.requires_grad)
         else:
-            ln_out = _NormFunction.apply(*norm_args, self.in_features)
+            amax = fused_amax(self.quantizers["scaling_fwd"][0], inp) if fp8 else None
+            if amax is None:
+                ln_out = _NormFunction.apply(*norm_args, self.in_features)
+            else:
+                ln_out = NormAmaxFunction.apply(*norm_args, self.in_features, amax)
         if recipe is not None:
             self._setup_fp8(a, recipe, ln_out, weight, is_first_microbatch)
+        a.input_amax = amax
         a.fuse_wgrad = self.fuse_wgrad_accumulation
         a.weight_param = weight
         if not a.fp8:  # (a quantized_model_init weight runs dequantized; its gradient reaches it)

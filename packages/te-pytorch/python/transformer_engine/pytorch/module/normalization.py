@@ -19,26 +19,37 @@ from .. import kernels
 from .base import resolve_device
 
 
+def norm_forward(ctx, inp, weight, bias, eps, zero_centered_gamma, hidden, amax=None):
+    """The high-precision norm of an autograd forward, saving what backward needs.
+    amax: FP32 [1] max-accumulating max|y| of the stored y (current scaling's fused amax), or None."""
+    x = inp.reshape(-1, hidden)
+    gamma = weight.reshape(hidden)
+    beta = None if bias is None else bias.reshape(hidden)
+    y, mu, rsigma, _ = kernels.norm_fwd(x, gamma, beta, eps, zero_centered_gamma, amax=amax)
+    ctx.save_for_backward(x, mu, rsigma, gamma)
+    ctx.zero_centered_gamma = zero_centered_gamma
+    ctx.shapes = (inp.shape, weight.shape)
+    return y.view(inp.shape)
+
+
+def norm_backward(ctx, dy):
+    """(dx, dgamma, dbeta | None) of a norm_forward."""
+    x, mu, rsigma, gamma = ctx.saved_tensors
+    inp_shape, weight_shape = ctx.shapes
+    dz = dy.reshape(x.shape).to(x.dtype)
+    dx, dgamma, dbeta = kernels.norm_bwd(dz, x, mu, rsigma, gamma, ctx.zero_centered_gamma)
+    dbeta = None if dbeta is None else dbeta.view(weight_shape)
+    return dx.view(inp_shape), dgamma.view(weight_shape), dbeta
+
+
 class _NormFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, inp, weight, bias, eps, zero_centered_gamma, hidden):
-        x = inp.reshape(-1, hidden)
-        gamma = weight.reshape(hidden)
-        beta = None if bias is None else bias.reshape(hidden)
-        y, mu, rsigma, _ = kernels.norm_fwd(x, gamma, beta, eps, zero_centered_gamma)
-        ctx.save_for_backward(x, mu, rsigma, gamma)
-        ctx.zero_centered_gamma = zero_centered_gamma
-        ctx.shapes = (inp.shape, weight.shape)
-        return y.view(inp.shape)
+        return norm_forward(ctx, inp, weight, bias, eps, zero_centered_gamma, hidden)
 
     @staticmethod
     def backward(ctx, dy):
-        x, mu, rsigma, gamma = ctx.saved_tensors
-        inp_shape, weight_shape = ctx.shapes
-        dz = dy.reshape(x.shape).to(x.dtype)
-        dx, dgamma, dbeta = kernels.norm_bwd(dz, x, mu, rsigma, gamma, ctx.zero_centered_gamma)
-        dbeta = None if dbeta is None else dbeta.view(weight_shape)
-        return dx.view(inp_shape), dgamma.view(weight_shape), dbeta, None, None, None
+        return (*norm_backward(ctx, dy), None, None, None)
 
 
 class _Normalization(torch.nn.Module):

@@ -375,6 +375,38 @@ class Float8CurrentScalingQuantizer(Quantizer):
         row, col, _ = kernels.quantize_fp8(x, scales[0:1], None, code, rowwise, columnwise)
         return row, col, scales[1:2]
 
+    # ---- the amax fused into the kernel that produces x (norm / activation)
+
+    def _updates_state(self, like: torch.Tensor) -> bool:
+        """Whether quantize_parts of a tensor like `like` writes self.amax / self.scale
+        (its eager fast path)."""
+        plain = not (self.use_existing_amax or self.with_amax_reduction or compiling())
+        return plain and like.get_device() == self.scale.get_device()
+
+    def fused_amax_buffer(self, like: torch.Tensor) -> torch.Tensor | None:
+        """A zeroed FP32 [1] tensor for the kernel that writes x (on like's device)
+        to max-accumulate max|x| into, for quantize_parts_with_amax; None with
+        use_existing_amax (the amax is not x's). Where quantize_parts would record
+        the amax in self.amax, this is self.amax itself."""
+        if self.use_existing_amax:
+            return None
+        if self._updates_state(like):
+            return self.amax.zero_()
+        return torch.zeros((1,), dtype=torch.float32, device=like.device)
+
+    def quantize_parts_with_amax(self, x: torch.Tensor, amax: torch.Tensor, rowwise: bool, columnwise: bool):
+        """quantize_parts(x, rowwise, columnwise) given amax = max|x| from the
+        kernel that wrote x (fused_amax_buffer): the same bytes, scale_inv and
+        quantizer state, without another pass over x for its amax."""
+        code = int(self.dtype)
+        if self.with_amax_reduction:
+            torch.distributed.all_reduce(amax, op=torch.distributed.ReduceOp.MAX, group=self.amax_reduction_group)
+        scales = kernels.compute_scale_from_amax(amax, code, self.force_pow_2_scales, self.amax_epsilon)
+        row, col, _ = kernels.quantize_fp8(x, scales[0:1], None, code, rowwise, columnwise)
+        if amax is self.amax:  # the fast path's state: self.amax holds the amax already
+            self.scale.copy_(scales[0:1])
+        return row, col, scales[1:2]
+
     _quantize = Float8Quantizer._quantize
     update_quantized = Float8Quantizer.update_quantized
 
