@@ -135,6 +135,7 @@ def main() -> None:
         _operand.FUSE_AMAX = label != "current sep-amax"
 
         def step(layer=layer, fp8_recipe=fp8_recipe):
+            x.grad = None  # (no accumulation kernel: the step's own work alone)
             _forward(layer, x, fp8_recipe).backward(dy)
             layer.zero_grad(set_to_none=True)
 
