@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_te_pytorch_linear import RECIPES, _step_fn, _wall_us  # noqa: E402
+from bench_te_pytorch_linear import RECIPES, _graph_step, _step_fn, _wall_us  # noqa: E402
 
 import transformer_engine.pytorch as te  # noqa: E402
 
@@ -54,20 +54,6 @@ def _stub_core() -> None:
         module = importlib.import_module(f"transformer_engine.pytorch.{name}")
         if hasattr(module, "lib"):
             module.lib = _NoCore(module.lib)
-
-
-def _graph_step(step, device) -> callable:
-    """step captured with torch.cuda.graph (after a warm-up on a side stream): returns replay."""
-    side = torch.cuda.Stream(device)
-    side.wait_stream(torch.cuda.current_stream(device))
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            step()
-    torch.cuda.current_stream(device).wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
-    return graph.replay
 
 
 def _cpu_process_us(step, iters: int, rounds: int = 7) -> float:

@@ -5,7 +5,10 @@ Two measurements per case, both medians over several rounds:
   iterations then synchronized: for small layers this is host (launch) bound,
   the host-overhead target (FP8 eager <= 1.5x torch BF16 eager at 1024x1024,
   256 tokens);
-- CUDA-event time of one iteration after warm-up, for large layers.
+- CUDA-event time of one iteration after warm-up, for large layers (the
+  targets' method: the host's time to the first launches counts);
+- graph ms: CUDA-event time of one replay of the step captured as a CUDA graph
+  (torch.cuda.graph): the GPU's time alone, no host in the way.
 Runs on the CPU too (smoke test; the numbers then mean little):
     python bench/bench_te_pytorch_linear.py [--device cpu] [--iters N]
 """
@@ -72,6 +75,26 @@ def _event_ms(step, device, iters: int) -> float:
     return statistics.median(times)
 
 
+def _graph_step(step, device):
+    """step captured with torch.cuda.graph (after a warm-up on a side stream): returns replay."""
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            step()
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    return graph.replay
+
+
+def _graph_ms(step, device) -> float:
+    if device.type != "cuda":
+        return float("nan")
+    return _event_ms(_graph_step(step, device), device, 20)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -81,7 +104,7 @@ def main() -> None:
     device = torch.device(args.device)
     cases = CASES[:1] if args.small_only or device.type == "cpu" else CASES
     print(f"torch {torch.__version__}, device {device}")
-    print(f"{'case':43s} {'recipe':8s} {'wall us/iter':>12s} {'event ms':>9s} {'vs torch bf16':>14s}")
+    print(f"{'case':43s} {'recipe':8s} {'wall us/iter':>12s} {'event ms':>9s} {'graph ms':>9s} {'vs torch bf16':>14s}")
     for k, n, tokens in cases:
         x = torch.randn(tokens, k, device=device, dtype=torch.bfloat16, requires_grad=True)
         dy = torch.randn(tokens, n, device=device, dtype=torch.bfloat16)
@@ -90,13 +113,14 @@ def main() -> None:
         base_step = _step_fn(baseline, x, dy, None)
         base_wall = _wall_us(base_step, device, args.iters)
         name = f"Linear {k}->{n}, {tokens} tokens" + ("" if bias else ", no bias")
-        print(f"{name:43s} {'torch':8s} {base_wall:12.1f} {_event_ms(base_step, device, 20):9.3f}")
+        base_event, base_graph = _event_ms(base_step, device, 20), _graph_ms(base_step, device)
+        print(f"{name:43s} {'torch':8s} {base_wall:12.1f} {base_event:9.3f} {base_graph:9.3f}")
         for label, fp8_recipe in RECIPES.items():
             layer = te.Linear(k, n, bias=bias, params_dtype=torch.bfloat16, device=device)  # one per recipe
             step = _step_fn(layer, x, dy, fp8_recipe)
             wall = _wall_us(step, device, args.iters)
-            event = _event_ms(step, device, 20)
-            print(f"{name:43s} {label:8s} {wall:12.1f} {event:9.3f} {wall / base_wall:13.2f}x")
+            event, graph = _event_ms(step, device, 20), _graph_ms(step, device)
+            print(f"{name:43s} {label:8s} {wall:12.1f} {event:9.3f} {graph:9.3f} {wall / base_wall:13.2f}x")
 
 
 if __name__ == "__main__":

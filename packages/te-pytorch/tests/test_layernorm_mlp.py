@@ -436,6 +436,48 @@ def test_weight_requantization_reproduces_the_forward_bytes(device, fp8_recipe):
                     assert torch.equal(again.fields[name], value), (slot, name)
 
 
+def test_current_scaling_backward_reuses_the_forward_weight_scales(monkeypatch):
+    """Under Float8CurrentScaling backward quantizes each weight columnwise with the
+    scale forward computed from it (no second amax pass over the weight); the
+    gradients equal those of a run that computes the scale again."""
+    from transformer_engine.pytorch.module import _layernorm_mlp_fn
+    from transformer_engine.pytorch.tensor import Float8CurrentScalingQuantizer
+
+    torch.manual_seed(3)
+    x, dy = torch.randn(64, 64), torch.randn(64, 64)
+    layer = te.LayerNormMLP(64, 128, activation="swiglu", device="cpu")
+    fp8 = recipe.Float8CurrentScaling()
+
+    def step():
+        xi = x.clone().requires_grad_()
+        layer.zero_grad(set_to_none=True)
+        with te.autocast(recipe=fp8):
+            y = layer(xi)
+        y.backward(dy)
+        return [y.detach(), xi.grad, *(p.grad.clone() for p in layer.parameters())]
+
+    step()  # (builds the quantizers)
+    weights = {layer.fc1_weight.data_ptr(), layer.fc2_weight.data_ptr()}
+    seen = []
+    original = Float8CurrentScalingQuantizer.quantize_parts
+
+    def recording(self, t, rowwise, columnwise):
+        seen.append((t.data_ptr(), rowwise, columnwise))
+        return original(self, t, rowwise, columnwise)
+
+    monkeypatch.setattr(Float8CurrentScalingQuantizer, "quantize_parts", recording)
+    reused = step()
+    weight_calls = [(row, col) for ptr, row, col in seen if ptr in weights]
+    assert weight_calls == [(True, False), (True, False)], "weights quantized once each, rowwise, in forward"
+    # Without the kept scales backward recomputes them from the weights: same gradients.
+    monkeypatch.setattr(_layernorm_mlp_fn.MLPArgs, "weight_scales", property(lambda self: {}, lambda self, v: None))
+    seen.clear()
+    again = step()
+    assert [(row, col) for ptr, row, col in seen if ptr in weights].count((False, True)) == 2
+    for ours, theirs in zip(reused, again):
+        assert torch.equal(ours, theirs)
+
+
 def test_a_stochastically_rounded_weight_keeps_its_forward_copy(monkeypatch):
     layer = te.LayerNormMLP(64, 64, device="cpu")
     x = torch.randn(64, 64, requires_grad=True)

@@ -36,10 +36,11 @@ the BF16 module, and a lower step peak):
 It keeps neither the activation output nor quantized copies of the weights:
 fc2's wgrad operand (a columnwise) is recomputed from h and quantized, and the
 weights' columnwise copies are quantized again from the parameters -- with
-the forward's scales under delayed scaling (saved: the autocast exit updates
-them before backward); current scaling and the block formats derive their
-scales from the weight itself, so the bytes equal the forward's (checked per
-recipe by the tests). A weight quantizer that rounds stochastically would not
+the forward's scales under per-tensor FP8 (saved: delayed scaling's autocast
+exit updates them before backward; current scaling's scale is the weight's
+own, kept so that backward needs no second amax pass); the block formats
+derive their scales from the weight itself, so the bytes equal the forward's
+(checked per recipe by the tests). A weight quantizer that rounds stochastically would not
 reproduce its bytes: its columnwise copy is then made in forward and kept.
 Weights held quantized (quantized_model_init) or cached across microbatches
 (is_first_microbatch) are never quantized again: backward reads their own
@@ -52,7 +53,7 @@ from __future__ import annotations
 import torch
 
 from .. import kernels
-from ..tensor import QuantizedTensor
+from ..tensor import Float8CurrentScalingQuantizer, QuantizedTensor
 from ._operand import Operand, fused_amax, operand_gemm, quantize_operand, tensor_operand
 
 
@@ -80,6 +81,7 @@ class MLPArgs:
         "reuse_weight",
         "scales",
         "split_acc",
+        "weight_scales",
         "zero_centered_gamma",
     )
 
@@ -88,6 +90,7 @@ class MLPArgs:
         self.fp8 = False
         self.calibrate = False
         self.bwd_queue = None
+        self.weight_scales = {}  # slot -> the FP32 [1] scale current scaling gave that weight in forward
 
 
 def _code(quantizer) -> int:
@@ -146,6 +149,10 @@ def _weight_fprop(a: MLPArgs, key: str, weight, slot: int, need_dgrad: bool):
     q = a.fwd_q[slot]
     keep_col = a.cache_weight or (need_dgrad and not _requantizes_exactly(q))
     op = quantize_operand(q, weight, rowwise=True, columnwise=keep_col)
+    if need_dgrad and not keep_col and type(q) is Float8CurrentScalingQuantizer and q._updates_state(weight):
+        # The scale this quantization wrote (the quantizer's is overwritten by later calls):
+        # backward quantizes the same weight with it, skipping another amax pass.
+        a.weight_scales[slot] = q.scale.clone()
     if a.cache_weight:
         cache[key] = op
         a.module._weight_cache = cache
@@ -157,8 +164,12 @@ def _weight_dgrad(a: MLPArgs, kept, weight, slot: int) -> Operand:
     if kept is not None:
         return kept
     q = a.fwd_q[slot]
-    if a.delayed:  # the forward's scale (the quantizer's may have been updated since)
-        _, col, scale_inv = kernels.quantize_fp8(weight, a.scales[slot : slot + 1], None, _code(q), False, True)
+    # The forward's scale (the quantizer's may have been updated since): delayed
+    # scaling's, or the one current scaling computed from this weight's amax
+    # (the same weight has the same amax, so the bytes are forward's).
+    scale = a.scales[slot : slot + 1] if a.delayed else a.weight_scales.get(slot)
+    if scale is not None:
+        _, col, scale_inv = kernels.quantize_fp8(weight, scale, None, _code(q), False, True)
         return _fp8_operand(None, col, scale_inv, q)
     return quantize_operand(q, weight, rowwise=False, columnwise=True)
 
