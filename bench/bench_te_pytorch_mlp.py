@@ -5,6 +5,8 @@ Case (shared/reference/targets.md): RMSNorm + SwiGLU, hidden 4096, FFN 14336,
 Float8CurrentScaling. Columns:
 - event ms: CUDA-event time of one fwd+bwd step, median after warm-up
   (target <= 6.9 ms under FP8; wall time on the CPU);
+- graph ms: the same step captured as a CUDA graph, one replay (the GPU's
+  time alone, without the host's launch latency);
 - saved MiB: memory allocated by the forward that is still held after it,
   less the output (what the step keeps for backward; the input and the
   parameters existed before), and "hooks MiB" the same counted through
@@ -26,7 +28,7 @@ import statistics
 import time
 
 import torch
-from bench_te_pytorch_linear import _event_ms  # (bench/ is on sys.path when run as a script)
+from bench_te_pytorch_linear import _event_ms, _graph_ms  # (bench/ is on sys.path when run as a script)
 
 import transformer_engine.pytorch as te
 from transformer_engine.common import recipe
@@ -122,7 +124,10 @@ def main() -> None:
     print(f"LayerNormMLP RMSNorm+SwiGLU {hidden}/{ffn}, {tokens} tokens, bf16 params")
     x = torch.randn(tokens, hidden, device=device, dtype=torch.bfloat16, requires_grad=True)
     dy = torch.randn(tokens, hidden, device=device, dtype=torch.bfloat16)
-    header = f"{'run':16s} {'event ms':>9s} {'vs torch':>9s} {'saved MiB':>10s} {'hooks MiB':>10s} {'peak MiB':>9s}"
+    header = (
+        f"{'run':16s} {'event ms':>9s} {'vs torch':>9s} {'graph ms':>9s} {'saved MiB':>10s} {'hooks MiB':>10s} "
+        f"{'peak MiB':>9s}"
+    )
     print(header)
     rows = {}
     models = {"torch": (TorchMLP(hidden, ffn, device), None)}
@@ -140,11 +145,17 @@ def main() -> None:
             layer.zero_grad(set_to_none=True)
 
         ms = _time_ms(step, device, args.iters)
+        try:
+            graph = _graph_ms(step, device)
+        except RuntimeError as err:  # (reported, not fatal: the other columns still mean something)
+            print(f"{label}: CUDA-graph capture failed: {str(err).splitlines()[0]}")
+            graph = float("nan")
         saved, peak = _memory(layer, x, dy, fp8_recipe, device)
         hooks = _hook_bytes(layer, x, fp8_recipe)
         rows[label] = (ms, saved, peak, hooks)
         ratio = ms / rows["torch"][0]
-        print(f"{label:16s} {ms:9.3f} {ratio:8.2f}x {saved / MIB:10.1f} {hooks / MIB:10.1f} {peak / MIB:9.1f}")
+        mib = f"{saved / MIB:10.1f} {hooks / MIB:10.1f} {peak / MIB:9.1f}"
+        print(f"{label:16s} {ms:9.3f} {ratio:8.2f}x {graph:9.3f} {mib}")
     bf16 = rows["te bf16"]
     for label in ("delayed", "current"):
         ms, saved, peak, hooks = rows[label]
