@@ -115,6 +115,10 @@ void forward(const ForwardArgs& a) {
 }
 
 void backward(const BackwardArgs& a) {
+  // The forward's columnwise copy (te_activation_bwd_with_fwd_columnwise): its
+  // spec is the forward pass itself, the CUDA backend fuses it into this pass.
+  if (a.fwd.columnwise != nullptr)
+    forward(ForwardArgs{a.kind, a.params, a.input, a.input_dtype, a.rows, a.cols, a.fwd});
   const int64_t in_cols = input_cols(a.kind, a.cols);
   const int64_t chunks = dbias_chunks(a.rows);
   const Writer writer(a.out, a.rows, in_cols);
