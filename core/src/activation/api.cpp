@@ -245,12 +245,18 @@ te_status te_activation_bwd_with_fwd_columnwise(
     const te_tensor* input, te_tensor* grad_input, te_tensor* columnwise, const te_tensor* scale,
     te_tensor* scale_inv, te_tensor* amax, te_tensor* dbias, te_tensor* workspace,
     te_tensor* fwd_columnwise, const te_tensor* fwd_scale, te_tensor* fwd_scale_inv,
-    te_stream stream) {
+    te_dtype fwd_values_dtype, te_stream stream) {
   return guarded("te_activation_bwd_with_fwd_columnwise", [&] {
     BackwardArgs args = check_backward(kind, params, grad, input, grad_input, columnwise, scale,
                                        scale_inv, amax, dbias, workspace);
     args.fwd = check_fwd_columnwise(*input, fwd_columnwise, fwd_scale, fwd_scale_inv, args.rows,
                                     args.cols, kind);
+    if (fwd_values_dtype != TE_DTYPE_FLOAT32 && fwd_values_dtype != TE_DTYPE_BFLOAT16 &&
+        fwd_values_dtype != TE_DTYPE_FLOAT16)
+      fail(TE_ERROR_INVALID_DTYPE, "argument 'fwd_values_dtype' must be ", kHighPrecisionText,
+           " (the type the forward values are rounded to before quantizing), got ",
+           dtype_name(fwd_values_dtype));
+    args.fwd_values_dtype = fwd_values_dtype;
     run_backward(args, *input, stream);
   });
 }

@@ -20,8 +20,8 @@ void backward(const BackwardArgs& a, te_stream stream) {
                           a.cols,
                           in_cols,
                           in_cols};
-      launch<K, true, In>(in, make_outputs(a.out, partial, &a.fwd), a.out.rowwise_dtype, a.params,
-                          s);
+      launch<K, true, In>(in, make_outputs(a.out, partial, &a.fwd, a.fwd_values_dtype),
+                          a.out.rowwise_dtype, a.params, s);
     });
   });
   if (a.dbias == nullptr || in_cols == 0) return;

@@ -81,6 +81,7 @@ struct Outputs {
   const float* fwd_scale;
   float* fwd_scale_inv;  // may be null
   bool fwd_e5m2;
+  te_dtype fwd_values_dtype;  // the values are rounded to it (FP32: unchanged) before quantizing
 };
 
 __device__ __forceinline__ uint32_t fp8_pair(float lo, float hi, bool e5m2) {
@@ -139,6 +140,13 @@ __device__ __forceinline__ void store_values(void* base, int64_t offset, const f
     }
     store_vec(reinterpret_cast<uint16_t*>(dst), o);
   }
+}
+
+// v as an output of a run-time type stores it (FP32: v), widened back.
+__device__ __forceinline__ float round_to(float v, te_dtype dtype) {
+  if (dtype == TE_DTYPE_BFLOAT16) return cuda_elem::round_through<__nv_bfloat16>(v);
+  if (dtype == TE_DTYPE_FLOAT16) return cuda_elem::round_through<__half>(v);
+  return v;
 }
 
 // 8 values -> 8 FP8 bytes.
@@ -460,8 +468,10 @@ __global__ void __launch_bounds__(tile::kThreads, 2)
     if constexpr (kFwdCol) {
       float f[8];
 #pragma unroll
-      for (int j = 0; j < 8; ++j)
-        f[j] = forward_value<K>(v.a.get(j), E::kGated ? v.b.get(j) : 0.0f, p);
+      for (int j = 0; j < 8; ++j) {
+        const float value = forward_value<K>(v.a.get(j), E::kGated ? v.b.get(j) : 0.0f, p);
+        f[j] = round_to(value, out.fwd_values_dtype);
+      }
       fq[i] = pack8(f, fwd_scale, out.fwd_e5m2);
     }
   };
@@ -550,10 +560,11 @@ __global__ void __launch_bounds__(kThreads)
 
 // ---- host side ----------------------------------------------------------------
 
-inline Outputs make_outputs(const OutputArgs& o, float* partial, const OutputArgs* fwd = nullptr) {
+inline Outputs make_outputs(const OutputArgs& o, float* partial, const OutputArgs* fwd = nullptr,
+                            te_dtype fwd_values_dtype = TE_DTYPE_FLOAT32) {
   Outputs out{
       o.rowwise, o.columnwise, o.scale, o.scale_inv, o.amax, o.fp8_dtype == TE_DTYPE_FLOAT8E5M2,
-      partial,   nullptr,      nullptr, nullptr,     false};
+      partial,   nullptr,      nullptr, nullptr,     false,  fwd_values_dtype};
   if (fwd != nullptr && fwd->columnwise != nullptr) {
     out.fwd_columnwise = fwd->columnwise;
     out.fwd_scale = fwd->scale;

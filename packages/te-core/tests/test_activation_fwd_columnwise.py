@@ -4,8 +4,10 @@ backward that also writes the forward output's FP8 columnwise copy.
 Its outputs must be, byte for byte, those of the two calls it fuses: the
 backward's (grad_input of every type, its columnwise copy, amax, scale_inv,
 dbias) from te_activation_bwd, and fwd_columnwise / fwd_scale_inv from
-te_activation_fwd(output=NULL, columnwise=...). The forward bytes are also
-checked against an independent quantization of the FP32 forward values.
+te_activation_fwd(output=NULL, columnwise=...) -- or, with fwd_values_dtype
+BF16/FP16, quantize_fp8 of te_activation_fwd's output of that type. The
+forward bytes are also checked against an independent quantization of the
+FP32 forward values (rounded to fwd_values_dtype first).
 """
 
 from __future__ import annotations
@@ -90,6 +92,30 @@ def test_fused_equals_backward_then_forward(rng, kind, fwd_fmt, grad_out, dtype)
         # Independently: the FP32 forward values quantized, then transposed.
         values = tc.activation_forward(x, kind, out_dtype=np.float32)
         expected = ref.columnwise(ref.quantize_fp8(values, fwd_scale, fwd_fmt))
+        np.testing.assert_array_equal(u8(fused.fwd_columnwise.columnwise), expected)
+
+
+@pytest.mark.parametrize("kind", ALL)
+@pytest.mark.parametrize("values", [ml_dtypes.bfloat16, np.float16])
+@pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16])
+def test_forward_values_rounded_first(rng, kind, values, dtype):
+    """fwd_values_dtype BF16/FP16: the bytes of quantizing the forward output
+    stored in that type (how current scaling quantizes it)."""
+    for i, shape in enumerate(shapes_for(kind)):
+        fmt = FP8_FORMATS[i % 2]
+        x = hostile(rng, shape, dtype, fmt)
+        g = hostile(rng, out_shape(kind, shape), dtype, fmt)
+        fwd_scale = np.float32(rng.choice([1.0, 0.37, 8.0, 448.0]))
+        kw = {"out_dtype": "e4m3", "scale": 2.0, "columnwise": True, "dbias": True}
+        fused = tc.activation_backward(
+            g, x, kind, fwd_columnwise=fmt, fwd_scale=fwd_scale, fwd_values_dtype=values, **kw
+        )
+        assert_same_result(fused, tc.activation_backward(g, x, kind, **kw))
+        stored = tc.activation_forward(x, kind, out_dtype=values)
+        q = tc.quantize_fp8(stored, fwd_scale, fmt, rowwise=False, columnwise=True)
+        np.testing.assert_array_equal(u8(fused.fwd_columnwise.columnwise), u8(q.columnwise))
+        assert fused.fwd_columnwise.scale_inv == np.float32(1) / fwd_scale
+        expected = ref.columnwise(ref.quantize_fp8(stored.astype(np.float32), fwd_scale, fmt))
         np.testing.assert_array_equal(u8(fused.fwd_columnwise.columnwise), expected)
 
 
@@ -189,5 +215,7 @@ def test_numpy_level_errors():
         tc.activation_backward(g, x, "swiglu", fwd_columnwise="e4m3")
     with pytest.raises(ValueError, match="'fwd_scale' is only used with 'fwd_columnwise'"):
         tc.activation_backward(g, x, "swiglu", fwd_scale=1.0)
+    with pytest.raises(TypeError, match="argument 'fwd_values_dtype' must be float32, bfloat16 or float16"):
+        tc.activation_backward(g, x, "swiglu", fwd_columnwise="e4m3", fwd_scale=1.0, fwd_values_dtype="e4m3")
     with pytest.raises(ValueError, match=r"'fwd_columnwise' must be an FP8 dtype \('e4m3' or 'e5m2'\)"):
         tc.activation_backward(g, x, "swiglu", fwd_columnwise=np.float32, fwd_scale=1.0)

@@ -58,6 +58,13 @@ GRAD_OUTPUTS = [
     ("float16", True, False),
 ]
 FWD_SCALE = {"e4m3": 2.5, "e5m2": 0.125}
+# fwd_values_dtype: the forward values quantized as they are (delayed scaling) or
+# rounded to BF16/FP16 first (current scaling quantizes the stored output).
+VALUES = {
+    "fp32": int(te_core.DType.kFloat32),
+    "bf16": int(te_core.DType.kBFloat16),
+    "fp16": int(te_core.DType.kFloat16),
+}
 
 
 @pytest.fixture
@@ -72,7 +79,7 @@ def _require_cuda():
         pytest.skip("needs a CUDA device and a te-core build with the CUDA backend")
 
 
-def cpu_fused(g, x, kind, out, rowwise, columnwise, dbias_dtype, fwd_fmt, params):
+def cpu_fused(g, x, kind, out, rowwise, columnwise, dbias_dtype, fwd_fmt, values, params):
     """The CPU backend's outputs: ((grad_input result, amax), dbias, fwd_columnwise, fwd_scale_inv)."""
     o = CpuOutputs(x.shape, out, rowwise, columnwise, 0.0)
     dbias = np.zeros(x.shape[-1], dbias_dtype) if dbias_dtype is not None else None
@@ -91,12 +98,15 @@ def cpu_fused(g, x, kind, out, rowwise, columnwise, dbias_dtype, fwd_fmt, params
         d(fwd_col),
         d(fwd_scale),
         d(fwd_scale_inv),
+        VALUES[values],
         **params,
     )
     return (o.result(), o.amax), dbias, fwd_col, fwd_scale_inv
 
 
-def run_fused(kind, x, g, out, rowwise, columnwise, dbias_dtype, fwd_fmt, params, ctx, offsets=(0, 0, 0, 0)):
+def run_fused(
+    kind, x, g, out, rowwise, columnwise, dbias_dtype, fwd_fmt, params, ctx, offsets=(0, 0, 0, 0), values="fp32"
+):
     """GPU call (x, g, grad_input and fwd_columnwise at byte offsets) against the CPU backend."""
     dx, dg = DeviceArray.of(x, offsets[0]), DeviceArray.of(g, offsets[1])
     o = Outputs(x.shape, out, rowwise, columnwise, offsets[2])
@@ -116,11 +126,12 @@ def run_fused(kind, x, g, out, rowwise, columnwise, dbias_dtype, fwd_fmt, params
         fwd_col.desc,
         fwd_scale.desc,
         fwd_scale_inv.desc,
+        VALUES[values],
         stream=_stream(),
         **params,
     )
     want, want_dbias, want_col, want_scale_inv = cpu_fused(
-        g, x, kind, out, rowwise, columnwise, dbias_dtype, fwd_fmt, params
+        g, x, kind, out, rowwise, columnwise, dbias_dtype, fwd_fmt, values, params
     )
     o.check(want, ctx)
     if dbias is not None:
@@ -141,8 +152,9 @@ def test_fused_matches_cpu(kind, dtype, grad_out, rng_and_seed):
         fwd_fmt = "e4m3" if i % 2 == 0 else "e5m2"
         # FP32 dbias, BF16 dbias and none, in turn.
         dbias_dtype = [np.dtype(np.float32), np.dtype(ml_dtypes.bfloat16), None][i % 3]
-        ctx = _ctx(seed, shape=shape, fwd=fwd_fmt, dbias=dbias_dtype)
-        run_fused(kind, x, g, out, rowwise, columnwise, dbias_dtype, fwd_fmt, PARAMS, ctx)
+        values = ["fp32", "bf16", "fp16"][(i + 1) % 3]
+        ctx = _ctx(seed, shape=shape, fwd=fwd_fmt, dbias=dbias_dtype, values=values)
+        run_fused(kind, x, g, out, rowwise, columnwise, dbias_dtype, fwd_fmt, PARAMS, ctx, values=values)
 
 
 @pytest.mark.parametrize("kind", ["swiglu", "gelu"])
@@ -155,7 +167,9 @@ def test_large(kind, out, rng_and_seed):
     x = make_input(shape, dtype, rng, "finite")
     g = make_input(out_shape(kind, shape), dtype, rng, "finite")
     fp8 = out in FP8
-    run_fused(kind, x, g, out, True, fp8, np.dtype(np.float32), "e4m3", PARAMS, _ctx(seed, large=True))
+    for values in ("fp32", "bf16"):
+        ctx = _ctx(seed, large=True, values=values)
+        run_fused(kind, x, g, out, True, fp8, np.dtype(np.float32), "e4m3", PARAMS, ctx, values=values)
 
 
 @pytest.mark.parametrize("kind", ["swiglu", "clamped_swiglu", "srelu"])
@@ -170,7 +184,8 @@ def test_unaligned_pointers(kind, dtype, out, rng_and_seed):
         g = make_input(out_shape(kind, shape), dtype, rng)
         for offsets in [(item, 0, 0, 0), (0, item, 0, 0), (0, 0, out_item, 0), (0, 0, 0, 1), (0, 0, 0, 8)]:
             ctx = _ctx(seed, shape=shape, offsets=offsets)
-            run_fused(kind, x, g, out, True, out in FP8, np.dtype(np.float32), "e5m2", PARAMS, ctx, offsets)
+            values = "bf16" if offsets[3] else "fp32"
+            run_fused(kind, x, g, out, True, out in FP8, np.dtype(np.float32), "e5m2", PARAMS, ctx, offsets, values)
 
 
 @pytest.mark.parametrize(

@@ -179,6 +179,7 @@ def activation_backward(
     dbias_dtype=np.float32,
     fwd_columnwise=None,
     fwd_scale=None,
+    fwd_values_dtype=np.float32,
     limit=7.0,
     alpha=1.702,
     glu_linear_offset=1.0,
@@ -190,8 +191,10 @@ def activation_backward(
     also returns dbias[j] = sum over rows of grad_input[:, j] (FP32 sums in the
     order of te/activation.h, rounded to dbias_dtype). fwd_columnwise (an FP8
     dtype, 'e4m3' or 'e5m2') with fwd_scale also returns, from the same pass,
-    the forward output f(x) quantized columnwise: q[j, r] = fp8(f(x)[r, j] *
-    fwd_scale) (te_activation_bwd_with_fwd_columnwise).
+    the forward output f(x) quantized columnwise: q[j, r] = fp8(s(f(x)[r, j]) *
+    fwd_scale), s(v) = v rounded to fwd_values_dtype (float32: v itself; bfloat16
+    / float16: the bytes of quantizing a forward output of that type)
+    (te_activation_bwd_with_fwd_columnwise).
     """
     amax_given = amax is not None
     x = as_high_precision(x, "x")
@@ -217,5 +220,6 @@ def activation_backward(
         fwd = ForwardColumnwise(
             empty((cols, rows), te_dtype(fwd_columnwise)), fp32_scalar(fwd_scale, "fwd_scale"), np.zeros((), np.float32)
         )
-        lib.activation_bwd_with_fwd_columnwise(*args, *(desc(a) for a in fwd), *params)
+        values = int(te_dtype(fwd_values_dtype))
+        lib.activation_bwd_with_fwd_columnwise(*args, *(desc(a) for a in fwd), values, *params)
     return ActivationGrad(_result(row, col, scale, scale_inv, amax, amax_given), bias, fwd)
