@@ -41,6 +41,14 @@ them before backward); current scaling and the block formats derive their
 scales from the weight itself, so the bytes equal the forward's (checked per
 recipe by the tests). A weight quantizer that rounds stochastically would not
 reproduce its bytes: its columnwise copy is then made in forward and kept.
+Under per-tensor FP8 the recompute of a costs no pass of its own: the
+activation backward, which reads h anyway, writes a's FP8 columnwise bytes
+with the forward's scale in the same pass (kernels.activation_bwd_fwd_columnwise;
+delayed scaling: the saved forward scale, FP32 values; current scaling: the
+scale forward derived, saved as one float, values rounded to h's dtype as the
+forward's act was stored), so backward runs fc2's dgrad, the activation
+backward, then fc2's wgrad (_operand.FUSE_ACT_RECOMPUTE; off, or under the
+block formats, a separate pass recomputes it first). The bytes are the same.
 Weights held quantized (quantized_model_init) or cached across microbatches
 (is_first_microbatch) are never quantized again: backward reads their own
 columnwise copies. Without a recipe the function keeps ln, h and a in high
