@@ -355,6 +355,13 @@ def _act_grad_fp8(a: MLPArgs, d_act, h, need_row: bool, need_col: bool, need_bia
     return _fp8_operand(d1r, d1c, d1s, gq), db1, act_op
 
 
+def _fc2_wgrad(a: MLPArgs, dy_op, act_op, w2_dt):
+    """dW2 = dy^T act (into main_grad under fuse_wgrad)."""
+    out, beta = _main_grad(a, a.fc2_param)
+    kw = {"use_split_accumulator": a.split_acc[2], "out": out, "beta": beta}
+    return operand_gemm(dy_op, True, act_op, True, out_dtype=w2_dt, **kw)
+
+
 def _backward_q(a: MLPArgs, dtypes, dy, needs, saved, ops):
     n_x, n_g, n_b, n_w1, n_b1, n_w2, n_b2 = needs
     h, w1, w2, act_scale = saved
@@ -370,14 +377,8 @@ def _backward_q(a: MLPArgs, dtypes, dy, needs, saved, ops):
         fwd_scale = a.scales[3:4] if a.delayed else act_scale
     dy_op = quantize_operand(a.bwd_q[2], dy, rowwise=need_dact, columnwise=n_w2) if (need_dact or n_w2) else None
     d_ln = dw1 = db1 = dw2 = db2 = None
-
-    def fc2_wgrad(act_op):
-        out, beta = _main_grad(a, a.fc2_param)
-        kw = {"use_split_accumulator": a.split_acc[2], "out": out, "beta": beta}
-        return operand_gemm(dy_op, True, act_op, True, out_dtype=w2_dt, **kw)
-
     if n_w2 and fwd_scale is None:
-        dw2 = fc2_wgrad(_act_columnwise(a, h))
+        dw2 = _fc2_wgrad(a, dy_op, _act_columnwise(a, h), w2_dt)
     if n_b2:
         db2 = dy.sum(dim=0, dtype=torch.float32)
     if not need_dact:
@@ -391,7 +392,7 @@ def _backward_q(a: MLPArgs, dtypes, dy, needs, saved, ops):
         d1_op, db1, act_op = _act_grad_fp8(a, d_act, h, need_ln, n_w1, n_b1, fwd_scale)
         del d_act
         if fwd_scale is not None:
-            dw2 = fc2_wgrad(act_op)
+            dw2 = _fc2_wgrad(a, dy_op, act_op, w2_dt)
         del dy_op, act_op
     else:
         # (the fused amax only where it is quantized: asking for it resets the quantizer's amax)
@@ -399,7 +400,7 @@ def _backward_q(a: MLPArgs, dtypes, dy, needs, saved, ops):
         (d1_hp, _, _, db1), act_op = _act_bwd(a, d_act, h, fwd_scale, amax=amax, dbias=n_b1)
         del d_act  # (before quantizing: the peak of the step is here)
         if fwd_scale is not None:  # (before quantizing too: act's and dy's columnwise copies are freed)
-            dw2 = fc2_wgrad(act_op)
+            dw2 = _fc2_wgrad(a, dy_op, act_op, w2_dt)
         del dy_op, act_op
         if not (need_ln or n_w1):
             return d_ln, dw1, db1, dw2, db2
