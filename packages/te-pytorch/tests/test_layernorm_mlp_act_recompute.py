@@ -64,8 +64,10 @@ def _steps(layer, x, dy, fp8_recipe, fused, monkeypatch, calls, x_grad=True):
             for t in (getattr(q, "scale", None), getattr(q, "amax", None))
             if t is not None
         ]
-        grads = [p.grad for _, p in layer.named_parameters()]
-        results.append([y.detach().clone(), xi.grad, *grads, *state])
+        grads = {name: p.grad for name, p in layer.named_parameters()}
+        results.append(
+            {"y": y.detach().clone(), "dx": xi.grad, **grads, **{f"state{i}": t for i, t in enumerate(state)}}
+        )
     return results, len(calls)
 
 
@@ -83,14 +85,26 @@ def calls(monkeypatch):
     return seen
 
 
+# CUDA's reductions behind these (torch's sum for fc2's bias, the norm backward)
+# may differ in the last FP32 bits from run to run of the same model (see
+# test_layernorm_mlp_memory): on CUDA they are compared to 2^-19 of their
+# magnitude, every other tensor (and all of them on the CPU) bit for bit.
+_RUN_TO_RUN = ("dx", "layer_norm_weight", "layer_norm_bias", "fc2_bias")
+
+
 def _assert_bit_identical(got, want):
     for step, (a, b) in enumerate(zip(got, want, strict=True)):
-        for i, (u, v) in enumerate(zip(a, b, strict=True)):
+        assert a.keys() == b.keys()
+        for name, u in a.items():
+            v = b[name]
             if u is None or v is None:
-                assert u is None and v is None, (step, i)
+                assert u is None and v is None, (step, name)
                 continue
-            assert u.dtype == v.dtype and u.shape == v.shape, (step, i)
-            assert torch.equal(u.view(torch.uint8), v.view(torch.uint8)), f"step {step}, tensor {i} differs"
+            assert u.dtype == v.dtype and u.shape == v.shape, (step, name)
+            if u.is_cuda and name in _RUN_TO_RUN:
+                assert (u.float() - v.float()).abs().max() <= 2.0**-19 * v.float().abs().max(), (step, name)
+                continue
+            assert torch.equal(u.view(torch.uint8), v.view(torch.uint8)), f"step {step}: {name} differs"
 
 
 @RECIPES
