@@ -16,7 +16,10 @@ Float8CurrentScaling. Columns:
   (target under FP8: saved <= 0.7x and peak <= 1x the te BF16 run's).
 "current sep-amax" is Float8CurrentScaling with the amax of the norm output,
 activation output and activation gradient taken by separate passes
-(module/_operand.FUSE_AMAX = False) instead of from the producing kernels.
+(module/_operand.FUSE_AMAX = False) instead of from the producing kernels;
+"delayed/current sep-recompute" recompute fc2's wgrad operand (act(h) FP8
+columnwise) in a pass of its own (module/_operand.FUSE_ACT_RECOMPUTE = False)
+instead of taking it from the activation backward's pass.
 Runs on the CPU too, on a small case (a smoke test; times mean little):
     python bench/bench_te_pytorch_mlp.py [--device cpu] [--iters N]
 """
@@ -41,6 +44,8 @@ RECIPES = {
     "delayed": recipe.DelayedScaling(),
     "current": recipe.Float8CurrentScaling(),
     "current sep-amax": recipe.Float8CurrentScaling(),
+    "delayed sep-recompute": recipe.DelayedScaling(),
+    "current sep-recompute": recipe.Float8CurrentScaling(),
 }
 MIB = 2.0**20
 
@@ -125,7 +130,7 @@ def main() -> None:
     x = torch.randn(tokens, hidden, device=device, dtype=torch.bfloat16, requires_grad=True)
     dy = torch.randn(tokens, hidden, device=device, dtype=torch.bfloat16)
     header = (
-        f"{'run':16s} {'event ms':>9s} {'vs torch':>9s} {'graph ms':>9s} {'saved MiB':>10s} {'hooks MiB':>10s} "
+        f"{'run':22s} {'event ms':>9s} {'vs torch':>9s} {'graph ms':>9s} {'saved MiB':>10s} {'hooks MiB':>10s} "
         f"{'peak MiB':>9s}"
     )
     print(header)
@@ -138,6 +143,7 @@ def main() -> None:
         models[label] = (layer, fp8_recipe)
     for label, (layer, fp8_recipe) in models.items():
         _operand.FUSE_AMAX = label != "current sep-amax"
+        _operand.FUSE_ACT_RECOMPUTE = not label.endswith("sep-recompute")
 
         def step(layer=layer, fp8_recipe=fp8_recipe):
             x.grad = None  # (no accumulation kernel: the step's own work alone)
@@ -155,7 +161,7 @@ def main() -> None:
         rows[label] = (ms, saved, peak, hooks)
         ratio = ms / rows["torch"][0]
         mib = f"{saved / MIB:10.1f} {hooks / MIB:10.1f} {peak / MIB:9.1f}"
-        print(f"{label:16s} {ms:9.3f} {ratio:8.2f}x {graph:9.3f} {mib}")
+        print(f"{label:22s} {ms:9.3f} {ratio:8.2f}x {graph:9.3f} {mib}")
     bf16 = rows["te bf16"]
     for label in ("delayed", "current"):
         ms, saved, peak, hooks = rows[label]
@@ -164,8 +170,16 @@ def main() -> None:
             f"(hooks {hooks / bf16[3]:.2f}x; target <= 0.70), peak {peak / bf16[2]:.2f}x te bf16 (target <= 1.00)"
         )
     _operand.FUSE_AMAX = True
+    _operand.FUSE_ACT_RECOMPUTE = True
     saving = rows["current sep-amax"][0] - rows["current"][0]
     print(f"current: the fused amax saves {saving:.3f} ms per step over separate amax passes")
+    for label in ("delayed", "current"):
+        saving = rows[f"{label} sep-recompute"][0] - rows[label][0]
+        extra = (rows[label][2] - rows[f"{label} sep-recompute"][2]) / MIB
+        print(
+            f"{label}: the fused act recompute saves {saving:.3f} ms per step over its separate pass "
+            f"(peak {extra:+.1f} MiB)"
+        )
 
 
 if __name__ == "__main__":

@@ -124,9 +124,34 @@ TE_API te_status te_activation_bwd(te_activation kind, const te_activation_param
                                    const te_tensor* scale, te_tensor* scale_inv, te_tensor* amax,
                                    te_tensor* dbias, te_tensor* workspace, te_stream stream);
 
-/* Bytes of workspace te_activation_bwd needs: 4 * ceil(M / 64) * K for a CUDA
- * input with a bias gradient (one FP32 partial sum per 64-row chunk and
- * column), else 0. Only input's shape and device are read, not its data. */
+/* te_activation_bwd fused with the forward's FP8 columnwise copy: the same pass
+ * over (grad, input) also computes the forward values v = f(x) (plain) or
+ * f(a) * lin(b) (gated) and writes fwd_columnwise[j, r] = fp8(s(v[r, j]) *
+ * fwd_scale), fwd_scale_inv = 1 / fwd_scale, where s(v) is v as an output of
+ * type fwd_values_dtype stores it (round to nearest even; FP32: v itself).
+ * With FP32 these are the bytes of te_activation_fwd(kind, params, input,
+ * output = NULL, fwd_columnwise, fwd_scale, fwd_scale_inv, amax = NULL); with
+ * BF16/FP16 those of te_quantize_fp8 (columnwise) of te_activation_fwd's
+ * BF16/FP16 output (how current scaling quantizes it, after its amax pass).
+ * That is the operand fc2's wgrad reads in LayerNormMLP's backward, which
+ * would otherwise need a pass of its own over the input. Every other argument
+ * and output is exactly te_activation_bwd's (grad_input of any allowed type,
+ * with or without its columnwise copy and dbias).
+ * \param[out]    fwd_columnwise  FP8 (E4M3 or E5M2) [H, M]: H the forward output's
+ *                                last dim, M the product of the others. Required.
+ * \param[in]     fwd_scale       FP32 scalar. Required.
+ * \param[out]    fwd_scale_inv   FP32 scalar 1 / fwd_scale, or NULL.
+ * \param[in]     fwd_values_dtype  TE_DTYPE_FLOAT32, _BFLOAT16 or _FLOAT16. */
+TE_API te_status te_activation_bwd_with_fwd_columnwise(
+    te_activation kind, const te_activation_params* params, const te_tensor* grad,
+    const te_tensor* input, te_tensor* grad_input, te_tensor* columnwise, const te_tensor* scale,
+    te_tensor* scale_inv, te_tensor* amax, te_tensor* dbias, te_tensor* workspace,
+    te_tensor* fwd_columnwise, const te_tensor* fwd_scale, te_tensor* fwd_scale_inv,
+    te_dtype fwd_values_dtype, te_stream stream);
+
+/* Bytes of workspace te_activation_bwd (and the fused variant above) needs: 4 * ceil(M / 64) * K
+ * for a CUDA input with a bias gradient (one FP32 partial sum per 64-row chunk and column), else 0.
+ * Only input's shape and device are read, not its data. */
 TE_API te_status te_activation_bwd_workspace_size(const te_tensor* input, int with_dbias,
                                                   size_t* workspace_bytes);
 

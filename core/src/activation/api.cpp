@@ -138,6 +138,74 @@ size_t workspace_bytes(const te_tensor& input, bool with_dbias) {
   return static_cast<size_t>(4 * dbias_chunks(leading_rows(input)) * last_dim(input));
 }
 
+BackwardArgs check_backward(te_activation kind, const te_activation_params* params,
+                            const te_tensor* grad, const te_tensor* input, te_tensor* grad_input,
+                            te_tensor* columnwise, const te_tensor* scale, te_tensor* scale_inv,
+                            te_tensor* amax, te_tensor* dbias, te_tensor* workspace) {
+  BackwardArgs args{};
+  check_common(args, kind, params, input);
+  Arg(grad, "grad").same_device(*input, "input");
+  if (grad->dtype != input->dtype)
+    fail(TE_ERROR_INVALID_DTYPE, "argument 'grad' must have the dtype of 'input' (",
+         dtype_name(input->dtype), "), got ", dtype_name(grad->dtype));
+  check_shape(*grad, "grad", *input, is_gated(kind), kind);
+  args.grad = grad->data;
+  const int64_t in_cols = input_cols(kind, args.cols);
+  args.out = check_outputs(*input, grad_input, "grad_input", columnwise, scale, scale_inv, amax,
+                           args.rows, in_cols, false, kind);
+  if (dbias != nullptr) {
+    Arg(dbias, "dbias").dtype_in(kHighPrecision, kHighPrecisionText).same_device(*input, "input");
+    if (dbias->ndim != 1 || dbias->shape[0] != in_cols)
+      fail(TE_ERROR_INVALID_ARGUMENT, "argument 'dbias' must have shape [", in_cols,
+           "] (the input's last dimension), got ", shape_string(*dbias));
+    args.dbias = dbias->data;
+    args.dbias_dtype = dbias->dtype;
+  }
+  const size_t needed = workspace_bytes(*input, dbias != nullptr);
+  if (needed > 0) {
+    if (workspace == nullptr)
+      fail(TE_ERROR_INVALID_ARGUMENT, "argument 'workspace' is required: the bias gradient on ",
+           "CUDA needs ", static_cast<int64_t>(needed),
+           " bytes (te_activation_bwd_workspace_size)");
+    Arg(workspace, "workspace").dtype(TE_DTYPE_BYTE).same_device(*input, "input");
+    if (static_cast<size_t>(numel(*workspace)) < needed)
+      fail(TE_ERROR_INVALID_ARGUMENT, "argument 'workspace' must hold at least ",
+           static_cast<int64_t>(needed), " bytes, got ", numel(*workspace));
+    if (reinterpret_cast<uintptr_t>(workspace->data) % 16 != 0)
+      fail(TE_ERROR_INVALID_ARGUMENT, "argument 'workspace' must be 16-byte aligned");
+    args.workspace = static_cast<float*>(workspace->data);
+  }
+  return args;
+}
+
+// The forward output's columnwise copy of the fused backward: FP8 [H, M] with
+// its own scale (required) and scale_inv (optional).
+OutputArgs check_fwd_columnwise(const te_tensor& input, te_tensor* fwd_columnwise,
+                                const te_tensor* fwd_scale, te_tensor* fwd_scale_inv, int64_t rows,
+                                int64_t cols, te_activation kind) {
+  Arg(fwd_columnwise, "fwd_columnwise").dtype_in(kFp8, kFp8Text).same_device(input, "input");
+  if (fwd_columnwise->ndim != 2 || fwd_columnwise->shape[0] != cols ||
+      fwd_columnwise->shape[1] != rows)
+    fail(TE_ERROR_INVALID_ARGUMENT, "argument 'fwd_columnwise' must have shape [", cols, ", ", rows,
+         "] (the ", kind_name(kind), " output [", rows, ", ", cols, "] transposed), got ",
+         shape_string(*fwd_columnwise));
+  if (fwd_scale == nullptr)
+    fail(TE_ERROR_INVALID_ARGUMENT,
+         "argument 'fwd_scale' is required: 'fwd_columnwise' is quantized with it");
+  Arg(fwd_scale, "fwd_scale").scalar_fp32().same_device(input, "input");
+  OutputArgs fwd{};
+  fwd.columnwise = static_cast<uint8_t*>(fwd_columnwise->data);
+  fwd.fp8_dtype = fwd_columnwise->dtype;
+  fwd.scale = static_cast<const float*>(fwd_scale->data);
+  fwd.scale_inv = optional_fp32_scalar(fwd_scale_inv, "fwd_scale_inv", input);
+  return fwd;
+}
+
+void run_backward(const BackwardArgs& args, const te_tensor& input, te_stream stream) {
+  if (on_cuda(input)) use_cuda_device(input.device_index);
+  TE_DISPATCH(on_cuda(input), cpu::backward(args), cuda::backward(args, stream));
+}
+
 }  // namespace
 }  // namespace te::activation
 
@@ -166,41 +234,30 @@ te_status te_activation_bwd(te_activation kind, const te_activation_params* para
                             te_tensor* amax, te_tensor* dbias, te_tensor* workspace,
                             te_stream stream) {
   return guarded("te_activation_bwd", [&] {
-    BackwardArgs args{};
-    check_common(args, kind, params, input);
-    Arg(grad, "grad").same_device(*input, "input");
-    if (grad->dtype != input->dtype)
-      fail(TE_ERROR_INVALID_DTYPE, "argument 'grad' must have the dtype of 'input' (",
-           dtype_name(input->dtype), "), got ", dtype_name(grad->dtype));
-    check_shape(*grad, "grad", *input, is_gated(kind), kind);
-    args.grad = grad->data;
-    const int64_t in_cols = input_cols(kind, args.cols);
-    args.out = check_outputs(*input, grad_input, "grad_input", columnwise, scale, scale_inv, amax,
-                             args.rows, in_cols, false, kind);
-    if (dbias != nullptr) {
-      Arg(dbias, "dbias").dtype_in(kHighPrecision, kHighPrecisionText).same_device(*input, "input");
-      if (dbias->ndim != 1 || dbias->shape[0] != in_cols)
-        fail(TE_ERROR_INVALID_ARGUMENT, "argument 'dbias' must have shape [", in_cols,
-             "] (the input's last dimension), got ", shape_string(*dbias));
-      args.dbias = dbias->data;
-      args.dbias_dtype = dbias->dtype;
-    }
-    const size_t needed = workspace_bytes(*input, dbias != nullptr);
-    if (needed > 0) {
-      if (workspace == nullptr)
-        fail(TE_ERROR_INVALID_ARGUMENT, "argument 'workspace' is required: the bias gradient on ",
-             "CUDA needs ", static_cast<int64_t>(needed),
-             " bytes (te_activation_bwd_workspace_size)");
-      Arg(workspace, "workspace").dtype(TE_DTYPE_BYTE).same_device(*input, "input");
-      if (static_cast<size_t>(numel(*workspace)) < needed)
-        fail(TE_ERROR_INVALID_ARGUMENT, "argument 'workspace' must hold at least ",
-             static_cast<int64_t>(needed), " bytes, got ", numel(*workspace));
-      if (reinterpret_cast<uintptr_t>(workspace->data) % 16 != 0)
-        fail(TE_ERROR_INVALID_ARGUMENT, "argument 'workspace' must be 16-byte aligned");
-      args.workspace = static_cast<float*>(workspace->data);
-    }
-    if (on_cuda(*input)) use_cuda_device(input->device_index);
-    TE_DISPATCH(on_cuda(*input), cpu::backward(args), cuda::backward(args, stream));
+    const BackwardArgs args = check_backward(kind, params, grad, input, grad_input, columnwise,
+                                             scale, scale_inv, amax, dbias, workspace);
+    run_backward(args, *input, stream);
+  });
+}
+
+te_status te_activation_bwd_with_fwd_columnwise(
+    te_activation kind, const te_activation_params* params, const te_tensor* grad,
+    const te_tensor* input, te_tensor* grad_input, te_tensor* columnwise, const te_tensor* scale,
+    te_tensor* scale_inv, te_tensor* amax, te_tensor* dbias, te_tensor* workspace,
+    te_tensor* fwd_columnwise, const te_tensor* fwd_scale, te_tensor* fwd_scale_inv,
+    te_dtype fwd_values_dtype, te_stream stream) {
+  return guarded("te_activation_bwd_with_fwd_columnwise", [&] {
+    BackwardArgs args = check_backward(kind, params, grad, input, grad_input, columnwise, scale,
+                                       scale_inv, amax, dbias, workspace);
+    args.fwd = check_fwd_columnwise(*input, fwd_columnwise, fwd_scale, fwd_scale_inv, args.rows,
+                                    args.cols, kind);
+    if (fwd_values_dtype != TE_DTYPE_FLOAT32 && fwd_values_dtype != TE_DTYPE_BFLOAT16 &&
+        fwd_values_dtype != TE_DTYPE_FLOAT16)
+      fail(TE_ERROR_INVALID_DTYPE, "argument 'fwd_values_dtype' must be ", kHighPrecisionText,
+           " (the type the forward values are rounded to before quantizing), got ",
+           dtype_name(fwd_values_dtype));
+    args.fwd_values_dtype = fwd_values_dtype;
+    run_backward(args, *input, stream);
   });
 }
 

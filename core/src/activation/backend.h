@@ -52,6 +52,12 @@ struct BackwardArgs {
   void* dbias;  // may be null
   te_dtype dbias_dtype;
   float* workspace;  // CUDA: ceil(rows / 64) * in_cols partial sums when dbias is set
+  // The forward output's FP8 columnwise copy [cols, rows] written in the same
+  // pass (te_activation_bwd_with_fwd_columnwise): fwd.columnwise is null when
+  // not asked; fwd.rowwise and fwd.amax are always null. The values are
+  // rounded to fwd_values_dtype (FP32: unchanged) before they are quantized.
+  OutputArgs fwd;
+  te_dtype fwd_values_dtype;
 };
 
 inline int64_t input_cols(te_activation kind, int64_t cols) {

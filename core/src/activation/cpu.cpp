@@ -114,7 +114,36 @@ void forward(const ForwardArgs& a) {
   writer.finish(amax);
 }
 
+// The forward output's columnwise copy of te_activation_bwd_with_fwd_columnwise:
+// its spec is the forward pass itself (FP32 values quantized directly), or the
+// forward into a BF16/FP16 output that is then quantized (q = fp8(x * scale),
+// as te_quantize_fp8 does). The CUDA backend fuses it into the backward's pass.
+static void forward_columnwise(const BackwardArgs& a) {
+  ForwardArgs f{a.kind, a.params, a.input, a.input_dtype, a.rows, a.cols, a.fwd};
+  if (a.fwd_values_dtype == TE_DTYPE_FLOAT32) {
+    forward(f);
+    return;
+  }
+  std::vector<uint16_t> stored(static_cast<size_t>(a.rows * a.cols));  // BF16/FP16 bits
+  f.out = OutputArgs{};
+  f.out.rowwise = stored.data();
+  f.out.rowwise_dtype = a.fwd_values_dtype;
+  forward(f);
+  const Fp8Format& fmt = fp8_format(a.fwd.fp8_dtype);
+  const float scale = *a.fwd.scale;
+  parallel_for(a.rows, kDbiasChunkRows, [&](int64_t r0, int64_t r1) {
+    std::vector<float> v(a.cols);
+    for (int64_t r = r0; r < r1; ++r) {
+      widen(stored.data(), a.fwd_values_dtype, r * a.cols, a.cols, v.data());
+      for (int64_t c = 0; c < a.cols; ++c)
+        a.fwd.columnwise[c * a.rows + r] = float_to_fp8(v[c] * scale, fmt);
+    }
+  });
+  if (a.fwd.scale_inv != nullptr) *a.fwd.scale_inv = 1.0f / scale;
+}
+
 void backward(const BackwardArgs& a) {
+  if (a.fwd.columnwise != nullptr) forward_columnwise(a);
   const int64_t in_cols = input_cols(a.kind, a.cols);
   const int64_t chunks = dbias_chunks(a.rows);
   const Writer writer(a.out, a.rows, in_cols);

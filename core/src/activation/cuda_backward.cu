@@ -1,6 +1,7 @@
 // CUDA backend of the activation backward (kernels.cuh has the kernels): one
-// pass for grad_input (its FP8 bytes and columnwise copy included) and the
-// bias gradient's chunk partials, then the partials' sum when dbias is asked.
+// pass for grad_input (its FP8 bytes and columnwise copy included), the bias
+// gradient's chunk partials and, when asked, the forward output's FP8
+// columnwise copy; then the partials' sum when dbias is asked.
 #include "activation/kernels.cuh"
 
 namespace te::activation::cuda {
@@ -19,7 +20,8 @@ void backward(const BackwardArgs& a, te_stream stream) {
                           a.cols,
                           in_cols,
                           in_cols};
-      launch<K, true, In>(in, make_outputs(a.out, partial), a.out.rowwise_dtype, a.params, s);
+      launch<K, true, In>(in, make_outputs(a.out, partial, &a.fwd, a.fwd_values_dtype),
+                          a.out.rowwise_dtype, a.params, s);
     });
   });
   if (a.dbias == nullptr || in_cols == 0) return;

@@ -20,7 +20,14 @@
 //                  block writes the columnwise rows with 16-byte stores. With
 //                  dbias the threads' 4-row group sums go through shared
 //                  memory and 128 threads add the 16 groups of each 64-row
-//                  chunk in order.
+//                  chunk in order. The fused backward
+//                  (te_activation_bwd_with_fwd_columnwise) always takes it:
+//                  the same threads also compute the forward values of their
+//                  4 x 8 elements from the (a, b) already in registers,
+//                  quantize them with the forward's scale and stage them in a
+//                  third (plain kinds: second) shared tile for the forward
+//                  output's columnwise rows; its result rows may then be
+//                  high precision too (no columnwise copy of their own).
 //  dbias_kernel    dbias[j] = the chunk partials of column j added in order.
 // No host synchronization and no allocation anywhere (CUDA-graph safe).
 #pragma once
@@ -68,6 +75,13 @@ struct Outputs {
   float* amax;          // may be null
   bool e5m2;
   float* partial;  // dbias partials [chunks, out_cols], or null
+  // The forward output's columnwise copy of the fused backward (tile_kernel):
+  // FP8 [cols, rows] quantized with fwd_scale, or null.
+  uint8_t* fwd_columnwise;
+  const float* fwd_scale;
+  float* fwd_scale_inv;  // may be null
+  bool fwd_e5m2;
+  te_dtype fwd_values_dtype;  // the values are rounded to it (FP32: unchanged) before quantizing
 };
 
 __device__ __forceinline__ uint32_t fp8_pair(float lo, float hi, bool e5m2) {
@@ -126,6 +140,13 @@ __device__ __forceinline__ void store_values(void* base, int64_t offset, const f
     }
     store_vec(reinterpret_cast<uint16_t*>(dst), o);
   }
+}
+
+// v as an output of a run-time type stores it (FP32: v), widened back.
+__device__ __forceinline__ float round_to(float v, te_dtype dtype) {
+  if (dtype == TE_DTYPE_BFLOAT16) return cuda_elem::round_through<__nv_bfloat16>(v);
+  if (dtype == TE_DTYPE_FLOAT16) return cuda_elem::round_through<__half>(v);
+  return v;
 }
 
 // 8 values -> 8 FP8 bytes.
@@ -332,8 +353,9 @@ __global__ void __launch_bounds__(kThreads, kBwd ? 2 : 3)
 
 struct TileShape {
   int64_t tiles_k;   // tiles along the H columns
-  bool vector_rows;  // H % 8 == 0 and the rows' pointers 16-byte (input) / 8-byte (rowwise) aligned
-  int column_store_bytes;  // tile::column_store_width
+  bool vector_rows;  // H % 8 == 0 and the rows' pointers aligned for 8-element loads and stores
+  int column_store_bytes;      // tile::column_store_width of out.columnwise
+  int fwd_column_store_bytes;  // and of out.fwd_columnwise
 };
 
 // Row r, columns col .. col+7 of the inputs with element loads: 0 outside the matrix.
@@ -351,20 +373,34 @@ __device__ __forceinline__ RawRow<In, 8> load_row_guarded(const Inputs<In>& in, 
   return v;
 }
 
-// 8 rowwise FP8 bytes of row r at columns col .. col+7 (of a [rows, out_cols]
-// output whose part starts at base); the guarded path skips what is outside.
-template <class In>
-__device__ __forceinline__ void store_row_bytes(uint8_t* base, const Inputs<In>& in, int64_t r,
-                                                int64_t col, bool vector_path, uint2 q) {
-  uint8_t* dst = base + r * in.out_cols + col;
-  if (vector_path) {
-    *reinterpret_cast<uint2*>(dst) = q;
-    return;
-  }
-  const uint8_t* bytes = reinterpret_cast<const uint8_t*>(&q);
+// 8 rowwise values of row r at columns col .. col+7 (of a [rows, out_cols]
+// output of type Out whose part starts at element `part_offset`): FP8 bytes q,
+// or the values d rounded to Out. The guarded path skips what is outside.
+template <class Out, class In>
+__device__ __forceinline__ void store_row8(void* rowwise, int64_t part_offset, const Inputs<In>& in,
+                                           int64_t r, int64_t col, bool vector_path, uint2 q,
+                                           const float (&d)[8]) {
+  const int64_t offset = part_offset + r * in.out_cols + col;
+  if constexpr (std::is_same_v<Out, Fp8Bytes>) {
+    uint8_t* dst = static_cast<uint8_t*>(rowwise) + offset;
+    if (vector_path) {
+      *reinterpret_cast<uint2*>(dst) = q;
+      return;
+    }
+    const uint8_t* bytes = reinterpret_cast<const uint8_t*>(&q);
 #pragma unroll
-  for (int j = 0; j < 8; ++j)
-    if (r < in.rows && col + j < in.cols) dst[j] = bytes[j];
+    for (int j = 0; j < 8; ++j)
+      if (r < in.rows && col + j < in.cols) dst[j] = bytes[j];
+  } else {
+    if (vector_path) {
+      store_values<Out, 8>(rowwise, offset, d, 1.0f, false);
+      return;
+    }
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+      if (r < in.rows && col + j < in.cols)
+        static_cast<Out*>(rowwise)[offset + j] = cuda_elem::from_float<Out>(d[j]);
+  }
 }
 
 // After the tile's group sums are in shared memory: the 16 groups of each
@@ -386,13 +422,20 @@ __device__ __forceinline__ void chunk_sums(const GroupSums& group_sums, const In
   }
 }
 
-template <te_activation K, bool kBwd, class In>
+// Out: the rowwise output's type (Fp8Bytes, or a high-precision type in the
+// fused backward below). kFwdCol (backward only): the same pass also computes
+// the forward values f(a) * lin(b) (or f(x)) of the tile, quantizes them with
+// out.fwd_scale and writes the forward output's columnwise copy.
+template <te_activation K, bool kBwd, class In, class Out, bool kFwdCol>
 __global__ void __launch_bounds__(tile::kThreads, 2)
     tile_kernel(const Inputs<In> in, const Outputs out, const Params p, const TileShape s) {
+  static_assert(kBwd || !kFwdCol, "the forward columnwise copy is fused into the backward");
   using E = Element<K, kBwd>;
   constexpr int kParts = E::kParts;
+  constexpr bool kFp8Out = std::is_same_v<Out, Fp8Bytes>;
   constexpr int kSumParts = kBwd ? kParts : 1;  // group sums are only formed in the backward
-  __shared__ alignas(16) uint8_t staged[kParts][tile::kTileK * tile::kTileM];
+  // The staged columnwise bytes: the result's parts, then the forward output's.
+  __shared__ alignas(16) uint8_t staged[kParts + (kFwdCol ? 1 : 0)][tile::kTileK * tile::kTileM];
   // The backward's 4-row group sums, [part][group of the tile][column] (padded rows).
   __shared__ alignas(
       16) float group_sums[kSumParts][kBwd ? tile::kTileM / kGroupRows : 1][tile::kTileK + 4];
@@ -409,36 +452,65 @@ __global__ void __launch_bounds__(tile::kThreads, 2)
   float amax = 0.0f;
   float group[kParts][8] = {};  // backward: this thread's 4-row group sums
   uint2 q[kParts][4];           // the FP8 bytes of its 4 rows x 8 columns, per part
-  float scale;
+  uint2 fq[4];                  // kFwdCol: the forward values' FP8 bytes
+  float scale = 1.0f, fwd_scale = 1.0f;
   auto compute_row = [&](int i, const RawRow<In, 8>& v) {
     float d[kParts][8];
     E::compute_row(v, p, d, amax, group);  // elements outside the matrix give 0
 #pragma unroll
     for (int part = 0; part < kParts; ++part) {
-      q[part][i] = pack8(d[part], scale, out.e5m2);
+      uint2 bytes = make_uint2(0, 0);
+      if constexpr (kFp8Out) bytes = q[part][i] = pack8(d[part], scale, out.e5m2);
       if (out.rowwise != nullptr)
-        store_row_bytes(static_cast<uint8_t*>(out.rowwise) + part * in.cols, in, row + i, k0 + c,
-                        vector_path, q[part][i]);
+        store_row8<Out>(out.rowwise, part * in.cols, in, row + i, k0 + c, vector_path, bytes,
+                        d[part]);
+    }
+    if constexpr (kFwdCol) {
+      float f[8];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const float value = forward_value<K>(v.a.get(j), E::kGated ? v.b.get(j) : 0.0f, p);
+        f[j] = round_to(value, out.fwd_values_dtype);
+      }
+      fq[i] = pack8(f, fwd_scale, out.fwd_e5m2);
     }
   };
+  // The scales are global loads of their own: issued after the tile's loads.
+  auto load_scales = [&] {
+    if constexpr (kFp8Out) scale = *out.scale;
+    if constexpr (kFwdCol) fwd_scale = *out.fwd_scale;
+  };
   if (vector_path) {
-    // All loads first; the scale (a global load of its own) after them.
-    RawRow<In, 8> v[4];
+    // The loads of kBatch rows at a time, then their math. The fused backward
+    // with FP32 inputs (96 registers of loads for 4 rows of a gated kind, and
+    // the forward values on top) takes 2 rows at a time to stay spill-free.
+    constexpr int kBatch = (kFwdCol && sizeof(In) == 4) ? 2 : 4;
 #pragma unroll
-    for (int i = 0; i < 4; ++i) v[i] = load_row<E::kGated, kBwd, In, 8>(in, row + i, k0 + c);
-    scale = *out.scale;
+    for (int i0 = 0; i0 < 4; i0 += kBatch) {
+      RawRow<In, 8> v[kBatch];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) compute_row(i, v[i]);
+      for (int i = 0; i < kBatch; ++i)
+        v[i] = load_row<E::kGated, kBwd, In, 8>(in, row + i0 + i, k0 + c);
+      if (i0 == 0) load_scales();
+#pragma unroll
+      for (int i = 0; i < kBatch; ++i) compute_row(i0 + i, v[i]);
+    }
   } else {
     // Ragged or unaligned tiles: element loads, row by row, zeros outside.
-    scale = *out.scale;
+    load_scales();
 #pragma unroll
     for (int i = 0; i < 4; ++i)
       compute_row(i, load_row_guarded<E::kGated, kBwd>(in, row + i, k0 + c));
   }
 
+  // (out.columnwise is uniform over the grid; a high-precision result has none)
+  if constexpr (kFp8Out) {
+    if (out.columnwise != nullptr) {
 #pragma unroll
-  for (int part = 0; part < kParts; ++part) tile::stage_columns(q[part], rg, c, staged[part]);
+      for (int part = 0; part < kParts; ++part) tile::stage_columns(q[part], rg, c, staged[part]);
+    }
+  }
+  if constexpr (kFwdCol) tile::stage_columns(fq, rg, c, staged[kParts]);
   if constexpr (kBwd) {
     if (out.partial != nullptr) {  // uniform over the grid
 #pragma unroll
@@ -451,13 +523,25 @@ __global__ void __launch_bounds__(tile::kThreads, 2)
   }
   __syncthreads();
 
+  if constexpr (kFp8Out) {
+    if (out.columnwise != nullptr) {
 #pragma unroll
-  for (int part = 0; part < kParts; ++part)
-    tile::store_columns(staged[part], out.columnwise + part * in.cols * in.rows, in.rows, in.cols,
-                        m0, k0, full, s.column_store_bytes);
+      for (int part = 0; part < kParts; ++part)
+        tile::store_columns(staged[part], out.columnwise + part * in.cols * in.rows, in.rows,
+                            in.cols, m0, k0, full, s.column_store_bytes);
+    }
+  }
+  if constexpr (kFwdCol) {
+    tile::store_columns(staged[kParts], out.fwd_columnwise, in.rows, in.cols, m0, k0, full,
+                        s.fwd_column_store_bytes);
+    if (blockIdx.x == 0 && threadIdx.x == 0 && out.fwd_scale_inv != nullptr)
+      *out.fwd_scale_inv = __fdiv_rn(1.0f, fwd_scale);
+  }
   if constexpr (kBwd) {
     if (out.partial != nullptr) chunk_sums<kParts>(group_sums, in, out.partial, m0, k0);
   }
+  // A high-precision result's amax is that of its stored values (te::stored_amax).
+  if constexpr (!kFp8Out) amax = cuda_elem::round_through<Out>(amax);
   finish(out, amax, scale);
 }
 
@@ -476,10 +560,18 @@ __global__ void __launch_bounds__(kThreads)
 
 // ---- host side ----------------------------------------------------------------
 
-inline Outputs make_outputs(const OutputArgs& o, float* partial) {
-  return Outputs{o.rowwise,   o.columnwise, o.scale,
-                 o.scale_inv, o.amax,       o.fp8_dtype == TE_DTYPE_FLOAT8E5M2,
-                 partial};
+inline Outputs make_outputs(const OutputArgs& o, float* partial, const OutputArgs* fwd = nullptr,
+                            te_dtype fwd_values_dtype = TE_DTYPE_FLOAT32) {
+  Outputs out{
+      o.rowwise, o.columnwise, o.scale, o.scale_inv, o.amax, o.fp8_dtype == TE_DTYPE_FLOAT8E5M2,
+      partial,   nullptr,      nullptr, nullptr,     false,  fwd_values_dtype};
+  if (fwd != nullptr && fwd->columnwise != nullptr) {
+    out.fwd_columnwise = fwd->columnwise;
+    out.fwd_scale = fwd->scale;
+    out.fwd_scale_inv = fwd->scale_inv;
+    out.fwd_e5m2 = fwd->fp8_dtype == TE_DTYPE_FLOAT8E5M2;
+  }
+  return out;
 }
 
 // Calls f(Out{}) with the output tag of a rowwise dtype.
@@ -515,25 +607,37 @@ void launch_rowwise(const Inputs<In>& in, const Outputs& out, const Params& p,
   TE_CHECK_LAUNCH();
 }
 
-template <te_activation K, bool kBwd, class In>
+template <te_activation K, bool kBwd, class In, class Out, bool kFwdCol>
 void launch_tile(const Inputs<In>& in, const Outputs& out, const Params& p, cudaStream_t stream) {
   TileShape s{};
   s.tiles_k = in.cols > tile::kTileK ? ceil_div(in.cols, tile::kTileK) : 1;
-  s.vector_rows = in.cols % 8 == 0 && is_aligned(in.input, 16) &&
-                  (!kBwd || is_aligned(in.grad, 16)) &&
-                  (out.rowwise == nullptr || is_aligned(out.rowwise, 8));
+  s.vector_rows =
+      in.cols % 8 == 0 && is_aligned(in.input, 16) && (!kBwd || is_aligned(in.grad, 16)) &&
+      (out.rowwise == nullptr || is_aligned(out.rowwise, alignof(Vec<Storage<Out>, 8>)));
   s.column_store_bytes = tile::column_store_width(in.rows, out.columnwise);
-  tile_kernel<K, kBwd, In>
+  s.fwd_column_store_bytes = tile::column_store_width(in.rows, out.fwd_columnwise);
+  tile_kernel<K, kBwd, In, Out, kFwdCol>
       <<<tile::num_tiles(in.rows, in.cols), tile::kThreads, 0, stream>>>(in, out, p, s);
   TE_CHECK_LAUNCH();
 }
 
-// The kernel for these outputs: tiled with a columnwise copy, else rowwise.
+// The kernel for these outputs: tiled with a columnwise copy (of the result,
+// or, fused into the backward, of the forward output), else rowwise.
 template <te_activation K, bool kBwd, class In>
 void launch(const Inputs<In>& in, const Outputs& out, te_dtype rowwise_dtype, const Params& p,
             cudaStream_t stream) {
+  if constexpr (kBwd) {
+    if (out.fwd_columnwise != nullptr) {
+      // Any result type: the tile kernel also writes high-precision rows.
+      const te_dtype dtype = out.rowwise == nullptr ? TE_DTYPE_FLOAT8E4M3 : rowwise_dtype;
+      dispatch_output(dtype, [&](auto out_tag) {
+        launch_tile<K, true, In, decltype(out_tag), true>(in, out, p, stream);
+      });
+      return;
+    }
+  }
   if (out.columnwise != nullptr) {
-    launch_tile<K, kBwd, In>(in, out, p, stream);
+    launch_tile<K, kBwd, In, Fp8Bytes, false>(in, out, p, stream);
     return;
   }
   dispatch_output(rowwise_dtype, [&](auto out_tag) {

@@ -1,4 +1,4 @@
-"""torch.ops.te.activation_fwd / activation_bwd: the torch wrappers against
+"""torch.ops.te.activation_fwd / activation_bwd (/ activation_bwd_fwd_columnwise): the torch wrappers against
 te-core's NumPy API (the same formulas, checked element by element against a
 float64 oracle in te-core's own tests: here the plumbing must give the same
 bytes, on the CPU and on CUDA) and, norm-wise, against the float64 oracle
@@ -78,6 +78,45 @@ def test_fused_fp8_outputs_equal_the_separate_quantize(device, kind, fp8_dtype):
     assert torch.equal(dbias, dbias_hp)
 
 
+@pytest.mark.parametrize("kind", ["gelu", "swiglu", "clamped_swiglu"])
+@pytest.mark.parametrize("grad_fp8", [True, False], ids=["fp8-grad", "bf16-grad"])
+@pytest.mark.parametrize("fwd_dtype", [E4M3, E5M2])
+@pytest.mark.parametrize("values", [torch.float32, torch.bfloat16], ids=["fp32-values", "bf16-values"])
+def test_backward_with_the_forward_columnwise_copy(device, kind, grad_fp8, fwd_dtype, values):
+    """activation_bwd_fwd_columnwise: activation_bwd's outputs plus the bytes of
+    activation_fwd(columnwise only) with the given scale (FP32 values), or of
+    quantize_fp8 of the BF16 forward output (BF16 values), from one call."""
+    code = activation_code(kind)
+    x = (torch.randn(130, 96) * 4).to(torch.bfloat16).to(device)
+    grad = torch.randn(kernels.activation_fwd(x, code)[0].shape).to(torch.bfloat16).to(device)
+    fwd_scale = torch.tensor([0.75], device=device)
+    kw = {"fp8_dtype": E4M3, "scale": torch.tensor([2.0], device=device), "columnwise": True} if grad_fp8 else {}
+    amax_f, amax_s = torch.zeros(1, device=device), torch.zeros(1, device=device)
+    *fused, col, scale_inv = kernels.activation_bwd_fwd_columnwise(
+        grad,
+        x,
+        code,
+        fwd_fp8_dtype=fwd_dtype,
+        fwd_scale=fwd_scale,
+        fwd_values_dtype=values,
+        amax=amax_f,
+        dbias=True,
+        **kw,
+    )
+    separate = kernels.activation_bwd(grad, x, code, amax=amax_s, dbias=True, **kw)
+    for got, want in zip(fused, separate, strict=True):
+        assert (got is None and want is None) or torch.equal(got, want)
+    assert torch.equal(amax_f, amax_s)
+    if values == torch.float32:
+        _, ref_col, ref_scale_inv = kernels.activation_fwd(
+            x, code, fp8_dtype=fwd_dtype, scale=fwd_scale, rowwise=False, columnwise=True
+        )
+    else:
+        y = kernels.activation_fwd(x, code, out_dtype=values)[0]
+        _, ref_col, ref_scale_inv = kernels.quantize_fp8(y, fwd_scale, None, fwd_dtype, False, True)
+    assert torch.equal(col, ref_col) and torch.equal(scale_inv, ref_scale_inv)
+
+
 def test_low_precision_output_is_the_rounded_fp32_output():
     x = torch.randn(16, 64) * 2
     for kind in ("geglu", "qgelu"):
@@ -100,15 +139,19 @@ def _opcheck_cases():
     g_half = torch.randn(32, 24)
     scale, amax = torch.ones(1), torch.zeros(1)
     fwd, bwd = torch.ops.te.activation_fwd.default, torch.ops.te.activation_bwd.default
+    fused = torch.ops.te.activation_bwd_fwd_columnwise.default
+    bf16, fp32, params = torch.bfloat16, torch.float32, (7.0, 1.702, 1.0)
     return [
         (fwd, (x, 0, torch.float32, -1, None, None, True, False, 7.0, 1.702, 1.0)),
         (fwd, (x, 7, torch.bfloat16, E4M3, scale, amax, True, True, 7.0, 1.702, 1.0)),
         (bwd, (g_half, x, 7, torch.float32, -1, None, None, True, False, True, 7.0, 1.702, 1.0)),
         (bwd, (g_half, x, 7, torch.float32, E5M2, scale, None, False, True, False, 7.0, 1.702, 1.0)),
+        (fused, (g_half, x, 7, torch.bfloat16, -1, None, amax, True, False, True, E4M3, scale, bf16, *params)),
+        (fused, (g_half, x, 7, torch.float32, E5M2, scale, None, True, True, False, E5M2, scale, fp32, *params)),
     ]
 
 
-@pytest.mark.parametrize("case", range(4))
+@pytest.mark.parametrize("case", range(6))
 def test_opcheck(case):
     op, args = _opcheck_cases()[case]
     torch.library.opcheck(op, args)
@@ -126,3 +169,5 @@ def test_errors_name_the_argument():
         kernels.activation_fwd(x.double(), 0)
     with pytest.raises(ValueError, match="argument 'grad' must have the forward output's shape"):
         kernels.activation_bwd(torch.randn(16, 32), x, activation_code("swiglu"))
+    with pytest.raises(ValueError, match="needs an FP8 'fwd_fp8_dtype' and 'fwd_scale'"):
+        kernels.activation_bwd_fwd_columnwise(torch.randn(16, 16), x, 7, fwd_fp8_dtype=E4M3, fwd_scale=None)

@@ -34,7 +34,7 @@ def _old_backward_q(a, dtypes, dy, needs, saved, ops):
     """The backward's former order (the reference path): dL/dh quantized
     rowwise and columnwise from high precision, fc1's wgrad before its dgrad."""
     n_x, n_g, n_b, n_w1, n_b1, n_w2, n_b2 = needs
-    (h, w1, w2), (ln_op, w1_keep, w2_keep) = saved, ops
+    (h, w1, w2, _), (ln_op, w1_keep, w2_keep) = saved, ops
     need_ln, dt = n_x or n_g or n_b, a.act_dtype
     dy_op = quantize_operand(a.bwd_q[2], dy, rowwise=True, columnwise=True)
     out, beta = lmf._main_grad(a, a.fc2_param)
@@ -44,7 +44,7 @@ def _old_backward_q(a, dtypes, dy, needs, saved, ops):
     w2_col = lmf._weight_dgrad(a, w2_keep, w2, 4)
     d_act = operand_gemm(dy_op, False, w2_col, True, out_dtype=dt, use_split_accumulator=a.split_acc[1])
     if a.delayed:
-        d1_op, db1 = lmf._act_grad_fp8(a, d_act, h, need_ln, n_w1, n_b1)
+        d1_op, db1, _ = lmf._act_grad_fp8(a, d_act, h, need_ln, n_w1, n_b1)
     else:
         d1_hp, _, _, db1 = kernels.activation_bwd(d_act, h, a.kind, dbias=n_b1, **a.act_params)
         d1_op = quantize_operand(a.bwd_q[0], d1_hp, rowwise=need_ln, columnwise=n_w1)

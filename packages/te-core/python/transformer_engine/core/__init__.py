@@ -9,6 +9,7 @@ from ._native import lib
 from .activation import (
     ACTIVATIONS,
     ActivationGrad,
+    ForwardColumnwise,
     HighPrecisionOutput,
     activation_backward,
     activation_forward,
@@ -65,6 +66,7 @@ def built_with_cuda() -> bool:
 __all__ = [
     "ACTIVATIONS",
     "ActivationGrad",
+    "ForwardColumnwise",
     "HighPrecisionOutput",
     "activation_backward",
     "activation_forward",

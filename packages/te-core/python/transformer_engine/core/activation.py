@@ -60,11 +60,23 @@ class HighPrecisionOutput(NamedTuple):
     amax: np.ndarray  # FP32 scalar
 
 
+class ForwardColumnwise(NamedTuple):
+    """The forward output's FP8 columnwise copy that `activation_backward` can
+    write in the same pass (`fwd_columnwise=`): the bytes of
+    activation_forward(x, kind, out_dtype=..., scale=scale, rowwise=False,
+    columnwise=True).columnwise."""
+
+    columnwise: np.ndarray  # FP8 [H, M]: the forward output [M, H] transposed
+    scale: np.ndarray  # FP32 scalar used for the cast
+    scale_inv: np.ndarray  # FP32 scalar 1/scale
+
+
 class ActivationGrad(NamedTuple):
     """Result of `activation_backward`."""
 
     grad_input: np.ndarray | HighPrecisionOutput | Fp8Tensor  # the input's shape
     dbias: np.ndarray | None  # [K], K the input's last dim; None unless requested
+    fwd_columnwise: ForwardColumnwise | None = None  # only when requested
 
 
 def _output_shape(x: np.ndarray, kind: int, halve: bool) -> tuple:
@@ -165,6 +177,9 @@ def activation_backward(
     amax=None,
     dbias=False,
     dbias_dtype=np.float32,
+    fwd_columnwise=None,
+    fwd_scale=None,
+    fwd_values_dtype=np.float32,
     limit=7.0,
     alpha=1.702,
     glu_linear_offset=1.0,
@@ -174,7 +189,12 @@ def activation_backward(
     grad has the forward output's shape and x's dtype. out_dtype/scale/rowwise/
     columnwise/amax describe grad_input as in `activation_forward`. dbias=True
     also returns dbias[j] = sum over rows of grad_input[:, j] (FP32 sums in the
-    order of te/activation.h, rounded to dbias_dtype).
+    order of te/activation.h, rounded to dbias_dtype). fwd_columnwise (an FP8
+    dtype, 'e4m3' or 'e5m2') with fwd_scale also returns, from the same pass,
+    the forward output f(x) quantized columnwise: q[j, r] = fp8(s(f(x)[r, j]) *
+    fwd_scale), s(v) = v rounded to fwd_values_dtype (float32: v itself; bfloat16
+    / float16: the bytes of quantizing a forward output of that type)
+    (te_activation_bwd_with_fwd_columnwise).
     """
     amax_given = amax is not None
     x = as_high_precision(x, "x")
@@ -184,19 +204,22 @@ def activation_backward(
         x.shape, x.dtype if out_dtype is None else out_dtype, scale, rowwise, columnwise, amax
     )
     bias = empty((x.shape[-1] if x.ndim else 1,), dbias_dtype) if dbias else None
-    lib.activation_bwd(
-        code,
-        desc(grad),
-        desc(x),
-        _opt(row),
-        _opt(col),
-        _opt(scale),
-        _opt(scale_inv),
-        desc(amax),
-        _opt(bias),
-        None,
-        float(limit),
-        float(alpha),
-        float(glu_linear_offset),
-    )
-    return ActivationGrad(_result(row, col, scale, scale_inv, amax, amax_given), bias)
+    args = [code, desc(grad), desc(x), _opt(row), _opt(col), _opt(scale), _opt(scale_inv), desc(amax), _opt(bias), None]
+    params = (float(limit), float(alpha), float(glu_linear_offset))
+    fwd = None
+    if fwd_columnwise is None:
+        if fwd_scale is not None:
+            raise ValueError("'fwd_scale' is only used with 'fwd_columnwise'")
+        lib.activation_bwd(*args, *params)
+    else:
+        if te_dtype(fwd_columnwise) not in FP8_DTYPES:
+            raise ValueError(f"'fwd_columnwise' must be an FP8 dtype ('e4m3' or 'e5m2'), got {fwd_columnwise!r}")
+        if fwd_scale is None:
+            raise ValueError("'fwd_columnwise' needs 'fwd_scale'")
+        rows, cols = matrix_shape(_output_shape(x, code, halve=True))
+        fwd = ForwardColumnwise(
+            empty((cols, rows), te_dtype(fwd_columnwise)), fp32_scalar(fwd_scale, "fwd_scale"), np.zeros((), np.float32)
+        )
+        values = int(te_dtype(fwd_values_dtype))
+        lib.activation_bwd_with_fwd_columnwise(*args, *(desc(a) for a in fwd), values, *params)
+    return ActivationGrad(_result(row, col, scale, scale_inv, amax, amax_given), bias, fwd)

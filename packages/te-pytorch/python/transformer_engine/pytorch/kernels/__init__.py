@@ -8,7 +8,7 @@ registered ops while torch.compile traces. Autograd lives in the modules, not
 in these ops.
 """
 
-from .activation import activation_bwd, activation_fwd
+from .activation import activation_bwd, activation_bwd_fwd_columnwise, activation_fwd
 from .cast import (
     compute_amax,
     compute_scale_from_amax,
@@ -27,6 +27,7 @@ from .transpose import transpose
 
 __all__ = [
     "activation_bwd",
+    "activation_bwd_fwd_columnwise",
     "activation_fwd",
     "compute_amax",
     "compute_scale_from_amax",

@@ -1,4 +1,6 @@
-"""Activation ops of the MLP block: torch.ops.te.activation_fwd / activation_bwd.
+"""Activation ops of the MLP block: torch.ops.te.activation_fwd / activation_bwd
+(and activation_bwd_fwd_columnwise: the backward that also writes the forward
+output's FP8 columnwise copy, fc2's wgrad operand in LayerNormMLP).
 
 te-core's formulas (core/include/te/activation.h): plain kinds act elementwise,
 y = f(x); gated kinds split the last dim [..., 2H] into a = x[..., :H]
@@ -25,7 +27,7 @@ import torch
 
 from transformer_engine.core import lib
 
-from ._common import FLOAT32, compiling, contiguous, desc, hp_desc, matrix_t_shape, stream_of, workspace
+from ._common import FLOAT32, TORCH_TO_CODE, compiling, contiguous, desc, hp_desc, matrix_t_shape, stream_of, workspace
 from .cast import _check_fp8, _or_empty
 
 _GATED_FIRST = 5  # te_activation codes >= 5 are the gated kinds
@@ -143,7 +145,12 @@ def activation_fwd(
     return _activation_fwd(x, kind, out_dtype, fp8_dtype, scale, amax, rowwise, columnwise, *args)
 
 
-def _activation_bwd(grad, x, kind, out_dtype, fp8_dtype, scale, amax, rowwise, columnwise, dbias, limit, alpha, offset):
+def _activation_bwd(
+    grad, x, kind, out_dtype, fp8_dtype, scale, amax, rowwise, columnwise, dbias, limit, alpha, offset, fwd=None
+):
+    """fwd: None, or (fwd_fp8_dtype, fwd_scale, fwd_values_dtype) for the
+    forward output's FP8 columnwise copy written in the same pass; then also
+    returns (its bytes, its scale_inv)."""
     grad, x = contiguous(grad), contiguous(x)
     x_desc, grad_desc = hp_desc(x, "x"), hp_desc(grad, "grad")
     if tuple(grad.shape) != _out_shape(x, kind):
@@ -154,7 +161,7 @@ def _activation_bwd(grad, x, kind, out_dtype, fp8_dtype, scale, amax, rowwise, c
     bias = torch.empty((x.shape[-1],), dtype=torch.float32, device=x.device) if dbias else None
     stream = stream_of(x)
     ws = workspace(lib.activation_bwd_workspace_size(x_desc, dbias), x, stream) if (dbias and x.is_cuda) else None
-    lib.activation_bwd(
+    args = (
         kind,
         grad_desc,
         x_desc,
@@ -162,12 +169,16 @@ def _activation_bwd(grad, x, kind, out_dtype, fp8_dtype, scale, amax, rowwise, c
         None if amax is None else desc(amax, FLOAT32),
         None if bias is None else desc(bias, FLOAT32),
         ws,
-        limit,
-        alpha,
-        offset,
-        stream,
     )
-    return row, col, scale_inv, bias
+    if fwd is None:
+        lib.activation_bwd(*args, limit, alpha, offset, stream)
+        return row, col, scale_inv, bias
+    _, fwd_col, fwd_scale_inv, fwd_descs = _outputs(_out_shape(x, kind), x, None, fwd[0], fwd[1], False, True)
+    values = TORCH_TO_CODE.get(fwd[2])
+    if values is None:
+        raise TypeError(f"argument 'fwd_values_dtype' must be float32, bfloat16 or float16, got {fwd[2]}")
+    lib.activation_bwd_with_fwd_columnwise(*args, *fwd_descs[1:], values, limit, alpha, offset, stream)
+    return row, col, scale_inv, bias, fwd_col, fwd_scale_inv
 
 
 @torch.library.custom_op("te::activation_bwd", mutates_args=("amax",))
@@ -235,3 +246,142 @@ def activation_bwd(
             (bias if dbias else None),
         )
     return _activation_bwd(grad, x, kind, out_dtype, fp8_dtype, scale, amax, rowwise, columnwise, dbias, *args)
+
+
+@torch.library.custom_op("te::activation_bwd_fwd_columnwise", mutates_args=("amax",))
+def _activation_bwd_fwd_columnwise_op(
+    grad: torch.Tensor,
+    x: torch.Tensor,
+    kind: int,
+    out_dtype: torch.dtype,
+    fp8_dtype: int,
+    scale: torch.Tensor | None,
+    amax: torch.Tensor | None,
+    rowwise: bool,
+    columnwise: bool,
+    dbias: bool,
+    fwd_fp8_dtype: int,
+    fwd_scale: torch.Tensor,
+    fwd_values_dtype: torch.dtype,
+    limit: float,
+    alpha: float,
+    glu_linear_offset: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    row, col, scale_inv, bias, fwd_col, fwd_scale_inv = _activation_bwd(
+        grad,
+        x,
+        kind,
+        out_dtype,
+        fp8_dtype,
+        scale,
+        amax,
+        rowwise,
+        columnwise,
+        dbias,
+        limit,
+        alpha,
+        glu_linear_offset,
+        (fwd_fp8_dtype, fwd_scale, fwd_values_dtype),
+    )
+    bias = x.new_empty((0,), dtype=torch.float32) if bias is None else bias
+    return _or_empty(row, x), _or_empty(col, x), _scale_inv_or_empty(scale_inv, x), bias, fwd_col, fwd_scale_inv
+
+
+@_activation_bwd_fwd_columnwise_op.register_fake
+def _(
+    grad,
+    x,
+    kind,
+    out_dtype,
+    fp8_dtype,
+    scale,
+    amax,
+    rowwise,
+    columnwise,
+    dbias,
+    fwd_fp8_dtype,
+    fwd_scale,
+    fwd_values_dtype,
+    limit,
+    alpha,
+    glu_linear_offset,
+):
+    row, col, scale_inv = _fake_outputs(x, tuple(x.shape), out_dtype, fp8_dtype, rowwise, columnwise)
+    bias = x.new_empty((x.shape[-1],) if dbias else (0,), dtype=torch.float32)
+    _, fwd_col, fwd_scale_inv = _fake_outputs(x, _out_shape(x, kind), None, fwd_fp8_dtype, False, True)
+    return row, col, scale_inv, bias, fwd_col, fwd_scale_inv
+
+
+def activation_bwd_fwd_columnwise(
+    grad,
+    x,
+    kind: int,
+    *,
+    fwd_fp8_dtype: int,
+    fwd_scale,
+    fwd_values_dtype=torch.float32,
+    out_dtype=None,
+    fp8_dtype: int = -1,
+    scale=None,
+    amax=None,
+    rowwise: bool = True,
+    columnwise: bool = False,
+    dbias: bool = False,
+    limit: float = 7.0,
+    alpha: float = 1.702,
+    glu_linear_offset: float = 1.0,
+):
+    """`activation_bwd` that also writes, in the same pass, the forward output
+    y = f(x) quantized to FP8 columnwise ([H, M]) with `fwd_scale`: the bytes of
+    activation_fwd(x, kind, fp8_dtype=fwd_fp8_dtype, scale=fwd_scale,
+    rowwise=False, columnwise=True) with fwd_values_dtype float32, or of
+    quantize_fp8 (columnwise) of activation_fwd(x, kind, out_dtype=
+    fwd_values_dtype) with bfloat16/float16 (y rounded to it first).
+
+    Returns (rowwise | None, columnwise | None, scale_inv | None, dbias | None,
+    fwd_columnwise, fwd_scale_inv).
+    """
+    out_dtype = x.dtype if out_dtype is None else out_dtype
+    args = (float(limit), float(alpha), float(glu_linear_offset))
+    if fwd_fp8_dtype < 0 or fwd_scale is None:
+        raise ValueError("the forward columnwise copy needs an FP8 'fwd_fp8_dtype' and 'fwd_scale'")
+    if compiling():
+        row, col, scale_inv, bias, fwd_col, fwd_scale_inv = torch.ops.te.activation_bwd_fwd_columnwise(
+            grad,
+            x,
+            kind,
+            out_dtype,
+            fp8_dtype,
+            scale,
+            amax,
+            rowwise,
+            columnwise,
+            dbias,
+            fwd_fp8_dtype,
+            fwd_scale,
+            fwd_values_dtype,
+            *args,
+        )
+        fp8 = fp8_dtype >= 0
+        return (
+            (row if rowwise else None),
+            (col if columnwise else None),
+            (scale_inv if fp8 else None),
+            (bias if dbias else None),
+            fwd_col,
+            fwd_scale_inv,
+        )
+    return _activation_bwd(
+        grad,
+        x,
+        kind,
+        out_dtype,
+        fp8_dtype,
+        scale,
+        amax,
+        rowwise,
+        columnwise,
+        dbias,
+        *args,
+        (fwd_fp8_dtype, fwd_scale, fwd_values_dtype),
+    )

@@ -42,6 +42,14 @@ own, kept so that backward needs no second amax pass); the block formats
 derive their scales from the weight itself, so the bytes equal the forward's
 (checked per recipe by the tests). A weight quantizer that rounds stochastically would not
 reproduce its bytes: its columnwise copy is then made in forward and kept.
+Under per-tensor FP8 the recompute of a costs no pass of its own: the
+activation backward, which reads h anyway, writes a's FP8 columnwise bytes
+with the forward's scale in the same pass (kernels.activation_bwd_fwd_columnwise;
+delayed scaling: the saved forward scale, FP32 values; current scaling: the
+scale forward derived, saved as one float, values rounded to h's dtype as the
+forward's act was stored), so backward runs fc2's dgrad, the activation
+backward, then fc2's wgrad (_operand.FUSE_ACT_RECOMPUTE; off, or under the
+block formats, a separate pass recomputes it first). The bytes are the same.
 Weights held quantized (quantized_model_init) or cached across microbatches
 (is_first_microbatch) are never quantized again: backward reads their own
 columnwise copies. Without a recipe the function keeps ln, h and a in high
@@ -54,6 +62,7 @@ import torch
 
 from .. import kernels
 from ..tensor import Float8CurrentScalingQuantizer, QuantizedTensor
+from . import _operand
 from ._operand import Operand, fused_amax, operand_gemm, quantize_operand, tensor_operand
 
 
@@ -207,6 +216,7 @@ def _forward_q(ctx, x, gamma, beta, w1, b1, w2, b2, a: MLPArgs):
     w1_op, w1_keep = _weight_fprop(a, "fc1", w1, 1, need_ln)
     w2_op, w2_keep = _weight_fprop(a, "fc2", w2, 4, need_ln or grads[3] or grads[4])
     h = operand_gemm(ln_op, False, w1_op, False, out_dtype=dt, bias=b1, use_split_accumulator=a.split_acc[0])
+    act_scale = None  # current scaling: the scale act was quantized with (_backward_q's fused recompute)
     if a.delayed:
         act_r, _, act_s = kernels.activation_fwd(
             h, a.kind, fp8_dtype=_code(q[3]), scale=q[3].scale, amax=q[3].amax, **a.act_params
@@ -216,6 +226,8 @@ def _forward_q(ctx, x, gamma, beta, w1, b1, w2, b2, a: MLPArgs):
         amax = fused_amax(q[3], h)
         act_hp = kernels.activation_fwd(h, a.kind, amax=amax, **a.act_params)[0]
         act_op = quantize_operand(q[3], act_hp, rowwise=True, columnwise=False, amax=amax)
+        if _operand.FUSE_ACT_RECOMPUTE and w2.requires_grad:
+            act_scale = _current_scale(q[3], amax, act_hp)
         del act_hp
     out = operand_gemm(act_op, False, w2_op, False, out_dtype=dt, bias=b2, use_split_accumulator=a.split_acc[0])
     ln_keep = None
@@ -223,7 +235,7 @@ def _forward_q(ctx, x, gamma, beta, w1, b1, w2, b2, a: MLPArgs):
         ln_keep = ln_op if per_tensor else ln_op.drop(rowwise=True)
     # The parameters are saved only where backward quantizes them again.
     weights = [w1 if w1_keep is None else None, w2 if w2_keep is None else None]
-    _pack(ctx, [x, mu, rsigma, gamma, h, *weights], (ln_keep, w1_keep, w2_keep))
+    _pack(ctx, [x, mu, rsigma, gamma, h, *weights, act_scale], (ln_keep, w1_keep, w2_keep))
     return out, ln_hp
 
 
@@ -302,53 +314,105 @@ def _act_columnwise(a: MLPArgs, h) -> Operand:
     return quantize_operand(q, act_hp, rowwise=False, columnwise=True, amax=amax)
 
 
-def _act_grad_fp8(a: MLPArgs, d_act, h, need_row: bool, need_col: bool, need_bias: bool):
-    """Delayed scaling: (dL/dh Operand, fc1 bias gradient | None) written in FP8 by the activation kernel."""
+def _current_scale(q, amax, act_hp):
+    """The scale current scaling quantized act with (forward), for the fused
+    recompute in backward; None where it cannot be known exactly (then backward
+    recomputes act in a pass of its own). amax: the fused amax buffer given to
+    quantize_operand (it holds act's amax, all-reduced where the quantizer
+    reduces), or None."""
+    if type(q) is not Float8CurrentScalingQuantizer:
+        return None
+    if amax is None and q.use_existing_amax:
+        amax = q.amax
+    if amax is not None:  # the same function of the same amax that quantize_operand used
+        return kernels.compute_scale_from_amax(amax, _code(q), q.force_pow_2_scales, q.amax_epsilon)[0:1]
+    if q._updates_state(act_hp):  # quantize_parts' fast path recorded its scale
+        return q.scale.clone()
+    return None
+
+
+def _act_bwd(a: MLPArgs, d_act, h, fwd_scale, **kw):
+    """kernels.activation_bwd(d_act, h, **kw), plus, where fwd_scale is given,
+    fc2's wgrad operand (act(h) columnwise, quantized with fwd_scale) from the
+    same pass: ((rowwise, columnwise, scale_inv, dbias), act Operand | None)."""
+    if fwd_scale is None:
+        return kernels.activation_bwd(d_act, h, a.kind, **kw, **a.act_params), None
+    q = a.fwd_q[3]
+    # Delayed scaling's forward quantized the FP32 values in the activation
+    # kernel; current scaling quantized act as stored in h's dtype.
+    values = torch.float32 if a.delayed else h.dtype
+    *grads, col, scale_inv = kernels.activation_bwd_fwd_columnwise(
+        d_act, h, a.kind, fwd_fp8_dtype=_code(q), fwd_scale=fwd_scale, fwd_values_dtype=values, **kw, **a.act_params
+    )
+    return grads, _fp8_operand(None, col, scale_inv, q)
+
+
+def _act_grad_fp8(a: MLPArgs, d_act, h, need_row: bool, need_col: bool, need_bias: bool, fwd_scale=None):
+    """Delayed scaling: (dL/dh Operand, fc1 bias gradient | None, act Operand | None)
+    written in FP8 by the activation kernel (act: see _act_bwd)."""
     gq = a.bwd_q[0]
-    d1r, d1c, d1s, db1 = kernels.activation_bwd(
+    (d1r, d1c, d1s, db1), act_op = _act_bwd(
+        a,
         d_act,
         h,
-        a.kind,
+        fwd_scale,
         fp8_dtype=_code(gq),
         scale=gq.scale,
         amax=gq.amax,
         rowwise=need_row,
         columnwise=need_col,
         dbias=need_bias,
-        **a.act_params,
     )
-    return _fp8_operand(d1r, d1c, d1s, gq), db1
+    return _fp8_operand(d1r, d1c, d1s, gq), db1, act_op
+
+
+def _fc2_wgrad(a: MLPArgs, dy_op, act_op, w2_dt):
+    """dW2 = dy^T act (into main_grad under fuse_wgrad)."""
+    out, beta = _main_grad(a, a.fc2_param)
+    kw = {"use_split_accumulator": a.split_acc[2], "out": out, "beta": beta}
+    return operand_gemm(dy_op, True, act_op, True, out_dtype=w2_dt, **kw)
 
 
 def _backward_q(a: MLPArgs, dtypes, dy, needs, saved, ops):
     n_x, n_g, n_b, n_w1, n_b1, n_w2, n_b2 = needs
-    h, w1, w2 = saved
+    h, w1, w2, act_scale = saved
     ln_op, w1_keep, w2_keep = ops
     w1_dt, _, w2_dt, _ = dtypes
     need_ln = n_x or n_g or n_b
     need_dact = need_ln or n_w1 or n_b1
     dt = a.act_dtype
+    # fc2's wgrad operand from the activation backward's pass (per-tensor FP8,
+    # the forward's scale known), else recomputed first in a pass of its own.
+    fwd_scale = None
+    if n_w2 and need_dact and _operand.FUSE_ACT_RECOMPUTE and not hasattr(a.fwd_q[3], "KIND"):
+        fwd_scale = a.scales[3:4] if a.delayed else act_scale
     dy_op = quantize_operand(a.bwd_q[2], dy, rowwise=need_dact, columnwise=n_w2) if (need_dact or n_w2) else None
     d_ln = dw1 = db1 = dw2 = db2 = None
-    if n_w2:
-        out, beta = _main_grad(a, a.fc2_param)
-        kw = {"use_split_accumulator": a.split_acc[2], "out": out, "beta": beta}
-        dw2 = operand_gemm(dy_op, True, _act_columnwise(a, h), True, out_dtype=w2_dt, **kw)
+    if n_w2 and fwd_scale is None:
+        dw2 = _fc2_wgrad(a, dy_op, _act_columnwise(a, h), w2_dt)
     if n_b2:
         db2 = dy.sum(dim=0, dtype=torch.float32)
     if not need_dact:
         return d_ln, dw1, db1, dw2, db2
     w2_col = _weight_dgrad(a, w2_keep, w2, 4)
     d_act = operand_gemm(dy_op, False, w2_col, True, out_dtype=dt, use_split_accumulator=a.split_acc[1])
-    del dy_op, w2_col
+    del w2_col
+    # The fused path's fc2 wgrad (after the activation backward) reads dy's columnwise copy only.
+    dy_op = dy_op.drop(rowwise=True) if fwd_scale is not None else None
     if a.delayed and (need_ln or n_w1):
-        d1_op, db1 = _act_grad_fp8(a, d_act, h, need_ln, n_w1, n_b1)
+        d1_op, db1, act_op = _act_grad_fp8(a, d_act, h, need_ln, n_w1, n_b1, fwd_scale)
         del d_act
+        if fwd_scale is not None:
+            dw2 = _fc2_wgrad(a, dy_op, act_op, w2_dt)
+        del dy_op, act_op
     else:
         # (the fused amax only where it is quantized: asking for it resets the quantizer's amax)
         amax = fused_amax(a.bwd_q[0], h) if (need_ln or n_w1) else None
-        d1_hp, _, _, db1 = kernels.activation_bwd(d_act, h, a.kind, amax=amax, dbias=n_b1, **a.act_params)
+        (d1_hp, _, _, db1), act_op = _act_bwd(a, d_act, h, fwd_scale, amax=amax, dbias=n_b1)
         del d_act  # (before quantizing: the peak of the step is here)
+        if fwd_scale is not None:  # (before quantizing too: act's and dy's columnwise copies are freed)
+            dw2 = _fc2_wgrad(a, dy_op, act_op, w2_dt)
+        del dy_op, act_op
         if not (need_ln or n_w1):
             return d_ln, dw1, db1, dw2, db2
         per_tensor = not hasattr(a.bwd_q[0], "KIND")

@@ -85,6 +85,13 @@ class Operand:
 # the stored values); False restores the separate pass (the tests compare both).
 FUSE_AMAX = True
 
+# LayerNormMLP's backward under per-tensor FP8 (delayed and current scaling)
+# takes fc2's wgrad operand, act(h) quantized columnwise with the forward's
+# scale, from the activation backward's own pass over h
+# (kernels.activation_bwd_fwd_columnwise) instead of a separate recompute pass.
+# Bit-identical either way; False restores the separate pass (tests, benches).
+FUSE_ACT_RECOMPUTE = True
+
 
 def fused_amax(quantizer, like: torch.Tensor) -> torch.Tensor | None:
     """The FP32 [1] buffer the kernel producing x (on like's device) should
