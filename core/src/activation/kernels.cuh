@@ -565,7 +565,9 @@ inline Outputs make_outputs(const OutputArgs& o, float* partial, const OutputArg
   Outputs out{
       o.rowwise, o.columnwise, o.scale, o.scale_inv, o.amax, o.fp8_dtype == TE_DTYPE_FLOAT8E5M2,
       partial,   nullptr,      nullptr, nullptr,     false,  fwd_values_dtype};
-  if (fwd != nullptr && fwd->columnwise != nullptr) {
+  // (Keyed on the scale, which the fused call always has: an empty input's
+  // columnwise buffer may have no data pointer, yet fwd_scale_inv is written.)
+  if (fwd != nullptr && fwd->scale != nullptr) {
     out.fwd_columnwise = fwd->columnwise;
     out.fwd_scale = fwd->scale;
     out.fwd_scale_inv = fwd->scale_inv;
@@ -627,7 +629,7 @@ template <te_activation K, bool kBwd, class In>
 void launch(const Inputs<In>& in, const Outputs& out, te_dtype rowwise_dtype, const Params& p,
             cudaStream_t stream) {
   if constexpr (kBwd) {
-    if (out.fwd_columnwise != nullptr) {
+    if (out.fwd_scale != nullptr) {
       // Any result type: the tile kernel also writes high-precision rows.
       const te_dtype dtype = out.rowwise == nullptr ? TE_DTYPE_FLOAT8E4M3 : rowwise_dtype;
       dispatch_output(dtype, [&](auto out_tag) {

@@ -1,4 +1,5 @@
-"""CUDA-graph capture of a te.Linear training step (GPU only).
+"""CUDA-graph capture of a training step of te.Linear, te.LayerNormLinear and
+te.LayerNormMLP (GPU only).
 
 A step -- te.autocast forward, backward, optionally an SGD step -- is
 captured once with torch.cuda.graph and replayed on new input values. An
@@ -29,6 +30,25 @@ RECIPES = {
 }
 SHAPE = (2, 16, 64)  # 32 tokens (a multiple of 16, as FP8 GEMMs need) of 64 features
 OUT_FEATURES = 128
+# module kind -> (factory, output features)
+MODULES = {
+    "linear": (lambda: te.Linear(SHAPE[-1], OUT_FEATURES, params_dtype=torch.bfloat16, device="cuda"), OUT_FEATURES),
+    "layernorm_linear": (
+        lambda: te.LayerNormLinear(SHAPE[-1], OUT_FEATURES, params_dtype=torch.bfloat16, device="cuda"),
+        OUT_FEATURES,
+    ),
+    "layernorm_mlp": (
+        lambda: te.LayerNormMLP(
+            SHAPE[-1],
+            OUT_FEATURES,
+            normalization="RMSNorm",
+            activation="swiglu",
+            params_dtype=torch.bfloat16,
+            device="cuda",
+        ),
+        SHAPE[-1],
+    ),
+}
 
 
 @pytest.fixture(autouse=True)
@@ -37,16 +57,16 @@ def _needs_cuda():
         pytest.skip("needs a CUDA device and a te-core build with the CUDA backend")
 
 
-def _pair():
-    """Two te.Linear layers with the same parameters."""
-    a = te.Linear(SHAPE[-1], OUT_FEATURES, params_dtype=torch.bfloat16, device="cuda")
-    b = te.Linear(SHAPE[-1], OUT_FEATURES, params_dtype=torch.bfloat16, device="cuda")
+def _pair(module: str = "linear"):
+    """Two layers of a kind with the same parameters."""
+    make = MODULES[module][0]
+    a, b = make(), make()
     b.load_state_dict(a.state_dict())
     return a, b
 
 
 def _step(layer, x, dy, fp8_recipe, optimizer):
-    with te.autocast(recipe=fp8_recipe):
+    with te.autocast(enabled=fp8_recipe is not None, recipe=fp8_recipe):
         y = layer(x)
     y.backward(dy)
     if optimizer is not None:
@@ -69,22 +89,24 @@ def _assert_equal(got, expected, what):
         assert torch.equal(g, e), f"{what}[{i}] differs: max |diff| {(g.float() - e.float()).abs().max()}"
 
 
-def _inputs(n):
+def _inputs(n, out_features=OUT_FEATURES):
     """n (x, dy) pairs in bfloat16."""
-    shapes = (SHAPE, (*SHAPE[:-1], OUT_FEATURES))
+    shapes = (SHAPE, (*SHAPE[:-1], out_features))
     return [tuple(torch.randn(s, device="cuda", dtype=torch.bfloat16) for s in shapes) for _ in range(n)]
 
 
 @pytest.mark.parametrize("with_optimizer", [False, True], ids=["fwd_bwd", "fwd_bwd_sgd"])
-@pytest.mark.parametrize("recipe_name", list(RECIPES))
-def test_graphed_step_matches_eager(recipe_name, with_optimizer):
-    fp8_recipe = RECIPES[recipe_name]()
-    graphed, eager = _pair()
+@pytest.mark.parametrize("recipe_name", [*RECIPES, "bf16"])
+@pytest.mark.parametrize("module", list(MODULES))
+def test_graphed_step_matches_eager(module, recipe_name, with_optimizer):
+    fp8_recipe = RECIPES[recipe_name]() if recipe_name in RECIPES else None
+    graphed, eager = _pair(module)
+    out_features = MODULES[module][1]
     opt_g = torch.optim.SGD(graphed.parameters(), lr=0.01) if with_optimizer else None
     opt_e = torch.optim.SGD(eager.parameters(), lr=0.01) if with_optimizer else None
     static_x = torch.zeros(SHAPE, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    static_dy = torch.zeros(*SHAPE[:-1], OUT_FEATURES, device="cuda", dtype=torch.bfloat16)
-    warmup, replays = _inputs(3), _inputs(4)
+    static_dy = torch.zeros(*SHAPE[:-1], out_features, device="cuda", dtype=torch.bfloat16)
+    warmup, replays = _inputs(3, out_features), _inputs(4, out_features)
 
     def load(x, dy):
         with torch.no_grad():
@@ -129,7 +151,7 @@ def test_graphed_step_matches_eager(recipe_name, with_optimizer):
             state = _fp8_state(graphed)
             _assert_equal(state, _fp8_state(eager), "amax history / scale")
             histories.append(state[0])
-    if recipe_name == "delayed":
+    if recipe_name == "delayed" and module == "linear":
         # Each replay rolled the forward history by one row: the newest amaxes
         # (last row) of replay i are one row up after replay i + 1.
         for before, after in zip(histories, histories[1:]):
