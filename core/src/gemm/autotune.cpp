@@ -9,6 +9,7 @@
 #ifdef TE_WITH_CUDA
 
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 
 #include "gemm/cublaslt.h"
@@ -20,12 +21,19 @@ namespace {
 constexpr double kMinTimedVolume = 4294967296.0;  // 2^32, e.g. 2048 x 2048 x 1024
 constexpr int kTimedRuns = 3;                     // after one warm-up run
 
-bool autotune_enabled() {
-  static const bool enabled = [] {
+// TE_GEMM_AUTOTUNE: "0" off; unset or anything else: high-precision inputs;
+// "all": FP8 inputs too (per-tensor or block scales; not with an FP8 output,
+// whose amax and scale would be written by every timed run). Read once.
+enum class Mode { kOff, kHighPrecision, kAll };
+
+Mode autotune_mode() {
+  static const Mode mode = [] {
     const char* value = std::getenv("TE_GEMM_AUTOTUNE");
-    return value == nullptr || value[0] != '0';
+    if (value == nullptr) return Mode::kHighPrecision;
+    if (value[0] == '0') return Mode::kOff;
+    return std::strcmp(value, "all") == 0 ? Mode::kAll : Mode::kHighPrecision;
   }();
-  return enabled;
+  return mode;
 }
 
 bool stream_is_capturing(cudaStream_t stream) {
@@ -40,8 +48,9 @@ bool stream_is_capturing(cudaStream_t stream) {
 }  // namespace
 
 bool worth_timing(const LtCall& call, cudaStream_t stream) {
-  if (!autotune_enabled()) return false;
-  if (call.fp8 || call.d_scale != nullptr || call.d_amax != nullptr) return false;
+  const Mode mode = autotune_mode();
+  if (mode == Mode::kOff || (call.fp8 && mode != Mode::kAll)) return false;
+  if (call.d_scale != nullptr || call.d_amax != nullptr) return false;
   if (call.device_alpha != nullptr) return false;
   if (call.beta != 0.0f && call.c == call.d) return false;  // each run would add C again
   const double volume = static_cast<double>(call.m) * call.n * call.k;

@@ -7,7 +7,8 @@
 // pointer alignments, workspace size, device).
 //
 // Algorithm choice: cuBLASLt's heuristic answers (up to 8), the first by
-// default. Large high-precision GEMMs are timed once instead (autotune.cpp):
+// default. Large high-precision GEMMs (with TE_GEMM_AUTOTUNE=all FP8 ones too)
+// are timed once instead (autotune.cpp):
 // the heuristic's first answer is not always its fastest, and torch.matmul's
 // cuBLAS path sometimes finds a faster kernel than that first answer. The
 // preference carries the 32 MiB workspace (cuda_plan.h) and the operands'
@@ -251,13 +252,17 @@ cublasStatus_t find_lt_algo(const LtCall& call, cublasLtMatmulAlgo_t* algo,
   static std::mutex mutex;
   static std::unordered_map<AlgoKey, CachedAlgo, AlgoKeyHash> cache;
   const AlgoKey key = make_key(call);
-  const bool tune = tune_stream != nullptr && worth_timing(call, *tune_stream);
+  // (Asked only when the answer is not settled: worth_timing may query the
+  // stream's capture state, a driver call, and most calls hit settled entries.)
+  auto worth = [&] { return tune_stream != nullptr && worth_timing(call, *tune_stream); };
+  bool tune = false;
   std::vector<cublasLtMatmulAlgo_t> candidates;
   {
     std::lock_guard<std::mutex> lock(mutex);
     auto it = cache.find(key);
     if (it != cache.end()) {
-      if (!tune || it->second.settled || it->second.candidates.size() < 2) {
+      tune = !it->second.settled && it->second.candidates.size() > 1 && worth();
+      if (!tune) {
         *algo = it->second.algo;
         return it->second.status;
       }
@@ -265,7 +270,8 @@ cublasStatus_t find_lt_algo(const LtCall& call, cublasLtMatmulAlgo_t* algo,
     }
   }
   cublasStatus_t status = CUBLAS_STATUS_SUCCESS;
-  if (candidates.empty()) {
+  if (candidates.empty()) {  // first sight of this configuration
+    tune = worth();
     status = heuristic_candidates(call, &candidates);
     // Cache answers about the configuration, not passing failures.
     if (status != CUBLAS_STATUS_SUCCESS && status != CUBLAS_STATUS_NOT_SUPPORTED &&

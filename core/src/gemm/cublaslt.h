@@ -68,9 +68,10 @@ cublasStatus_t try_lt_matmul(const LtCall& call, const cublasLtMatmulAlgo_t& alg
                              cudaStream_t stream);
 
 // autotune.cpp. Whether timing the candidates of `call` on `stream` is allowed
-// and worth it: TE_GEMM_AUTOTUNE is not 0, the GEMM is large, high precision
-// (no FP8 scales to stage, no amax), re-running it leaves the same result (D
-// does not alias C under beta != 0) and the stream is not being captured.
+// and worth it: TE_GEMM_AUTOTUNE is not 0, the GEMM is large, has high-precision
+// inputs (FP8 inputs too with TE_GEMM_AUTOTUNE=all), writes no FP8 output (no
+// amax, no output scale), re-running it leaves the same result (D does not
+// alias C under beta != 0) and the stream is not being captured.
 bool worth_timing(const LtCall& call, cudaStream_t stream);
 // Index of the fastest candidate (the first when timing fails), each run a
 // few times on `stream` (this synchronizes with it).
