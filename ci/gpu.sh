@@ -65,6 +65,10 @@ if has_stage bench; then
       grep -v -i "warn" "$OUT/$(basename "$extra" .py).log" | tail -20
     fi
   done
+  # The timed choice of FP8 GEMM algorithms (opt-in until measured): the Linear table again.
+  TE_GEMM_AUTOTUNE=all "$PY" bench/bench_te_pytorch_linear.py > "$OUT/bench_te_pytorch_linear_fp8tune.log" 2>&1 ||
+    echo "(FP8-autotune Linear bench failed)"
+  grep -v -i "warn" "$OUT/bench_te_pytorch_linear_fp8tune.log" | tail -13
   "$PY" bench/bench_core.py --markdown "$OUT/bench.md" ${TE_BENCH_ARGS:-} > "$OUT/bench.log" 2>&1
   cat "$OUT/bench.md"
 fi
