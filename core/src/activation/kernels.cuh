@@ -1,5 +1,5 @@
-// Kernels of the activation family's CUDA backend (cuda_forward.cu and
-// cuda_backward.cu instantiate them). The values come from the formulas of
+// Kernels of the activation family's CUDA backend (cuda_kind.cuh instantiates
+// them, one translation unit per kind; cuda.cu dispatches). The values come from the formulas of
 // functions.h (_rn arithmetic, the core's own exp, canonical NaN) and the
 // conversions of runtime/cuda_elem.cuh, so every byte equals the CPU's.
 //
