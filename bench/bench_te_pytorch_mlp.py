@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+import traceback
 
 import torch
 from bench_te_pytorch_linear import _event_ms, _graph_ms  # (bench/ is on sys.path when run as a script)
@@ -155,6 +156,7 @@ def main() -> None:
             graph = _graph_ms(step, device)
         except RuntimeError as err:  # (reported, not fatal: the other columns still mean something)
             print(f"{label}: CUDA-graph capture failed: {str(err).splitlines()[0]}")
+            traceback.print_exc()  # (to stderr: where in the step the capture broke)
             graph = float("nan")
         saved, peak = _memory(layer, x, dy, fp8_recipe, device)
         hooks = _hook_bytes(layer, x, fp8_recipe)
