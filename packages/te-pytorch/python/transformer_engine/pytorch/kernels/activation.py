@@ -108,6 +108,29 @@ def _fake_outputs(x, shape, out_dtype, fp8_dtype, rowwise, columnwise):
     return row, col, x.new_empty((1,) if fp8 else (0,), dtype=torch.float32)
 
 
+def _bwd_op_results(row, col, scale_inv, bias, x):
+    """The backward's outputs as an op returns them (no None: empty placeholders)."""
+    bias = x.new_empty((0,), dtype=torch.float32) if bias is None else bias
+    return _or_empty(row, x), _or_empty(col, x), _scale_inv_or_empty(scale_inv, x), bias
+
+
+def _fake_bwd_results(x, out_dtype, fp8_dtype, rowwise, columnwise, dbias):
+    row, col, scale_inv = _fake_outputs(x, tuple(x.shape), out_dtype, fp8_dtype, rowwise, columnwise)
+    return row, col, scale_inv, x.new_empty((x.shape[-1],) if dbias else (0,), dtype=torch.float32)
+
+
+def _bwd_call_results(results, fp8_dtype, rowwise, columnwise, dbias):
+    """An op's (row, col, scale_inv, dbias) with the placeholders of what was not asked for as None."""
+    row, col, scale_inv, bias = results
+    fp8 = fp8_dtype >= 0
+    return (
+        (row if rowwise else None),
+        (col if columnwise else None),
+        (scale_inv if fp8 else None),
+        (bias if dbias else None),
+    )
+
+
 @_activation_fwd_op.register_fake
 def _(x, kind, out_dtype, fp8_dtype, scale, amax, rowwise, columnwise, limit, alpha, glu_linear_offset):
     return _fake_outputs(x, _out_shape(x, kind), out_dtype, fp8_dtype, rowwise, columnwise)
@@ -197,18 +220,15 @@ def _activation_bwd_op(
     alpha: float,
     glu_linear_offset: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    row, col, scale_inv, bias = _activation_bwd(
+    results = _activation_bwd(
         grad, x, kind, out_dtype, fp8_dtype, scale, amax, rowwise, columnwise, dbias, limit, alpha, glu_linear_offset
     )
-    bias = x.new_empty((0,), dtype=torch.float32) if bias is None else bias
-    return _or_empty(row, x), _or_empty(col, x), _scale_inv_or_empty(scale_inv, x), bias
+    return _bwd_op_results(*results, x)
 
 
 @_activation_bwd_op.register_fake
 def _(grad, x, kind, out_dtype, fp8_dtype, scale, amax, rowwise, columnwise, dbias, limit, alpha, glu_linear_offset):
-    row, col, scale_inv = _fake_outputs(x, tuple(x.shape), out_dtype, fp8_dtype, rowwise, columnwise)
-    bias = x.new_empty((x.shape[-1],) if dbias else (0,), dtype=torch.float32)
-    return row, col, scale_inv, bias
+    return _fake_bwd_results(x, out_dtype, fp8_dtype, rowwise, columnwise, dbias)
 
 
 def activation_bwd(
@@ -235,16 +255,10 @@ def activation_bwd(
     out_dtype = x.dtype if out_dtype is None else out_dtype
     args = (float(limit), float(alpha), float(glu_linear_offset))
     if compiling():
-        row, col, scale_inv, bias = torch.ops.te.activation_bwd(
+        results = torch.ops.te.activation_bwd(
             grad, x, kind, out_dtype, fp8_dtype, scale, amax, rowwise, columnwise, dbias, *args
         )
-        fp8 = fp8_dtype >= 0
-        return (
-            (row if rowwise else None),
-            (col if columnwise else None),
-            (scale_inv if fp8 else None),
-            (bias if dbias else None),
-        )
+        return _bwd_call_results(results, fp8_dtype, rowwise, columnwise, dbias)
     return _activation_bwd(grad, x, kind, out_dtype, fp8_dtype, scale, amax, rowwise, columnwise, dbias, *args)
 
 
@@ -283,8 +297,7 @@ def _activation_bwd_fwd_columnwise_op(
         glu_linear_offset,
         (fwd_fp8_dtype, fwd_scale, fwd_values_dtype),
     )
-    bias = x.new_empty((0,), dtype=torch.float32) if bias is None else bias
-    return _or_empty(row, x), _or_empty(col, x), _scale_inv_or_empty(scale_inv, x), bias, fwd_col, fwd_scale_inv
+    return *_bwd_op_results(row, col, scale_inv, bias, x), fwd_col, fwd_scale_inv
 
 
 @_activation_bwd_fwd_columnwise_op.register_fake
@@ -306,10 +319,8 @@ def _(
     alpha,
     glu_linear_offset,
 ):
-    row, col, scale_inv = _fake_outputs(x, tuple(x.shape), out_dtype, fp8_dtype, rowwise, columnwise)
-    bias = x.new_empty((x.shape[-1],) if dbias else (0,), dtype=torch.float32)
     _, fwd_col, fwd_scale_inv = _fake_outputs(x, _out_shape(x, kind), None, fwd_fp8_dtype, False, True)
-    return row, col, scale_inv, bias, fwd_col, fwd_scale_inv
+    return *_fake_bwd_results(x, out_dtype, fp8_dtype, rowwise, columnwise, dbias), fwd_col, fwd_scale_inv
 
 
 def activation_bwd_fwd_columnwise(
@@ -346,7 +357,7 @@ def activation_bwd_fwd_columnwise(
     if fwd_fp8_dtype < 0 or fwd_scale is None:
         raise ValueError("the forward columnwise copy needs an FP8 'fwd_fp8_dtype' and 'fwd_scale'")
     if compiling():
-        row, col, scale_inv, bias, fwd_col, fwd_scale_inv = torch.ops.te.activation_bwd_fwd_columnwise(
+        *results, fwd_col, fwd_scale_inv = torch.ops.te.activation_bwd_fwd_columnwise(
             grad,
             x,
             kind,
@@ -362,15 +373,7 @@ def activation_bwd_fwd_columnwise(
             fwd_values_dtype,
             *args,
         )
-        fp8 = fp8_dtype >= 0
-        return (
-            (row if rowwise else None),
-            (col if columnwise else None),
-            (scale_inv if fp8 else None),
-            (bias if dbias else None),
-            fwd_col,
-            fwd_scale_inv,
-        )
+        return *_bwd_call_results(results, fp8_dtype, rowwise, columnwise, dbias), fwd_col, fwd_scale_inv
     return _activation_bwd(
         grad,
         x,

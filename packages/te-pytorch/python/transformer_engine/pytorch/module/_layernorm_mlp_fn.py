@@ -158,10 +158,13 @@ def _weight_fprop(a: MLPArgs, key: str, weight, slot: int, need_dgrad: bool):
     q = a.fwd_q[slot]
     keep_col = a.cache_weight or (need_dgrad and not _requantizes_exactly(q))
     op = quantize_operand(q, weight, rowwise=True, columnwise=keep_col)
-    if need_dgrad and not keep_col and type(q) is Float8CurrentScalingQuantizer and q._updates_state(weight):
-        # The scale this quantization wrote (the quantizer's is overwritten by later calls):
-        # backward quantizes the same weight with it, skipping another amax pass.
-        a.weight_scales[slot] = q.scale.clone()
+    if need_dgrad and not keep_col:
+        # Current scaling: the scale this quantization used (the quantizer's is
+        # overwritten by later calls); backward quantizes the same weight with
+        # it, skipping another amax pass.
+        scale = _current_scale(q, None, weight)
+        if scale is not None:
+            a.weight_scales[slot] = scale
     if a.cache_weight:
         cache[key] = op
         a.module._weight_cache = cache
@@ -314,11 +317,13 @@ def _act_columnwise(a: MLPArgs, h) -> Operand:
     return quantize_operand(q, act_hp, rowwise=False, columnwise=True, amax=amax)
 
 
-def _current_scale(q, amax, act_hp):
-    """The scale current scaling quantized act with (forward), for the fused
-    recompute in backward; None where it cannot be known exactly (then backward
-    recomputes act in a pass of its own). amax: the fused amax buffer given to
-    quantize_operand (it holds act's amax, all-reduced where the quantizer
+def _current_scale(q, amax, x):
+    """The scale current scaling quantized x with (just now, in forward), for
+    backward to quantize the same values again without an amax pass (act's
+    fused recompute, the weights' columnwise copies); None where it cannot be
+    known exactly (not current scaling, or a path that records no scale: then
+    backward recomputes it). amax: the fused amax buffer given to
+    quantize_operand (it holds x's amax, all-reduced where the quantizer
     reduces), or None."""
     if type(q) is not Float8CurrentScalingQuantizer:
         return None
@@ -326,7 +331,7 @@ def _current_scale(q, amax, act_hp):
         amax = q.amax
     if amax is not None:  # the same function of the same amax that quantize_operand used
         return kernels.compute_scale_from_amax(amax, _code(q), q.force_pow_2_scales, q.amax_epsilon)[0:1]
-    if q._updates_state(act_hp):  # quantize_parts' fast path recorded its scale
+    if q._updates_state(x):  # quantize_parts' fast path recorded its scale
         return q.scale.clone()
     return None
 

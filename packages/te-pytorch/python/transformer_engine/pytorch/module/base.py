@@ -50,6 +50,14 @@ def not_yet_supported(owner: str, **settings) -> None:
             )
 
 
+def reject_tp_group(owner: str, tp_group) -> None:
+    """A tensor-parallel group of more than one rank is not implemented yet."""
+    if tp_group is not None and torch.distributed.get_world_size(tp_group) > 1:
+        raise NotImplementedError(
+            f"{owner}: a tp_group of more than one rank is not yet supported by transformer_engine.pytorch"
+        )
+
+
 class TransformerEngineBaseModule(torch.nn.Module):
     """A module with `num_gemms` quantized GEMMs.
 

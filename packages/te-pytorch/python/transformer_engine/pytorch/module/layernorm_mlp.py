@@ -11,7 +11,7 @@ from ..recipe_state import mm_split_accumulator
 from ._layernorm_mlp_fn import LayerNormMLPFunction, MLPArgs
 from ._linear_fn import check_fp8_dims
 from ._norm_parts import allocate_norm_params, check_normalization, reset_norm_params
-from .base import TransformerEngineBaseModule, not_yet_supported, resolve_device
+from .base import TransformerEngineBaseModule, not_yet_supported, reject_tp_group, resolve_device
 from .linear import _check_input, init_method_normal
 
 _OWNER = "te.LayerNormMLP"
@@ -81,10 +81,7 @@ class LayerNormMLP(TransformerEngineBaseModule):
             symmetric_ar_type=(symmetric_ar_type, None),
             checkpoint=(checkpoint, False),
         )
-        if tp_group is not None and torch.distributed.get_world_size(tp_group) > 1:
-            raise NotImplementedError(
-                f"{_OWNER}: a tp_group of more than one rank is not yet supported by transformer_engine.pytorch"
-            )
+        reject_tp_group(_OWNER, tp_group)
         self._norm_has_bias = check_normalization(_OWNER, normalization)
         if not isinstance(activation, str) or activation.lower() not in ACTIVATIONS:
             raise ValueError(f"{_OWNER}: activation must be one of {', '.join(ACTIVATIONS)}; got {activation!r}")

@@ -9,7 +9,7 @@ import torch
 from ..quantization import FP8GlobalStateManager
 from ..recipe_state import mm_split_accumulator
 from ._linear_fn import LinearArgs, LinearFunction
-from .base import TransformerEngineBaseModule, not_yet_supported, resolve_device
+from .base import TransformerEngineBaseModule, not_yet_supported, reject_tp_group, resolve_device
 
 _SUPPORTED_INPUTS = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -122,10 +122,7 @@ class Linear(TransformerEngineBaseModule):
             symmetric_ar_type=(symmetric_ar_type, None),
             save_original_input=(save_original_input, False),
         )
-        if tp_group is not None and torch.distributed.get_world_size(tp_group) > 1:
-            raise NotImplementedError(
-                f"{owner}: a tp_group of more than one rank is not yet supported by transformer_engine.pytorch"
-            )
+        reject_tp_group(owner, tp_group)
         if parallel_mode not in (None, "column", "row"):
             raise ValueError(f"parallel_mode must be None, 'column' or 'row', got {parallel_mode!r}")
         self.parameter_split_sizes = _split_sizes(parameters_split, out_features)
