@@ -10,7 +10,7 @@ under capture_error_mode "thread_local" and "relaxed": if those pass, the
 breaking call is one CUDA forbids only while another thread captures (the
 autograd engine runs backward on its own thread).
 
-    python bench/diagnose_capture.py [--hidden 4096 --ffn 14336 --tokens 8192] [--recipe bf16]
+    python bench/diagnose_capture.py [--hidden 4096 --ffn 14336 --tokens 8192] [--recipe bf16] [--eager-first]
 """
 
 from __future__ import annotations
@@ -93,6 +93,9 @@ def main() -> None:
     parser.add_argument("--ffn", type=int, default=14336)
     parser.add_argument("--tokens", type=int, default=8192)
     parser.add_argument("--recipe", choices=list(RECIPES), default="bf16")
+    parser.add_argument(
+        "--eager-first", action="store_true", help="run steps on the default stream first (as the benchmark)"
+    )
     args = parser.parse_args()
     layer = te.LayerNormMLP(
         args.hidden, args.ffn, normalization="RMSNorm", activation="swiglu", params_dtype=torch.bfloat16, device="cuda"
@@ -108,6 +111,8 @@ def main() -> None:
         y.backward(dy)
         layer.zero_grad(set_to_none=True)
 
+    for _ in range(3 if args.eager_first else 0):
+        step()
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):

@@ -476,8 +476,12 @@ __global__ void __launch_bounds__(tile::kThreads, 2)
     }
   };
   // The scales are global loads of their own: issued after the tile's loads.
+  // (An empty result has no rowwise pointer: the fused backward then runs the
+  // FP8 instance for a high-precision result too, which has no scale.)
   auto load_scales = [&] {
-    if constexpr (kFp8Out) scale = *out.scale;
+    if constexpr (kFp8Out) {
+      if (out.scale != nullptr) scale = *out.scale;
+    }
     if constexpr (kFwdCol) fwd_scale = *out.fwd_scale;
   };
   if (vector_path) {
