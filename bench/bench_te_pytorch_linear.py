@@ -8,7 +8,9 @@ Two measurements per case, both medians over several rounds:
 - CUDA-event time of one iteration after warm-up, for large layers (the
   targets' method: the host's time to the first launches counts);
 - graph ms: CUDA-event time of one replay of the step captured as a CUDA graph
-  (torch.cuda.graph): the GPU's time alone, no host in the way.
+  (torch.cuda.graph): the GPU's time alone, no host in the way; "b2b ms": the
+  time per replay of 10 replays back to back (the steady state of a training
+  loop, with the GPU's clocks up and no idle GPU between steps).
 Runs on the CPU too (smoke test; the numbers then mean little):
     python bench/bench_te_pytorch_linear.py [--device cpu] [--iters N]
 """
@@ -89,10 +91,17 @@ def _graph_step(step, device):
     return graph.replay
 
 
-def _graph_ms(step, device) -> float:
+def _graph_ms(step, device) -> tuple[float, float]:
+    """(ms of one replay, median over 20; ms per replay of 10 back to back, median over 5)."""
     if device.type != "cuda":
-        return float("nan")
-    return _event_ms(_graph_step(step, device), device, 20)
+        return float("nan"), float("nan")
+    replay = _graph_step(step, device)
+
+    def ten_replays():
+        for _ in range(10):
+            replay()
+
+    return _event_ms(replay, device, 20), _event_ms(ten_replays, device, 5) / 10
 
 
 def main() -> None:
@@ -104,7 +113,10 @@ def main() -> None:
     device = torch.device(args.device)
     cases = CASES[:1] if args.small_only or device.type == "cpu" else CASES
     print(f"torch {torch.__version__}, device {device}")
-    print(f"{'case':43s} {'recipe':8s} {'wall us/iter':>12s} {'event ms':>9s} {'graph ms':>9s} {'vs torch bf16':>14s}")
+    print(
+        f"{'case':43s} {'recipe':8s} {'wall us/iter':>12s} {'event ms':>9s} {'graph ms':>9s} {'b2b ms':>7s} "
+        f"{'vs torch bf16':>14s}"
+    )
     for k, n, tokens in cases:
         x = torch.randn(tokens, k, device=device, dtype=torch.bfloat16, requires_grad=True)
         dy = torch.randn(tokens, n, device=device, dtype=torch.bfloat16)
@@ -113,14 +125,14 @@ def main() -> None:
         base_step = _step_fn(baseline, x, dy, None)
         base_wall = _wall_us(base_step, device, args.iters)
         name = f"Linear {k}->{n}, {tokens} tokens" + ("" if bias else ", no bias")
-        base_event, base_graph = _event_ms(base_step, device, 20), _graph_ms(base_step, device)
-        print(f"{name:43s} {'torch':8s} {base_wall:12.1f} {base_event:9.3f} {base_graph:9.3f}")
+        base_event, (base_graph, base_b2b) = _event_ms(base_step, device, 20), _graph_ms(base_step, device)
+        print(f"{name:43s} {'torch':8s} {base_wall:12.1f} {base_event:9.3f} {base_graph:9.3f} {base_b2b:7.3f}")
         for label, fp8_recipe in RECIPES.items():
             layer = te.Linear(k, n, bias=bias, params_dtype=torch.bfloat16, device=device)  # one per recipe
             step = _step_fn(layer, x, dy, fp8_recipe)
             wall = _wall_us(step, device, args.iters)
-            event, graph = _event_ms(step, device, 20), _graph_ms(step, device)
-            print(f"{name:43s} {label:8s} {wall:12.1f} {event:9.3f} {graph:9.3f} {wall / base_wall:13.2f}x")
+            event, (graph, b2b) = _event_ms(step, device, 20), _graph_ms(step, device)
+            print(f"{name:43s} {label:8s} {wall:12.1f} {event:9.3f} {graph:9.3f} {b2b:7.3f} {wall / base_wall:13.2f}x")
 
 
 if __name__ == "__main__":

@@ -6,7 +6,8 @@ Float8CurrentScaling. Columns:
 - event ms: CUDA-event time of one fwd+bwd step, median after warm-up
   (target <= 6.9 ms under FP8; wall time on the CPU);
 - graph ms: the same step captured as a CUDA graph, one replay (the GPU's
-  time alone, without the host's launch latency);
+  time alone, without the host's launch latency); b2b ms: per replay of 10
+  replays back to back (a training loop's steady state);
 - saved MiB: memory allocated by the forward that is still held after it,
   less the output (what the step keeps for backward; the input and the
   parameters existed before), and "hooks MiB" the same counted through
@@ -87,7 +88,9 @@ def _time_ms(step, device, iters: int) -> float:
 
 def _hook_bytes(layer, x, fp8_recipe) -> int:
     saved = []
-    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+    # (Packing t.detach(), not t: a saved output that holds its own grad_fn is a
+    # reference cycle through C++ that keeps the whole graph alive.)
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t.detach(), lambda t: t):
         y = _forward(layer, x, fp8_recipe)
     existing = {p.data_ptr() for p in layer.parameters()} | {x.data_ptr()}
     seen, total = set(), 0
@@ -128,11 +131,11 @@ def main() -> None:
     hidden, ffn, tokens = GPU_CASE if device.type == "cuda" else CPU_CASE
     print(f"torch {torch.__version__}, device {device}")
     print(f"LayerNormMLP RMSNorm+SwiGLU {hidden}/{ffn}, {tokens} tokens, bf16 params")
-    x = torch.randn(tokens, hidden, device=device, dtype=torch.bfloat16, requires_grad=True)
+    x_values = torch.randn(tokens, hidden, device=device, dtype=torch.bfloat16)
     dy = torch.randn(tokens, hidden, device=device, dtype=torch.bfloat16)
     header = (
-        f"{'run':22s} {'event ms':>9s} {'vs torch':>9s} {'graph ms':>9s} {'saved MiB':>10s} {'hooks MiB':>10s} "
-        f"{'peak MiB':>9s}"
+        f"{'run':22s} {'event ms':>9s} {'vs torch':>9s} {'graph ms':>9s} {'b2b ms':>7s} {'saved MiB':>10s} "
+        f"{'hooks MiB':>10s} {'peak MiB':>9s}"
     )
     print(header)
     rows = {}
@@ -143,27 +146,33 @@ def main() -> None:
         )
         models[label] = (layer, fp8_recipe)
     for label, (layer, fp8_recipe) in models.items():
+        # Each run its own input leaf: a leaf's gradient accumulator keeps the
+        # stream it was made on while a graph holds it; one kept from the
+        # previous run's steps on the default stream made the capture wait on
+        # that stream ("operation would make the legacy stream depend on a
+        # capturing blocking stream"). In training the input is a fresh activation.
+        x = x_values.clone().requires_grad_()
         _operand.FUSE_AMAX = label != "current sep-amax"
         _operand.FUSE_ACT_RECOMPUTE = not label.endswith("sep-recompute")
 
-        def step(layer=layer, fp8_recipe=fp8_recipe):
+        def step(layer=layer, fp8_recipe=fp8_recipe, x=x):
             x.grad = None  # (no accumulation kernel: the step's own work alone)
             _forward(layer, x, fp8_recipe).backward(dy)
             layer.zero_grad(set_to_none=True)
 
         ms = _time_ms(step, device, args.iters)
         try:
-            graph = _graph_ms(step, device)
+            graph, b2b = _graph_ms(step, device)
         except RuntimeError as err:  # (reported, not fatal: the other columns still mean something)
             print(f"{label}: CUDA-graph capture failed: {str(err).splitlines()[0]}")
             traceback.print_exc()  # (to stderr: where in the step the capture broke)
-            graph = float("nan")
+            graph = b2b = float("nan")
         saved, peak = _memory(layer, x, dy, fp8_recipe, device)
         hooks = _hook_bytes(layer, x, fp8_recipe)
         rows[label] = (ms, saved, peak, hooks)
         ratio = ms / rows["torch"][0]
         mib = f"{saved / MIB:10.1f} {hooks / MIB:10.1f} {peak / MIB:9.1f}"
-        print(f"{label:22s} {ms:9.3f} {ratio:8.2f}x {graph:9.3f} {mib}")
+        print(f"{label:22s} {ms:9.3f} {ratio:8.2f}x {graph:9.3f} {b2b:7.3f} {mib}")
     bf16 = rows["te bf16"]
     for label in ("delayed", "current"):
         ms, saved, peak, hooks = rows[label]
