@@ -8,7 +8,10 @@ then a timeline of one step started from an idle GPU (as a CUDA-event timing of 
 it): the step's GPU span and its largest idle gaps, each with the kernels around it and the op
 that launched the next one -- the places where the host, not the GPU, sets the pace.
 
-    python bench/profile_modules.py [--steps 5] [--top 14] [--gaps 8]
+With --graph the step is captured as a CUDA graph and the replays are profiled instead (kernel
+table only): the GPU's own time per step with no host in the way, kernel by kernel.
+
+    python bench/profile_modules.py [--steps 5] [--top 14] [--gaps 8] [--graph] [--case mlp|linear]
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ def _cases():
         )
         return layer, 4096, 4096
 
-    return {"Linear 4096->4096": linear, "LayerNormMLP 4096/14336": mlp}
+    return {"linear": ("Linear 4096->4096", linear), "mlp": ("LayerNormMLP 4096/14336", mlp)}
 
 
 def _step(layer, x, dy, fp8_recipe):
@@ -124,17 +127,49 @@ def _timeline(prof, gaps: int) -> None:
         print(f"    {idle:7.1f} us idle {names} ({launcher(after)})")
 
 
+def _profile_graph(title: str, step, args) -> None:
+    """The step captured (after a side-stream warm-up) and its replays profiled back to back."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    for _ in range(3):
+        graph.replay()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        start = time.perf_counter()
+        for _ in range(args.steps):
+            graph.replay()
+        torch.cuda.synchronize()
+        wall_ms = (time.perf_counter() - start) / args.steps * 1e3
+    print(f"\n== {title}, CUDA graph: wall {wall_ms:.3f} ms/replay (profiled, back to back)")
+    _kernel_table(prof, args.steps, args.top)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--top", type=int, default=14)
     parser.add_argument("--gaps", type=int, default=8)
+    parser.add_argument("--graph", action="store_true", help="profile CUDA-graph replays of the step")
+    parser.add_argument("--case", choices=["all", *_cases()], default="all")
     args = parser.parse_args()
-    for case, make in _cases().items():
+    cases = _cases() if args.case == "all" else {args.case: _cases()[args.case]}
+    for case, make in cases.values():
         for name, fp8_recipe in RECIPES.items():
             layer, k, n = make()
             x = torch.randn(8192, k, device="cuda", dtype=torch.bfloat16, requires_grad=True)
             dy = torch.randn(8192, n, device="cuda", dtype=torch.bfloat16)
+            if args.graph:
+                _profile_graph(f"{case}, {name}", lambda a=(layer, x, dy, fp8_recipe): _step(*a), args)
+                del layer, x, dy
+                torch.cuda.empty_cache()
+                continue
             for _ in range(3):
                 _step(layer, x, dy, fp8_recipe)
             torch.cuda.synchronize()
