@@ -20,7 +20,14 @@
 //    tile rows) is written by 4 lanes with 16-byte stores, and its
 //    kTileRows / 16 scale bytes by one lane with one 8-byte (or 4-byte) store;
 //  - E2M1 rounding by the min-of-three route (kMin3), mostly FP32 operations;
-//    block amaxes as trees (more independent instructions than a chain).
+//    block amaxes as trees (more independent instructions than a chain);
+//  - kPacked candidates (11-14): the kernel is bound by instruction issue
+//    (~12.5 SASS instructions per element and direction for candidate 2), so
+//    the common blocks take packed.h's route: block amax on 16-bit pairs,
+//    no saturation step, signs gathered by byte permutes (~11.1; counts by
+//    bench/kernels/count_nvfp4_sass.sh). Same bytes: blocks with NaN,
+//    infinities or saturation (amax * enc_b >= 7) take formulas.h's route,
+//    per warp (one uniform branch per lane's block pair).
 // Tile: kTileRows x 128 elements (256 bytes per row), copied into shared
 // memory with cp.async; one tile per CTA, several CTAs per SM, so the loads of
 // one CTA overlap the arithmetic of the others (as in tile.cuh), or (the
