@@ -20,6 +20,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <iterator>
 #include <random>
 #include <string>
 #include <vector>
@@ -52,20 +53,35 @@ constexpr int kCoreDefault = 100;
 std::string impl_name(int impl) {
   if (impl == kGeneral) return "general (old) kernel";
   if (impl == kCoreDefault) return "core default";
-  static const char* shapes[] = {"64x256 thr, 4/SM, magic",           "128x256 thr, 4/SM, magic",
-                                 "128x256 thr, 4/SM, min3",           "128x512 thr, 2/SM, min3",
-                                 "128x256 thr, 3/SM, min3",           "64x256 thr, 4/SM, min3",
-                                 "64x256 thr, 3/SM, min3, persistent"};
-  static_assert(sizeof(shapes) / sizeof(shapes[0]) == te::nvfp4::cuda::fast::kCandidates,
+  struct Named {
+    int id;
+    const char* shape;
+  };
+  static const Named names[] = {{0, "64x256 thr, 4/SM, magic"},
+                                {1, "128x256 thr, 4/SM, magic"},
+                                {2, "128x256 thr, 4/SM, min3"},
+                                {3, "128x512 thr, 2/SM, min3"},
+                                {4, "128x256 thr, 3/SM, min3"},
+                                {5, "64x256 thr, 4/SM, min3"},
+                                {6, "64x256 thr, 3/SM, min3, persistent"},
+                                {11, "128x256 thr, 4/SM, packed"},
+                                {12, "64x256 thr, 4/SM, packed"},
+                                {13, "128x256 thr, 3/SM, packed"},
+                                {14, "128x512 thr, 2/SM, packed"}};
+  static_assert(sizeof(names) / sizeof(names[0]) == std::size(te::nvfp4::cuda::fast::kCandidateIds),
                 "one name per candidate");
-  return "fast " + std::to_string(impl) + " (" + shapes[impl] + ")";
+  for (const Named& n : names)
+    if (n.id == impl) return "fast " + std::to_string(impl) + " (" + n.shape + ")";
+  return "fast " + std::to_string(impl);
 }
 
-template <int I>
+// Launches candidate kCandidateIds[I..] whose index is impl.
+template <size_t I>
 void launch_candidate(int impl, const QuantizeArgs& a, cudaStream_t s) {
   using namespace te::nvfp4::cuda;
-  if constexpr (I < fast::kCandidates) {
-    if (impl == I) return fast::launch<fast::Candidate<I>>(a, s);
+  if constexpr (I < std::size(fast::kCandidateIds)) {
+    constexpr int kId = fast::kCandidateIds[I];
+    if (impl == kId) return fast::launch<fast::Candidate<kId>>(a, s);
     launch_candidate<I + 1>(impl, a, s);
   }
 }
@@ -310,7 +326,7 @@ void bench(const std::vector<int>& impls) {
 int main(int argc, char** argv) {
   const bool check_only = argc > 1 && std::string(argv[1]) == "--check-only";
   std::vector<int> impls = {kGeneral};
-  for (int i = 0; i < te::nvfp4::cuda::fast::kCandidates; ++i) impls.push_back(i);
+  for (int id : te::nvfp4::cuda::fast::kCandidateIds) impls.push_back(id);
   impls.push_back(kCoreDefault);
   cudaDeviceProp prop;
   CHECK(cudaGetDeviceProperties(&prop, 0));

@@ -3,12 +3,15 @@
 # sources (no CMake, no Python) and runs it: correctness of every NVFP4
 # quantize kernel candidate against the CPU backend, then their speed on
 # 32768x4096 BF16 against a device-to-device copy. Extra arguments go to the
-# driver (--check-only: skip the timing). Needs nvcc and an sm_90 GPU.
+# driver (--check-only: skip the timing). Needs nvcc, g++ and an sm_90 GPU.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 # (Not under $OUT: objects there crowd the logs out of what the device tool returns.)
 build="${TMPDIR:-/tmp}/nvfp4_variants_build"
 mkdir -p "$build"
+# First the host check of the packed route's helpers (core/src/nvfp4/packed.h).
+g++ -O2 -std=c++17 -I core/src -I core/include bench/kernels/nvfp4_packed_check.cpp -o "$build/packed_check"
+"$build/packed_check"
 flags=(-std=c++17 -O3 -arch=sm_90 -DTE_WITH_CUDA -DTE_VERSION_STRING='"bench"' -I core/include -I core/src)
 sources=(bench/kernels/nvfp4_quantize_variants.cu core/src/nvfp4/cuda.cu core/src/nvfp4/cpu.cpp
   core/src/runtime/parallel.cpp core/src/runtime/status.cpp core/src/runtime/tensor.cpp

@@ -20,7 +20,14 @@
 //    tile rows) is written by 4 lanes with 16-byte stores, and its
 //    kTileRows / 16 scale bytes by one lane with one 8-byte (or 4-byte) store;
 //  - E2M1 rounding by the min-of-three route (kMin3), mostly FP32 operations;
-//    block amaxes as trees (more independent instructions than a chain).
+//    block amaxes as trees (more independent instructions than a chain);
+//  - kPacked candidates (11-14): the kernel is bound by instruction issue
+//    (~12.5 SASS instructions per element and direction for candidate 2), so
+//    the common blocks take packed.h's route: block amax on 16-bit pairs,
+//    no saturation step, signs gathered by byte permutes (~11.1; counts by
+//    bench/kernels/count_nvfp4_sass.sh). Same bytes: blocks with NaN,
+//    infinities or saturation (amax * enc_b >= 7) take formulas.h's route,
+//    per warp (one uniform branch per lane's block pair).
 // Tile: kTileRows x 128 elements (256 bytes per row), copied into shared
 // memory with cp.async; one tile per CTA, several CTAs per SM, so the loads of
 // one CTA overlap the arithmetic of the others (as in tile.cuh), or (the
@@ -40,6 +47,7 @@
 #include "nvfp4/backend.h"
 #include "nvfp4/cuda_common.cuh"
 #include "nvfp4/formulas.h"
+#include "nvfp4/packed.h"
 #include "runtime/cuda_check.h"
 #include "runtime/cuda_launch.h"
 
@@ -53,13 +61,17 @@ namespace te::nvfp4::cuda::fast {
 // (kPersistent: one wave of CTAs loops over the tiles, copying the next tile
 // into a second shared buffer while it quantizes the current one; else one
 // tile per CTA, the overlap coming from the other CTAs of the SM).
-template <int kTileRowsT, int kThreadsT, int kMinBlocksT, bool kMin3T, bool kPersistentT = false>
+// kPacked: the common blocks take packed.h's route (packed amax, no
+// saturation, signs by byte permutes), the others formulas.h's (kMin3).
+template <int kTileRowsT, int kThreadsT, int kMinBlocksT, bool kMin3T, bool kPersistentT = false,
+          bool kPackedT = false>
 struct Config {
   static constexpr int kTileRows = kTileRowsT;
   static constexpr int kThreads = kThreadsT;
   static constexpr int kMinBlocks = kMinBlocksT;
-  static constexpr bool kMin3 = kMin3T;
+  static constexpr bool kMin3 = kMin3T || kPackedT;
   static constexpr bool kPersistent = kPersistentT;
+  static constexpr bool kPacked = kPackedT;
   static constexpr int kStages = kPersistent ? 2 : 1;
   static_assert(kTileRows == 64 || kTileRows == 128, "tile rows: 64 or 128");
   // Every thread takes the same number of rowwise row groups, columnwise
@@ -86,7 +98,17 @@ template <>
 struct Candidate<5> : Config<64, 256, 4, true> {};
 template <>
 struct Candidate<6> : Config<64, 256, 3, true, true> {};
-constexpr int kCandidates = 7;
+// (7-10: schedule reshapes measured on an earlier branch, not faster; gone.)
+template <>
+struct Candidate<11> : Config<128, 256, 4, true, false, true> {};
+template <>
+struct Candidate<12> : Config<64, 256, 4, true, false, true> {};
+template <>
+struct Candidate<13> : Config<128, 256, 3, true, false, true> {};
+template <>
+struct Candidate<14> : Config<128, 512, 2, true, false, true> {};
+// The indices that exist, for the measuring driver.
+inline constexpr int kCandidateIds[] = {0, 1, 2, 3, 4, 5, 6, 11, 12, 13, 14};
 
 constexpr int kCols = 128;  // tile columns (16-bit elements)
 constexpr int kRowBytes = kTileRowBytes;
@@ -179,6 +201,113 @@ __device__ __forceinline__ Block row_block(const uint8_t* data, int r, int b, fl
   return quantize_block<C::kMin3>(v, tree_abs_max(v), s_enc, enc);
 }
 
+// ---- kPacked: packed.h's route for the common blocks ----------------------
+
+template <class T>
+struct PackedFormat;
+template <>
+struct PackedFormat<__nv_bfloat16> {
+  using type = packed::Bf16Bits;
+};
+template <>
+struct PackedFormat<__half> {
+  using type = packed::Fp16Bits;
+};
+
+// The block of 16 elements x[i] by formulas.h's route (any values).
+template <class C>
+__device__ __forceinline__ Block general_block(const float x[kBlock], float s_enc,
+                                               const float* enc) {
+#ifdef TE_NVFP4_COUNT_COMMON_ROUTE  // bench/kernels/count_nvfp4_sass.sh: count the other route only
+  return Block{};
+#else
+  return quantize_block<C::kMin3>(x, tree_abs_max(x), s_enc, enc);
+#endif
+}
+
+// The branch between the two routes, taken by the whole warp (a uniform
+// branch: no reconvergence bookkeeping): the common route only when every
+// active lane's blocks are small.
+__device__ __forceinline__ bool warp_all(bool p) { return __all_sync(__activemask(), p); }
+
+__device__ __forceinline__ Block to_block(uint64_t codes, uint8_t scale) {
+  return Block{make_uint2(static_cast<uint32_t>(codes), static_cast<uint32_t>(codes >> 32)), scale};
+}
+
+// Rowwise blocks 2u and 2u + 1 of tile row r (the lane's pair, as rowwise()).
+// One branch for both: small blocks (the common case) by packed.h, else both
+// by formulas.h.
+template <class C, class T>
+__device__ __forceinline__ void row_block_pair(const uint8_t* data, int r, int u, float s_enc,
+                                               const float* enc_table, Block& b0, Block& b1) {
+  using Fmt = typename PackedFormat<T>::type;
+  uint32_t w[2][kBlock / 2];
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    const uint4 c = *reinterpret_cast<const uint4*>(data + tile_chunk_offset(r, 4 * u + q));
+    uint32_t* d = &w[q / 2][4 * (q % 2)];
+    d[0] = c.x;
+    d[1] = c.y;
+    d[2] = c.z;
+    d[3] = c.w;
+  }
+  float amax[2], enc[2];
+  uint8_t s_b[2];
+#pragma unroll
+  for (int q = 0; q < 2; ++q) {
+    amax[q] = packed::row_block_abs_max_nan(w[q], Fmt{});  // NaN when the block has one
+    s_b[q] = block_scale(amax[q], s_enc);
+    enc[q] = enc_table[s_b[q]];
+  }
+  if (warp_all(packed::small_block(amax[0], enc[0]) && packed::small_block(amax[1], enc[1]))) {
+    b0 = to_block(packed::small_row_block(w[0], enc[0], Fmt{}), s_b[0]);
+    b1 = to_block(packed::small_row_block(w[1], enc[1], Fmt{}), s_b[1]);
+  } else {
+    float v[kBlock];
+#pragma unroll
+    for (int i = 0; i < kBlock / 2; ++i) word_to_floats(w[0][i], v + 2 * i, T{});
+    b0 = general_block<C>(v, s_enc, enc_table);
+#pragma unroll
+    for (int i = 0; i < kBlock / 2; ++i) word_to_floats(w[1][i], v + 2 * i, T{});
+    b1 = general_block<C>(v, s_enc, enc_table);
+  }
+}
+
+// Columnwise blocks of word column w (tile columns 2w, 2w + 1) over the 16
+// rows of word[]: small blocks by packed.h, else formulas.h.
+template <class C, class T>
+__device__ __forceinline__ void column_block_pair(const uint32_t word[kBlock], float s_enc,
+                                                  const float* enc_table, Block b[2]) {
+  using Fmt = typename PackedFormat<T>::type;
+  const uint32_t m = packed::words_abs_max_nan<kBlock>(word, Fmt{});
+  const float amax[2] = {fabsf(packed::low_float(m, Fmt{})), fabsf(packed::high_float(m, Fmt{}))};
+  float enc[2];
+  uint8_t s_b[2];
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    s_b[j] = block_scale(amax[j], s_enc);
+    enc[j] = enc_table[s_b[j]];
+  }
+  if (warp_all(packed::small_block(amax[0], enc[0]) && packed::small_block(amax[1], enc[1]))) {
+    uint64_t codes[2];
+    packed::small_column_blocks(word, enc[0], enc[1], Fmt{}, codes[0], codes[1]);
+    b[0] = to_block(codes[0], s_b[0]);
+    b[1] = to_block(codes[1], s_b[1]);
+  } else {
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      float x[kBlock];
+#pragma unroll
+      for (int i = 0; i < kBlock; ++i) {
+        float pair[2];
+        word_to_floats(word[i], pair, T{});
+        x[i] = pair[j];
+      }
+      b[j] = general_block<C>(x, s_enc, enc_table);
+    }
+  }
+}
+
 // Rowwise: lane l of warp w takes, in pass p, tile row 8 (p * warps + w) + l % 8
 // and its blocks 2u, 2u + 1 (u = l / 8, columns 32u .. 32u + 31).
 template <class C, class T>
@@ -194,9 +323,14 @@ __device__ __forceinline__ void rowwise(const Args& a, const Shared<C::kTileRows
   for (int p = 0; p < C::kTileRows / 8 / kWarps; ++p) {
     const int r = 8 * (p * kWarps + warp) + lane % 8;
     if (r >= rows) break;  // rows grow with p
-    const Block b0 = row_block<C, T>(data, r, 2 * u, s_enc, sm.enc[0]);
-    // Past the edge (!second): computed from stale bytes, not stored.
-    const Block b1 = row_block<C, T>(data, r, 2 * u + 1, s_enc, sm.enc[0]);
+    // Past the edge (!second): b1 computed from stale bytes, not stored.
+    Block b0, b1;
+    if constexpr (C::kPacked) {
+      row_block_pair<C, T>(data, r, u, s_enc, sm.enc[0], b0, b1);
+    } else {
+      b0 = row_block<C, T>(data, r, 2 * u, s_enc, sm.enc[0]);
+      b1 = row_block<C, T>(data, r, 2 * u + 1, s_enc, sm.enc[0]);
+    }
     uint8_t* out = a.row_data + (m0 + r) * data_row + k0 / 2 + 16 * u;
     uint8_t* scale = a.row_scale + (m0 + r) * a.row_scale_cols + k0 / kBlock + 2 * u;
     if (second && a.row_store16) {
@@ -230,16 +364,25 @@ __device__ __forceinline__ void columnwise(Shared<C::kTileRows, C::kStages>& sm,
     for (int i = 0; i < kBlock; ++i)
       word[i] = *reinterpret_cast<const uint32_t*>(data + tile_chunk_offset(kBlock * h + i, w / 4) +
                                                    4 * (w % 4));
+    Block blocks[2];
+    if constexpr (C::kPacked) {
+      column_block_pair<C, T>(word, s_enc, sm.enc[1], blocks);
+    } else {
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        float x[kBlock];
+#pragma unroll
+        for (int i = 0; i < kBlock; ++i) {
+          float pair[2];
+          word_to_floats(word[i], pair, T{});
+          x[i] = pair[j];
+        }
+        blocks[j] = quantize_block<C::kMin3>(x, tree_abs_max(x), s_enc, sm.enc[1]);
+      }
+    }
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
-      float x[kBlock];
-#pragma unroll
-      for (int i = 0; i < kBlock; ++i) {
-        float pair[2];
-        word_to_floats(word[i], pair, T{});
-        x[i] = pair[j];
-      }
-      const Block b = quantize_block<C::kMin3>(x, tree_abs_max(x), s_enc, sm.enc[1]);
+      const Block& b = blocks[j];
       const int c = 2 * w + j;
       *reinterpret_cast<uint2*>(&sm.col_codes[c][8 * code_slot<kGroups>(c, h)]) = b.codes;
       sm.col_scales[c][h] = b.scale;
