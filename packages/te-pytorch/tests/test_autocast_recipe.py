@@ -262,3 +262,22 @@ def test_block_recipe_options_not_yet_supported(block_recipe):
         te.autocast(recipe="delayed"),
     ):
         pass
+
+
+@pytest.mark.parametrize("make_recipe", [recipe.DelayedScaling, recipe.Float8CurrentScaling])
+def test_state_built_for_a_device_without_index_is_kept(device, make_recipe):
+    """init_fp8_metadata(recipe, "cuda") then a forward on "cuda:0" (the same
+    device) keeps the quantizers and the state: they are not rebuilt. (They
+    were, on the GPU: "cuda" != "cuda:0" looked like a moved module, and the
+    new quantizers dropped what had been set on the old ones.)"""
+    fp8_recipe = make_recipe()
+    layer = te.Linear(32, 16, device=device)
+    layer.init_fp8_metadata(fp8_recipe, device)
+    quantizers = list(layer.quantizers["scaling_fwd"])
+    state = layer.fp8_meta["scaling_fwd"]
+    x = torch.randn(16, 32, device=device)
+    assert x.device.index == (None if x.device.type == "cpu" else torch.cuda.current_device())
+    with te.autocast(recipe=fp8_recipe):
+        layer(x)
+    assert layer.fp8_meta["scaling_fwd"] is state
+    assert all(a is b for a, b in zip(layer.quantizers["scaling_fwd"], quantizers))

@@ -58,6 +58,16 @@ def reject_tp_group(owner: str, tp_group) -> None:
         )
 
 
+def _with_index(device) -> torch.device:
+    """The device with its index: "cuda" is the current CUDA device, so that a
+    state built for "cuda" is not rebuilt (new quantizers) when the first
+    input arrives on "cuda:0"."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
 class TransformerEngineBaseModule(torch.nn.Module):
     """A module with `num_gemms` quantized GEMMs.
 
@@ -104,6 +114,7 @@ class TransformerEngineBaseModule(torch.nn.Module):
 
     def init_fp8_metadata(self, recipe, device) -> None:
         """Makes fp8_meta/quantizers match `recipe` and `device` (cheap when they already do)."""
+        device = _with_index(device)
         old = self.fp8_meta["recipe"]
         if old is recipe or (old is not None and old == recipe):
             if device == self._fp8_device:
@@ -139,7 +150,7 @@ class TransformerEngineBaseModule(torch.nn.Module):
             self.fp8_meta[key] = state
             self.quantizers[key] = state.make_quantizers()
         self.fp8_meta["recipe"] = recipe
-        self._fp8_device = torch.device(device)
+        self._fp8_device = _with_index(device)
         self._weight_cache = None
         self._rebind_quantized_weights()
 
