@@ -10,7 +10,7 @@ cd "$(dirname "$0")/../.."
 build="${TMPDIR:-/tmp}/nvfp4_variants_build"
 mkdir -p "$build"
 # First the host check of the packed route's helpers (core/src/nvfp4/packed.h).
-g++ -O2 -std=c++17 -I core/src -I core/include bench/kernels/nvfp4_packed_check.cpp -o "$build/packed_check"
+g++ -O2 -std=c++17 -I core/src -I core/include core/tests/nvfp4_packed_check.cpp -o "$build/packed_check"
 "$build/packed_check"
 flags=(-std=c++17 -O3 -arch=sm_90 -DTE_WITH_CUDA -DTE_VERSION_STRING='"bench"' -I core/include -I core/src)
 sources=(bench/kernels/nvfp4_quantize_variants.cu core/src/nvfp4/cuda.cu core/src/nvfp4/cpu.cpp

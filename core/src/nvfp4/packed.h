@@ -1,7 +1,7 @@
 // Packed-word helpers of the fast NVFP4 quantize kernel's common route
 // (cuda_quantize_fast.cuh, the kPacked candidates): 16-bit input words of two
 // elements each, round to nearest even. Host and device code, so that
-// bench/kernels/nvfp4_packed_check.cpp can check them on the CPU against the
+// core/tests/nvfp4_packed_check.cpp can check them on the CPU against the
 // formulas of formulas.h (the device versions of the two PTX helpers are
 // checked on the GPU by bench/kernels/nvfp4_quantize_variants.cu).
 //

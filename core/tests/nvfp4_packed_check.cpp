@@ -1,7 +1,7 @@
 // Host check of core/src/nvfp4/packed.h (the fast NVFP4 quantize kernel's
 // common route) against formulas.h, the executable spec. No GPU:
 //
-//   g++ -O2 -std=c++17 -I core/src -I core/include bench/kernels/nvfp4_packed_check.cpp \
+//   g++ -O2 -std=c++17 -I core/src -I core/include core/tests/nvfp4_packed_check.cpp \
 //       -o /tmp/nvfp4_packed_check && /tmp/nvfp4_packed_check
 //
 //  1. Exhaustive over elements: every 16-bit input (BF16 and FP16) times
