@@ -43,17 +43,8 @@ flags=(-std=c++17 -O3 -arch=sm_90 --expt-relaxed-constexpr -DTE_WITH_CUDA -DTE_V
 sources=(bench/kernels/gemm_search.cu core/src/gemm/cuda_plan.cpp core/src/gemm/autotune.cpp
   core/src/gemm/kernels.cu core/src/gemm/bias_grad.cu core/src/runtime/status.cpp
   core/src/runtime/tensor.cpp core/src/runtime/cuda_launch.cu)
-pids=()
-objects=()
-for src in "${sources[@]}"; do
-  obj="$build/$(basename "$src").o"
-  objects+=("$obj")
-  nvcc "${flags[@]}" -c "$src" -o "$obj" 2> "$obj.log" &
-  pids+=($!)
-done
-status=0
-for pid in "${pids[@]}"; do wait "$pid" || status=1; done
-if [ "$status" != 0 ]; then cat "$build"/*.log; exit 1; fi
+source bench/kernels/nvcc_objects.sh
+compile_objects
 nvcc -arch=sm_90 "${extra[@]}" "${objects[@]}" "${lt_lib[@]}" -o "$build/gemm_search"
 if [ "${GEMM_SEARCH_BUILD_ONLY:-0}" = 1 ]; then exit 0; fi
 "$build/gemm_search" "$@"

@@ -12,22 +12,13 @@ mkdir -p "$build"
 # First the host check of the packed route's helpers (core/src/nvfp4/packed.h).
 g++ -O2 -std=c++17 -I core/src -I core/include core/tests/nvfp4_packed_check.cpp -o "$build/packed_check"
 "$build/packed_check"
-flags=(-std=c++17 -O3 -arch=sm_90 -DTE_WITH_CUDA -DTE_VERSION_STRING='"bench"' -I core/include -I core/src)
+flags=(-std=c++17 -O3 -arch=sm_90 -DTE_WITH_CUDA -DTE_VERSION_STRING='"bench"' -I core/include -I core/src -Xptxas -v)
 sources=(bench/kernels/nvfp4_quantize_variants.cu core/src/nvfp4/cuda.cu core/src/nvfp4/cpu.cpp
   core/src/runtime/parallel.cpp core/src/runtime/status.cpp core/src/runtime/tensor.cpp
   core/src/runtime/device.cpp core/src/runtime/cuda_launch.cu)
 # One compiler per source, in parallel; -Xptxas -v reports registers and spills.
-pids=()
-objects=()
-for src in "${sources[@]}"; do
-  obj="$build/$(basename "$src").o"
-  objects+=("$obj")
-  nvcc "${flags[@]}" -Xptxas -v -c "$src" -o "$obj" 2> "$obj.log" &
-  pids+=($!)
-done
-status=0
-for pid in "${pids[@]}"; do wait "$pid" || status=1; done
-if [ "$status" != 0 ]; then cat "$build"/*.log; exit 1; fi
+source bench/kernels/nvcc_objects.sh
+compile_objects
 nvcc -arch=sm_90 "${objects[@]}" -o "$build/nvfp4_quantize_variants"
 echo "ptxas, fast kernel candidates:"
 awk '/Compiling entry function .*fast15quantize_kernel/ {
