@@ -16,7 +16,7 @@ candidates=("$@")
 printf "%-10s %8s %10s %9s  %s\n" candidate SASS elements per-elem "top opcodes"
 for c in "${candidates[@]}"; do
   cubin="$build/count_$c.cubin"
-  nvcc -std=c++17 -O3 -arch=sm_90 -DTE_WITH_CUDA -DTE_NVFP4_COUNT_COMMON_ROUTE -DCANDIDATE="$c" \
+  nvcc -std=c++17 -O3 -arch=sm_90 -DTE_WITH_CUDA -DCANDIDATE="$c" \
     -I core/include -I core/src -cubin bench/kernels/nvfp4_count_sass.cu -o "$cubin" 2> "$cubin.log"
   # Elements per thread and direction: tile rows * 128 / threads.
   elems=$(grep -oE "Candidate<$c> : Config<[0-9]+, [0-9]+" core/src/nvfp4/cuda_quantize_fast.cuh |

@@ -351,6 +351,7 @@ struct Searcher {
     const float ms = time_algo(s.call, s.choice.algo, 1, 3);  // warm-up, and ref's values
     if (ms < 0) te::fail(TE_ERROR_CUBLAS, "heuristic #0 does not run");
     best_ms = time_algo(s.call, s.choice.algo, 5, 10);
+    if (best_ms < 0) te::fail(TE_ERROR_CUBLAS, "heuristic #0 failed while being timed");
     return static_cast<float>(best_ms);
   }
 
@@ -366,7 +367,9 @@ struct Searcher {
         return false;
       }
     };
-    return time_ms(launch, 5, 10);
+    const float ms = time_ms(launch, 5, 10);
+    if (ms < 0) recover();  // (clear the error the failed call left, as for the candidates)
+    return ms;
   }
 
   // Check, run, compare, screen and perhaps time one configuration.

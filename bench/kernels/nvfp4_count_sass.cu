@@ -3,9 +3,9 @@
 // One kernel per candidate runs quantize_tile on a full tile with every
 // runtime condition of the common case fixed at compile time (full tile,
 // aligned stores, both directions, BF16), so that its SASS holds the path
-// that the 32768x4096 benchmark executes and little else; built with
-// TE_NVFP4_COUNT_COMMON_ROUTE, the kPacked candidates' general-route branch
-// (taken only by blocks with NaN, infinities or saturation) is left out.
+// that the 32768x4096 benchmark executes and little else; with
+// kCommonRouteOnly, the kPacked candidates' general-route branch (taken only
+// by blocks with NaN, infinities or saturation) is left out.
 // Never run: the bytes are wrong by construction.
 #include "nvfp4/cuda_quantize_fast.cuh"
 
@@ -26,7 +26,10 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
   quantize_tile<C, __nv_bfloat16>(a, sm, sm.data[0], t, row_s_enc, col_s_enc);
 }
 
-template __global__ void count_tile<Candidate<CANDIDATE>>(uint8_t*, uint8_t*, uint8_t*, uint8_t*,
-                                                          float, float);
+struct Counted : Candidate<CANDIDATE> {
+  static constexpr bool kCommonRouteOnly = true;
+};
+
+template __global__ void count_tile<Counted>(uint8_t*, uint8_t*, uint8_t*, uint8_t*, float, float);
 
 }  // namespace te::nvfp4::cuda::fast

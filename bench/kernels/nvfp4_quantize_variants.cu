@@ -158,6 +158,35 @@ std::vector<uint16_t> hostile(int64_t rows, int64_t cols, bool fp16, bool with_i
   return out;
 }
 
+// Common-block input: per 16x16 region a scale 2^e (e in [-6, 6]), values
+// normal(0, 1) or E2M1 grid points and midpoints times the scale; no zeros,
+// infinities, NaNs or denormals, so every block takes the kPacked candidates'
+// packed route (hostile input sends nearly every warp to the general route).
+// nan_every > 0 puts a NaN at every nan_every-th element: then some warps take
+// the general route and their neighbours the packed one.
+std::vector<uint16_t> common_blocks(int64_t rows, int64_t cols, bool fp16, int64_t nan_every,
+                                    std::mt19937& g) {
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::uniform_real_distribution<float> uni(0.0f, 1.0f);
+  std::uniform_int_distribution<int> exp_dist(-6, 6);
+  static const float grid[] = {0.25f, 0.5f, 0.75f, 1.0f, 1.25f, 1.5f, 1.75f,
+                               2.0f,  2.5f, 3.0f,  3.5f, 4.0f,  5.0f, 6.0f};
+  std::vector<int> region_exp(static_cast<size_t>((rows / 16 + 1) * (cols / 16 + 1)));
+  for (int& e : region_exp) e = exp_dist(g);
+  std::vector<uint16_t> out(static_cast<size_t>(rows * cols));
+  for (int64_t i = 0; i < rows * cols; ++i) {
+    const int64_t r = i / cols, c = i % cols;
+    const float scale =
+        std::ldexp(1.0f, region_exp[static_cast<size_t>((r / 16) * (cols / 16 + 1) + c / 16)]);
+    float v = uni(g) < 0.8f ? normal(g) : grid[g() % (sizeof(grid) / sizeof(float))];
+    v *= scale * (uni(g) < 0.5f ? -1.0f : 1.0f);
+    out[static_cast<size_t>(i)] = fp16 ? fp16_bits(v) : bf16_bits(v);
+    if (nan_every > 0 && i % nan_every == nan_every - 1)
+      out[static_cast<size_t>(i)] = fp16 ? 0x7E00 : 0x7FC0;
+  }
+  return out;
+}
+
 struct Buffers {
   uint8_t *row = nullptr, *row_scale = nullptr, *col = nullptr, *col_scale = nullptr;
 };
@@ -170,11 +199,14 @@ struct Case {
   float col_amax_factor;
   int scale_offset;
   bool with_inf;
+  int64_t common = 0;  // > 0: common_blocks input with a NaN every `common - 1` elements (1: none)
 };
 
 bool check_case(const Case& k, const std::vector<int>& impls, std::mt19937& g) {
   const int64_t n = k.rows * k.cols;
-  const std::vector<uint16_t> x = hostile(k.rows, k.cols, k.fp16, k.with_inf, g);
+  const std::vector<uint16_t> x = k.common > 0
+                                      ? common_blocks(k.rows, k.cols, k.fp16, k.common - 1, g)
+                                      : hostile(k.rows, k.cols, k.fp16, k.with_inf, g);
   const te_dtype dtype = k.fp16 ? TE_DTYPE_FLOAT16 : TE_DTYPE_BFLOAT16;
   float amax[2];
   te::nvfp4::cpu::compute_amax(x.data(), dtype, k.rows, k.cols, &amax[0], &amax[1], {});
@@ -351,6 +383,17 @@ int main(int argc, char** argv) {
       {144, 400, true, true, true, 2.0f, 0, false},
       {4096, 4096, true, true, true, 1.0f, 0, false},
       {4096, 4096, true, true, true, 1.0f, 0, true},
+      // The packed route of the kPacked candidates: common blocks, then with a
+      // NaN every ~3000 elements (warps of both routes side by side).
+      {4112, 4096, true, true, false, 1.0f, 0, false, 1},
+      {4112, 4096, true, true, true, 1.0f, 0, false, 1},
+      {208, 4112, true, true, false, 1.0f, 0, false, 1},
+      {144, 400, true, true, true, 1.0f, 0, false, 1},
+      {130, 272, true, false, false, 1.0f, 0, false, 1},
+      {272, 48, false, true, true, 1.0f, 1, false, 1},
+      {2048, 4096, true, true, false, 3.0f, 0, false, 1},
+      {4112, 4096, true, true, false, 1.0f, 0, false, 3002},
+      {4112, 4096, true, true, true, 1.0f, 0, false, 3002},
   };
   bool ok = true;
   for (const Case& c : cases) ok = check_case(c, impls, g) && ok;

@@ -72,6 +72,9 @@ struct Config {
   static constexpr bool kMin3 = kMin3T || kPackedT;
   static constexpr bool kPersistent = kPersistentT;
   static constexpr bool kPacked = kPackedT;
+  // Instruction counting only (bench/kernels/nvfp4_count_sass.cu shadows it):
+  // the general route of the kPacked candidates is left out. Wrong bytes.
+  static constexpr bool kCommonRouteOnly = false;
   static constexpr int kStages = kPersistent ? 2 : 1;
   static_assert(kTileRows == 64 || kTileRows == 128, "tile rows: 64 or 128");
   // Every thread takes the same number of rowwise row groups, columnwise
@@ -218,11 +221,8 @@ struct PackedFormat<__half> {
 template <class C>
 __device__ __forceinline__ Block general_block(const float x[kBlock], float s_enc,
                                                const float* enc) {
-#ifdef TE_NVFP4_COUNT_COMMON_ROUTE  // bench/kernels/count_nvfp4_sass.sh: count the other route only
-  return Block{};
-#else
+  if constexpr (C::kCommonRouteOnly) return Block{};
   return quantize_block<C::kMin3>(x, tree_abs_max(x), s_enc, enc);
-#endif
 }
 
 // The branch between the two routes, taken by the whole warp (a uniform

@@ -45,9 +45,11 @@ TE_HD float global_encode_scale(float amax) {
 // S_dec = 1 / S_enc.
 TE_HD float global_decode_scale(float s_enc) { return fp32_div(1.0f, s_enc); }
 
-// The stored E4M3 block scale s_b. The argument is never NaN (block amaxes
-// skip NaN, S_enc is finite), so the hardware conversion (RNE, saturating)
-// gives the bytes of the software one.
+// The stored E4M3 block scale s_b. Block amaxes that skip NaN and a finite
+// S_enc keep the product finite, so the hardware conversion (RNE, saturating)
+// gives the bytes of the software one. (The fast kernel's packed route also
+// passes a NaN block amax, before it sends that block to the general route:
+// fmin_ignore_nan makes it FLT_MAX, byte 0x7E on both sides, and it is unused.)
 TE_HD uint8_t block_scale(float block_amax, float s_enc) {
   const float v = fmin_ignore_nan(block_amax * (s_enc * kRcp6), kFp32Max);
 #ifdef __CUDA_ARCH__

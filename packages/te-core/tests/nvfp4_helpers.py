@@ -27,6 +27,23 @@ def block_scaled(rng, shape, dtype) -> np.ndarray:
         return x[:n].astype(np.float32).astype(dtype).reshape(shape)
 
 
+def common_blocks(rng, shape, dtype, nan_every: int = 0) -> np.ndarray:
+    """Blocks of moderate magnitude (2^-6 .. 2^6 per 16 elements) of normal values
+    and E2M1 grid points and midpoints, with no special values: the blocks the
+    fast CUDA kernel quantizes on its packed route (hostile() input sends nearly
+    every warp to its general route). nan_every > 0: a NaN every nan_every
+    elements, so that warps of both routes run side by side."""
+    n = int(np.prod(shape))
+    blocks = -(-n // 16)
+    magnitude = np.repeat(2.0 ** rng.integers(-6, 7, size=blocks), 16)[:n]
+    grid = np.array([0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0, 6.0])
+    x = np.where(rng.random(n) < 0.8, rng.standard_normal(n), rng.choice(grid, n) * rng.choice([-1.0, 1.0], n))
+    x = (x * magnitude).astype(np.float32)
+    if nan_every > 0:
+        x[nan_every - 1 :: nan_every] = np.nan
+    return x.astype(dtype).reshape(shape)
+
+
 def hostile(rng, shape, dtype, *, with_inf=True, with_nan=True) -> np.ndarray:
     """block_scaled values with ~10% of the elements replaced by special values."""
     x = block_scaled(rng, shape, dtype).astype(np.float32).ravel()

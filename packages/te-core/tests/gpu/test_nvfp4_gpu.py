@@ -25,7 +25,7 @@ from transformer_engine.core.dtypes import DType, te_dtype
 from transformer_engine.core.nvfp4 import RHT_SIGN_MASK, scale_shape
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from nvfp4_helpers import INPUT_DTYPES, hostile
+from nvfp4_helpers import INPUT_DTYPES, common_blocks, hostile
 
 pytestmark = pytest.mark.gpu
 
@@ -261,6 +261,24 @@ FAST_EDGE_SHAPES = [(48, 160), (4112, 4096), (208, 4112), (144, 400), (272, 48)]
 def test_fast_kernel_tile_edges_match_cpu(rng, shape, dtype, directions):
     x = with_negative_nans(rng, hostile(rng, shape, dtype, with_inf=rng.random() < 0.5))
     compare_with_cpu(x, rowwise=directions != "columnwise", columnwise=directions != "rowwise")
+
+
+@pytest.mark.parametrize("shape", FAST_EDGE_SHAPES)
+@pytest.mark.parametrize("dtype", [ml_dtypes.bfloat16, np.float16])
+@pytest.mark.parametrize("directions", ["both", "rowwise", "columnwise"])
+@pytest.mark.parametrize("nan_every", [0, 3001], ids=["common", "mixed"])
+def test_fast_kernel_common_blocks_match_cpu(rng, shape, dtype, directions, nan_every):
+    """Blocks without special values take the fast kernel's packed route (the
+    NaN-laced hostile inputs above send nearly every warp to its general
+    route); "mixed" puts warps of both routes side by side."""
+    x = common_blocks(rng, shape, dtype, nan_every)
+    compare_with_cpu(x, rowwise=directions != "columnwise", columnwise=directions != "rowwise")
+
+
+def test_fast_kernel_common_blocks_different_global_amaxes(rng):
+    x = common_blocks(rng, (208, 400), ml_dtypes.bfloat16)
+    amax = float(np.max(np.abs(x.astype(np.float32))))
+    quantize_both_with_amaxes(x, (amax, amax * 3.0))
 
 
 @pytest.mark.parametrize("shape", [(5, 160), (130, 4112), (1, 4096)])
