@@ -77,14 +77,19 @@ def _event_ms(step, device, iters: int) -> float:
     return statistics.median(times)
 
 
-def _graph_step(step, device):
-    """step captured with torch.cuda.graph (after a warm-up on a side stream): returns replay."""
+def _warm_up_on_side_stream(step, device, steps: int = 3) -> None:
+    """The warm-up torch.cuda.graph asks for before a capture: a few steps on a side stream."""
     side = torch.cuda.Stream(device)
     side.wait_stream(torch.cuda.current_stream(device))
     with torch.cuda.stream(side):
-        for _ in range(3):
+        for _ in range(steps):
             step()
     torch.cuda.current_stream(device).wait_stream(side)
+
+
+def _graph_step(step, device):
+    """step captured with torch.cuda.graph (after a warm-up on a side stream): returns replay."""
+    _warm_up_on_side_stream(step, device)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         step()

@@ -22,6 +22,7 @@ import threading
 import traceback
 
 import torch
+from bench_te_pytorch_linear import _warm_up_on_side_stream  # (bench/ is on sys.path when run as a script)
 
 import transformer_engine.pytorch as te
 from transformer_engine.common import recipe
@@ -113,12 +114,7 @@ def main() -> None:
 
     for _ in range(3 if args.eager_first else 0):
         step()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            step()
-    torch.cuda.current_stream().wait_stream(side)
+    _warm_up_on_side_stream(step, torch.device("cuda"))
     torch.cuda.synchronize()
     print(f"LayerNormMLP {args.hidden}/{args.ffn}, {args.tokens} tokens, recipe {args.recipe}")
     watch = CaptureWatch()

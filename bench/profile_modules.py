@@ -24,6 +24,7 @@ import time
 from collections import defaultdict
 
 import torch
+from bench_te_pytorch_linear import _graph_step  # (bench/ is on sys.path when run as a script)
 from torch.profiler import ProfilerActivity, profile
 
 import transformer_engine.pytorch as te
@@ -129,22 +130,14 @@ def _timeline(prof, gaps: int) -> None:
 
 def _profile_graph(title: str, step, args) -> None:
     """The step captured (after a side-stream warm-up) and its replays profiled back to back."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
+    replay = _graph_step(step, torch.device("cuda"))
     for _ in range(3):
-        graph.replay()
+        replay()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         start = time.perf_counter()
         for _ in range(args.steps):
-            graph.replay()
+            replay()
         torch.cuda.synchronize()
         wall_ms = (time.perf_counter() - start) / args.steps * 1e3
     print(f"\n== {title}, CUDA graph: wall {wall_ms:.3f} ms/replay (profiled, back to back)")

@@ -72,7 +72,7 @@ void check_elements(const std::vector<float>& encs) {
       const float y = x * enc;
       if (!(std::fabs(y) < 7.0f)) continue;
       ++small;
-      const uint32_t magnitude = small_min3_biased(y) - kE2M1Min3Bias;
+      const uint32_t magnitude = e2m1_min3_biased_unsaturated(y) - kE2M1Min3Bias;
       const uint32_t code = magnitude | ((h >> 12) & 0x8u);
       if (magnitude > 7 || code != float_to_e2m1(y)) fail("element", x, enc, h, code);
     }

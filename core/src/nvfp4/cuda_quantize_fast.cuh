@@ -273,6 +273,18 @@ __device__ __forceinline__ void row_block_pair(const uint8_t* data, int r, int u
   }
 }
 
+// Element j (0: low half, 1: high half) of each of the 16 words: one column
+// of a columnwise block pair, as FP32.
+template <class T>
+__device__ __forceinline__ void column_floats(const uint32_t word[kBlock], int j, float x[kBlock]) {
+#pragma unroll
+  for (int i = 0; i < kBlock; ++i) {
+    float pair[2];
+    word_to_floats(word[i], pair, T{});
+    x[i] = pair[j];
+  }
+}
+
 // Columnwise blocks of word column w (tile columns 2w, 2w + 1) over the 16
 // rows of word[]: small blocks by packed.h, else formulas.h.
 template <class C, class T>
@@ -297,12 +309,7 @@ __device__ __forceinline__ void column_block_pair(const uint32_t word[kBlock], f
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
       float x[kBlock];
-#pragma unroll
-      for (int i = 0; i < kBlock; ++i) {
-        float pair[2];
-        word_to_floats(word[i], pair, T{});
-        x[i] = pair[j];
-      }
+      column_floats<T>(word, j, x);
       b[j] = general_block<C>(x, s_enc, enc_table);
     }
   }
@@ -371,12 +378,7 @@ __device__ __forceinline__ void columnwise(Shared<C::kTileRows, C::kStages>& sm,
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
         float x[kBlock];
-#pragma unroll
-        for (int i = 0; i < kBlock; ++i) {
-          float pair[2];
-          word_to_floats(word[i], pair, T{});
-          x[i] = pair[j];
-        }
+        column_floats<T>(word, j, x);
         blocks[j] = quantize_block<C::kMin3>(x, tree_abs_max(x), s_enc, sm.enc[1]);
       }
     }

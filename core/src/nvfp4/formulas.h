@@ -186,20 +186,36 @@ TE_HD uint32_t e2m1_stochastic_biased(float y, uint32_t r) {
 constexpr float kE2M1Min3Magic = 6291456.0f;     // 1.5 * 2^22
 constexpr uint32_t kE2M1Min3Bias = 0x4AC00000u;  // bits(kE2M1Min3Magic)
 
-TE_HD uint32_t e2m1_nearest_min3_biased(float y) {
+// bits(s_1), bits(s_2), bits(s_3) of |y|.
+struct Min3Sums {
+  uint32_t s1, s2, s3;
+};
+TE_HD Min3Sums e2m1_min3_sums(float y) {
   const float a = std::fabs(y);
-  const uint32_t s1 = bit_cast_value<uint32_t>(a + kE2M1Min3Magic);
 #ifdef __CUDA_ARCH__
-  const uint32_t s2 = __float_as_uint(__fmaf_rn(a, 0.5f, kE2M1Min3Magic + 1.0f));
-  const uint32_t s3 = __float_as_uint(__fmaf_rn(a, 0.25f, kE2M1Min3Magic + 2.0f));
-  return min(min(s1, s2), min(s3, kE2M1Min3Bias + 7u));
+  return {__float_as_uint(a + kE2M1Min3Magic),
+          __float_as_uint(__fmaf_rn(a, 0.5f, kE2M1Min3Magic + 1.0f)),
+          __float_as_uint(__fmaf_rn(a, 0.25f, kE2M1Min3Magic + 2.0f))};
 #else
-  const uint32_t s2 = bit_cast_value<uint32_t>(std::fma(a, 0.5f, kE2M1Min3Magic + 1.0f));
-  const uint32_t s3 = bit_cast_value<uint32_t>(std::fma(a, 0.25f, kE2M1Min3Magic + 2.0f));
-  const uint32_t m = s1 < s2 ? s1 : s2;
-  const uint32_t n = s3 < kE2M1Min3Bias + 7u ? s3 : kE2M1Min3Bias + 7u;
-  return m < n ? m : n;
+  return {bit_cast_value<uint32_t>(a + kE2M1Min3Magic),
+          bit_cast_value<uint32_t>(std::fma(a, 0.5f, kE2M1Min3Magic + 1.0f)),
+          bit_cast_value<uint32_t>(std::fma(a, 0.25f, kE2M1Min3Magic + 2.0f))};
 #endif
+}
+
+TE_HD uint32_t min_u32(uint32_t a, uint32_t b) { return a < b ? a : b; }
+
+TE_HD uint32_t e2m1_nearest_min3_biased(float y) {
+  const Min3Sums s = e2m1_min3_sums(y);
+  return min_u32(min_u32(s.s1, s.s2), min_u32(s.s3, kE2M1Min3Bias + 7u));
+}
+
+// The minimum without the saturating 7: the code plus bits(M) where |y| < 7
+// and y is not NaN (for a in [6, 7), s_3 already gives 7), so callers that
+// know that (the fast kernel's small blocks, nvfp4/packed.h) skip it.
+TE_HD uint32_t e2m1_min3_biased_unsaturated(float y) {
+  const Min3Sums s = e2m1_min3_sums(y);
+  return min_u32(min_u32(s.s1, s.s2), s.s3);
 }
 
 // (hi << 4) | (lo >> 28): one funnel shift on the GPU.

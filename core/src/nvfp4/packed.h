@@ -24,6 +24,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "nvfp4/formulas.h"
 #include "runtime/numerics.h"
@@ -73,40 +74,31 @@ TE_HD float high_float(uint32_t w, Fp16Bits) {
 #endif
 }
 
+// The bits of +infinity: a 16-bit magnitude above them is a NaN.
+constexpr uint32_t infinity_bits(Bf16Bits) { return 0x7F80u; }
+constexpr uint32_t infinity_bits(Fp16Bits) { return 0x7C00u; }
+
 // Per half: max(|a|, |b|), or a NaN when either is NaN. The sign bits of the
 // result are not meaningful (the hardware writes the XOR of the operands').
-TE_HD uint32_t abs_max_nan2(uint32_t a, uint32_t b, Bf16Bits tag) {
+template <class Fmt>
+TE_HD uint32_t abs_max_nan2(uint32_t a, uint32_t b, Fmt fmt) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 860
   uint32_t d;
-  asm("max.NaN.xorsign.abs.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
-  (void)tag;
+  if constexpr (std::is_same_v<Fmt, Bf16Bits>)
+    asm("max.NaN.xorsign.abs.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+  else
+    asm("max.NaN.xorsign.abs.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+  (void)fmt;
   return d;
 #else
   uint32_t d = 0;
   for (int h = 0; h < 2; ++h) {
     const uint32_t x = (a >> (16 * h)) & 0x7FFFu, y = (b >> (16 * h)) & 0x7FFFu;
-    // Non-negative BF16 values order as their bits; NaNs are above 0x7F80.
-    const uint32_t m = (x > 0x7F80u || y > 0x7F80u) ? 0x7FFFu : (x > y ? x : y);
+    // Non-negative 16-bit floats order as their bits; NaNs are above infinity.
+    const uint32_t inf = infinity_bits(fmt);
+    const uint32_t m = (x > inf || y > inf) ? 0x7FFFu : (x > y ? x : y);
     d |= m << (16 * h);
   }
-  (void)tag;
-  return d;
-#endif
-}
-TE_HD uint32_t abs_max_nan2(uint32_t a, uint32_t b, Fp16Bits tag) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 860
-  uint32_t d;
-  asm("max.NaN.xorsign.abs.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
-  (void)tag;
-  return d;
-#else
-  uint32_t d = 0;
-  for (int h = 0; h < 2; ++h) {
-    const uint32_t x = (a >> (16 * h)) & 0x7FFFu, y = (b >> (16 * h)) & 0x7FFFu;
-    const uint32_t m = (x > 0x7C00u || y > 0x7C00u) ? 0x7FFFu : (x > y ? x : y);
-    d |= m << (16 * h);
-  }
-  (void)tag;
   return d;
 #endif
 }
@@ -154,23 +146,6 @@ TE_HD float row_block_abs_max_nan(const uint32_t w[8], Fmt fmt) {
 // Whether the block with this amax and enc_b takes the small-block route.
 TE_HD bool small_block(float block_amax, float enc_b) { return block_amax * enc_b < 7.0f; }
 
-// Magnitude code of y (|y| < 7, not NaN) plus kE2M1Min3Bias: formulas.h's
-// e2m1_nearest_min3_biased without its saturation.
-TE_HD uint32_t small_min3_biased(float y) {
-  const float a = std::fabs(y);
-  const uint32_t s1 = bit_cast_value<uint32_t>(a + kE2M1Min3Magic);
-#ifdef __CUDA_ARCH__
-  const uint32_t s2 = __float_as_uint(__fmaf_rn(a, 0.5f, kE2M1Min3Magic + 1.0f));
-  const uint32_t s3 = __float_as_uint(__fmaf_rn(a, 0.25f, kE2M1Min3Magic + 2.0f));
-  return min(min(s1, s2), s3);
-#else
-  const uint32_t s2 = bit_cast_value<uint32_t>(std::fma(a, 0.5f, kE2M1Min3Magic + 1.0f));
-  const uint32_t s3 = bit_cast_value<uint32_t>(std::fma(a, 0.25f, kE2M1Min3Magic + 2.0f));
-  const uint32_t m = s1 < s2 ? s1 : s2;
-  return m < s3 ? m : s3;
-#endif
-}
-
 constexpr uint32_t kMin3Bias8 = kE2M1Min3Bias * 0x11111111u;  // the bias of 8 packed codes
 
 // The magnitude codes of x_i * enc_b for 8 elements of a small block, element
@@ -180,7 +155,7 @@ TE_HD uint32_t small_magnitudes8(const float x[8], float enc_b) {
 #ifdef __CUDA_ARCH__
 #pragma unroll
 #endif
-  for (int i = 7; i >= 0; --i) word = (word << 4) + small_min3_biased(x[i] * enc_b);
+  for (int i = 7; i >= 0; --i) word = (word << 4) + e2m1_min3_biased_unsaturated(x[i] * enc_b);
   return word;
 }
 

@@ -114,10 +114,11 @@ class TransformerEngineBaseModule(torch.nn.Module):
 
     def init_fp8_metadata(self, recipe, device) -> None:
         """Makes fp8_meta/quantizers match `recipe` and `device` (cheap when they already do)."""
-        device = _with_index(device)
         old = self.fp8_meta["recipe"]
         if old is recipe or (old is not None and old == recipe):
-            if device == self._fp8_device:
+            # (Every forward comes here with its input's indexed device: the
+            # index is filled in only when that differs, off the common path.)
+            if device == self._fp8_device or _with_index(device) == self._fp8_device:
                 return
             # The module moved (module.to(...)): the state follows, values kept.
             self._build_fp8_state(recipe, device, adopt=True)
