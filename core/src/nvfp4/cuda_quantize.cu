@@ -511,14 +511,13 @@ void launch_general(const QuantizeArgs& a, cudaStream_t stream) {
 
 // The candidate of cuda_quantize_fast.cuh that the common case uses (-1: the
 // general kernel for everything). Chosen by measurement:
-// bench/kernels/run_nvfp4_variants.sh times every candidate on the GPU. On the
-// H200 (2026-11-30), rowwise + columnwise of 32768x4096 BF16: candidate 11
-// (packed block maxima, unsaturated codes for small blocks) 66.0% of a
-// same-size copy, candidate 2 62.8%. Candidate 11 becomes the choice once its
-// packed route has been byte-checked on the GPU: the byte checks of that run
-// used NaN-laced input, which sends nearly every warp to the general route
-// (the driver and test_nvfp4_gpu.py now have common-block cases).
-constexpr int kFastCandidate = 2;
+// bench/kernels/run_nvfp4_variants.sh times every candidate on the GPU and
+// checks its bytes against the CPU backend, on common blocks (which take the
+// packed route) as well as on NaN-laced and extreme ones. On the H200
+// (2026-11-30), rowwise + columnwise of 32768x4096 BF16: candidate 11 (packed
+// block maxima, unsaturated codes for small blocks) 66.0% of a same-size copy,
+// candidate 2 62.8%.
+constexpr int kFastCandidate = 11;
 
 }  // namespace
 
