@@ -24,11 +24,15 @@ def install_core(session: nox.Session, cuda: str = "OFF") -> None:
     session.install(f"./{CORE}", env={"TE_WITH_CUDA": cuda})
 
 
+# te-jax compiles its XLA FFI handlers against the installed jaxlib and te-core,
+# so it is built without build isolation, with its build tools installed here.
+NATIVE_BUILD_TOOLS = ("scikit-build-core>=0.10", "nanobind>=2.0", "cmake>=3.21", "ninja")
+
+
 def install_frameworks(session: nox.Session) -> None:
-    session.install(TORCH_CPU, "jax[cpu]")
-    for package in FRAMEWORK_PACKAGES:
-        if os.path.exists(os.path.join(package, "pyproject.toml")):
-            session.install("--no-deps", f"./{package}")
+    session.install(TORCH_CPU, "jax[cpu]", *NATIVE_BUILD_TOOLS)
+    session.install("--no-deps", "./packages/te-pytorch")
+    session.install("--no-deps", "--no-build-isolation", "./packages/te-jax")
 
 
 def cuda_compile_check(session: nox.Session) -> None:
@@ -61,7 +65,12 @@ def lint(session: nox.Session) -> None:
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
     patterns = ("core/**/*.h", "core/**/*.c", "core/**/*.cpp", "core/**/*.cu", "core/**/*.cuh")
-    patterns += (f"{CORE}/src/**/*.cpp", f"{CORE}/src/**/*.h")
+    patterns += (
+        f"{CORE}/src/**/*.cpp",
+        f"{CORE}/src/**/*.h",
+        "packages/te-jax/src/**/*.cpp",
+        "packages/te-jax/src/**/*.h",
+    )
     sources = [f for pattern in patterns for f in glob.glob(pattern, recursive=True)]
     session.run("clang-format", "--dry-run", "--Werror", *sources)
 
@@ -71,7 +80,6 @@ def tests(session: nox.Session) -> None:
     """CPU build of the core + every package's tests; C API test; CUDA compile check when nvcc exists."""
     install_core(session, cuda="OFF")
     install_frameworks(session)
-    session.install("cmake>=3.21", "ninja")
     session.run(
         "cmake", "-S", "core", "-B", "build/c-api-tests", "-G", "Ninja", "-DTE_WITH_CUDA=OFF", "-DTE_BUILD_TESTS=ON"
     )
@@ -106,11 +114,12 @@ def demo(session: nox.Session) -> None:
 
 @nox.session
 def wheels(session: nox.Session) -> None:
-    """Builds every wheel (te-core for this platform, the pure-Python ones) into dist/."""
-    session.install("build")
-    for package in [CORE, *FRAMEWORK_PACKAGES, "packages/transformer-engine"]:
-        if os.path.exists(os.path.join(package, "pyproject.toml")):
-            session.run("python", "-m", "pip", "wheel", "--no-deps", "-w", "dist", f"./{package}")
+    """Builds every wheel (te-core and te-jax for this platform, the pure-Python ones) into dist/."""
+    session.install("build", "jax[cpu]", *NATIVE_BUILD_TOOLS)
+    install_core(session, cuda="OFF")  # te-jax's wheel builds against the installed te-core
+    for package in [CORE, "packages/te-pytorch", "packages/transformer-engine"]:
+        session.run("python", "-m", "pip", "wheel", "--no-deps", "-w", "dist", f"./{package}")
+    session.run("python", "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", "dist", "./packages/te-jax")
 
 
 @nox.session

@@ -12,6 +12,8 @@ cd "$(dirname "$0")/.."
 OUT="${OUT:-build/gpu-out}"
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
+# JAX (te-jax tests) must not take 75% of the GPU up front: torch tests share it.
+export XLA_PYTHON_CLIENT_PREALLOCATE=false
 PY="${PYTHON:-python3}"
 STAGES=" ${TE_GPU_STAGES:-build tests kernels bench} "
 # te-pytorch is pure Python: used from the source tree (the machine has no
@@ -27,6 +29,9 @@ if has_stage build; then
   start=$(date +%s)
   TE_WITH_CUDA=ON TE_CUDA_ARCHS=90 "$PY" -m pip install --no-build-isolation --no-deps -v ./packages/te-core \
     > "$OUT/build.log" 2>&1 || { tail -60 "$OUT/build.log"; exit 1; }
+  # te-jax's XLA FFI handlers, against this jaxlib and the te-core just built.
+  "$PY" -m pip install --no-build-isolation --no-deps -v ./packages/te-jax >> "$OUT/build.log" 2>&1 ||
+    { tail -60 "$OUT/build.log"; exit 1; }
   echo "built in $(( $(date +%s) - start )) s"
 fi
 
@@ -38,7 +43,7 @@ if has_stage tests; then
   if "$PY" -c "import xdist" 2>/dev/null; then workers=(-n "${TE_PYTEST_WORKERS:-8}"); fi
   set +e
   "$PY" -m pytest -q -p no:cacheprovider "${workers[@]}" --durations=15 packages/te-core/tests \
-    packages/te-pytorch/tests ${TE_GPU_PYTEST_ARGS:-} > "$OUT/tests.log" 2>&1
+    packages/te-pytorch/tests packages/te-jax/tests ${TE_GPU_PYTEST_ARGS:-} > "$OUT/tests.log" 2>&1
   tests_rc=$?
   set -e
   grep -E "^(FAILED|ERROR)" "$OUT/tests.log" | head -40 || true

@@ -3,9 +3,12 @@
     import transformer_engine.jax as te_jax
     from transformer_engine.jax import flax as te_flax
 
-The package skeleton: version and layout. The functional ops, autocast,
-MeshResource and the XLA FFI targets come in later work; they are absent,
-not stubbed. Recipes are shared with PyTorch: transformer_engine.common.recipe.
+Today: `cpp_extensions`, te-core's per-tensor FP8 kernels and GEMM as JAX
+functions (XLA FFI custom calls with CPU and CUDA handlers; jit and vmap
+work). The functional ops with custom VJPs (dense, layernorm_dense, ...),
+autocast, MeshResource and the Flax modules come in later work; they are
+absent, not stubbed. Recipes are shared with PyTorch:
+transformer_engine.common.recipe.
 """
 
 import importlib as _importlib
@@ -15,11 +18,12 @@ import transformer_engine.core  # noqa: F401 - loads the native core once, up fr
 
 __version__ = "0.1.0"
 
-__all__ = ["flax"]
+__all__ = ["cpp_extensions", "flax"]
 
 
 def __getattr__(name):
-    # te_jax.flax without importing flax for users who never touch it.
-    if name == "flax":
-        return _importlib.import_module(".flax", __name__)
+    # te_jax.flax without importing flax for users who never touch it, and
+    # cpp_extensions (which registers the FFI targets) on first use.
+    if name in ("flax", "cpp_extensions"):
+        return _importlib.import_module(f".{name}", __name__)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

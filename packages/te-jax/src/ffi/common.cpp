@@ -1,0 +1,48 @@
+#include "common.h"
+
+#include "te/types.h"
+
+namespace te_jax {
+
+bool te_dtype_of(ffi::DataType type, te_dtype* out) {
+  switch (type) {
+    case ffi::DataType::F32: *out = TE_DTYPE_FLOAT32; return true;
+    case ffi::DataType::F16: *out = TE_DTYPE_FLOAT16; return true;
+    case ffi::DataType::BF16: *out = TE_DTYPE_BFLOAT16; return true;
+    case ffi::DataType::F8E4M3FN: *out = TE_DTYPE_FLOAT8E4M3; return true;
+    case ffi::DataType::F8E5M2: *out = TE_DTYPE_FLOAT8E5M2; return true;
+    case ffi::DataType::U8: *out = TE_DTYPE_BYTE; return true;
+    case ffi::DataType::S32: *out = TE_DTYPE_INT32; return true;
+    case ffi::DataType::S64: *out = TE_DTYPE_INT64; return true;
+    default: return false;
+  }
+}
+
+ffi::Error describe(const ffi::AnyBuffer& b, const Device& device, const char* name,
+                    te_tensor* out) {
+  te_tensor t{};
+  if (!te_dtype_of(b.element_type(), &t.dtype))
+    return ffi::Error::InvalidArgument(std::string("argument '") + name +
+                                       "' has an element type te-core does not take");
+  const auto dims = b.dimensions();
+  if (dims.size() > TE_MAX_DIMS)
+    return ffi::Error::InvalidArgument(std::string("argument '") + name + "' has more than " +
+                                       std::to_string(TE_MAX_DIMS) + " dimensions");
+  t.data = b.untyped_data();
+  t.ndim = static_cast<int32_t>(dims.size());
+  for (size_t i = 0; i < dims.size(); ++i) t.shape[i] = dims[i];
+  t.device_type = device.type;
+  t.device_index = device.index;
+  *out = t;
+  return ffi::Error::Success();
+}
+
+ffi::Error from_status(te_status status) {
+  if (status == TE_SUCCESS) return ffi::Error::Success();
+  const std::string message = te_last_error_message();
+  if (status == TE_ERROR_INVALID_ARGUMENT || status == TE_ERROR_INVALID_DTYPE)
+    return ffi::Error::InvalidArgument(message);
+  return ffi::Error::Internal(message);
+}
+
+}  // namespace te_jax

@@ -1,0 +1,68 @@
+// Shared pieces of te-jax's XLA FFI handlers: XLA buffers -> te-core
+// descriptors, te-core statuses -> XLA errors, and one macro that defines an
+// op's CPU and CUDA handlers from one implementation.
+//
+// An implementation is `ffi::Error impl(const Device&, <args...>)`. The CPU
+// handler passes the CPU device; the CUDA handler decodes XLA's stream and
+// device ordinal first and passes them on, so te-core's CUDA backend runs on
+// XLA's stream and orders with XLA's own kernels.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "te/types.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace te_jax {
+
+namespace ffi = xla::ffi;
+
+struct Device {
+  te_device_type type = TE_DEVICE_CPU;
+  int32_t index = 0;
+  te_stream stream = nullptr;
+  // XLA's stream-ordered scratch memory (CUDA handlers): GEMM workspaces.
+  ffi::ScratchAllocator* scratch = nullptr;
+};
+
+inline Device cpu_device() { return Device{}; }
+inline Device cuda_device(void* stream, int32_t ordinal, ffi::ScratchAllocator* scratch) {
+  return Device{TE_DEVICE_CUDA, ordinal, stream, scratch};
+}
+
+// te-core's element type of an XLA one; false when te-core has none.
+bool te_dtype_of(ffi::DataType type, te_dtype* out);
+
+// The descriptor of buffer `b` on `device` with te-core's counterpart of its
+// element type (InvalidArgument naming `name` when there is none).
+ffi::Error describe(const ffi::AnyBuffer& b, const Device& device, const char* name,
+                    te_tensor* out);
+
+// Success, or te-core's message of the failed call as an XLA error.
+ffi::Error from_status(te_status status);
+
+// A result buffer that stands for "not asked" (the Python side passes a
+// zero-element placeholder: XLA FFI has no optional buffers).
+inline bool is_placeholder(const ffi::AnyBuffer& b) {
+  return b.element_count() == 0 && b.dimensions().size() == 1;
+}
+
+}  // namespace te_jax
+
+// Defines the handler symbols <name>_cpu and <name>_cuda. `args` is a
+// function-like macro taking a binding and appending the op's arguments,
+// attributes and results to it.
+#define TE_JAX_DEFINE_HANDLERS(name, impl, args)                                                \
+  XLA_FFI_DEFINE_HANDLER_SYMBOL(name##_cpu,                                                     \
+                                ([](auto... a) { return impl(::te_jax::cpu_device(), a...); }), \
+                                args(::xla::ffi::Ffi::Bind()));                                 \
+  XLA_FFI_DEFINE_HANDLER_SYMBOL(                                                                \
+      name##_cuda,                                                                              \
+      ([](void* stream, int32_t ordinal, ::xla::ffi::ScratchAllocator scratch, auto... a) {     \
+        return impl(::te_jax::cuda_device(stream, ordinal, &scratch), a...);                    \
+      }),                                                                                       \
+      args(::xla::ffi::Ffi::Bind()                                                              \
+               .Ctx<::xla::ffi::PlatformStream<void*>>()                                        \
+               .Ctx<::xla::ffi::DeviceOrdinal>()                                                \
+               .Ctx<::xla::ffi::ScratchAllocator>()))

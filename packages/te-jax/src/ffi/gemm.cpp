@@ -1,0 +1,98 @@
+// The GEMM handler (te/gemm.h): D = op(A) op(B) (+ bias), FP8 or high
+// precision, with the bias gradient of the wgrad GEMM when asked. The
+// workspace te-core's CUDA backend needs (cuBLASLt's, FP8 transposes) comes
+// from XLA's scratch allocator, stream-ordered like the call itself.
+#include <vector>
+
+#include "common.h"
+#include "te/gemm.h"
+
+namespace te_jax {
+namespace {
+
+using ffi::AnyBuffer;
+using ffi::Error;
+using ffi::Result;
+
+// A placeholder argument (zero elements, rank 1) means "none".
+Error describe_optional(const AnyBuffer& b, const Device& d, const char* name, te_tensor* t,
+                        const te_tensor** out) {
+  *out = nullptr;
+  if (is_placeholder(b)) return Error::Success();
+  if (Error e = describe(b, d, name, t); e.failure()) return e;
+  *out = t;
+  return Error::Success();
+}
+
+Error gemm(const Device& d, AnyBuffer a, AnyBuffer b, AnyBuffer a_scale_inv, AnyBuffer b_scale_inv,
+           AnyBuffer bias, Result<AnyBuffer> out, Result<AnyBuffer> bias_grad, bool transa,
+           bool transb, bool use_split_accumulator) {
+  te_tensor ta, tb, tasi, tbsi, tbias, td, tbg, tws;
+  const te_tensor *pasi, *pbsi, *pbias, *pbg_const;
+  if (Error e = describe(a, d, "a", &ta); e.failure()) return e;
+  if (Error e = describe(b, d, "b", &tb); e.failure()) return e;
+  if (Error e = describe_optional(a_scale_inv, d, "a_scale_inv", &tasi, &pasi); e.failure())
+    return e;
+  if (Error e = describe_optional(b_scale_inv, d, "b_scale_inv", &tbsi, &pbsi); e.failure())
+    return e;
+  if (Error e = describe_optional(bias, d, "bias", &tbias, &pbias); e.failure()) return e;
+  if (Error e = describe(*out, d, "out", &td); e.failure()) return e;
+  if (Error e = describe_optional(*bias_grad, d, "bias_grad", &tbg, &pbg_const); e.failure())
+    return e;
+  te_gemm_params p{};
+  p.a = &ta;
+  p.a_scale_inv = pasi;
+  p.transa = transa ? 1 : 0;
+  p.b = &tb;
+  p.b_scale_inv = pbsi;
+  p.transb = transb ? 1 : 0;
+  p.d = &td;
+  p.bias = pbias;
+  p.bias_grad = pbg_const ? &tbg : nullptr;
+  p.alpha = 1.0f;
+  p.beta = 0.0f;
+  p.use_split_accumulator = use_split_accumulator ? 1 : 0;
+  size_t bytes = 0;
+  if (te_status s = te_gemm_workspace_size(&p, &bytes); s != TE_SUCCESS) return from_status(s);
+  std::vector<unsigned char> host_workspace;  // (the CPU backend asks for none today)
+  if (bytes > 0) {
+    void* ptr = nullptr;
+    if (d.scratch != nullptr) {
+      std::optional<void*> got = d.scratch->Allocate(bytes, 256);
+      if (!got.has_value())
+        return Error::Internal("te_gemm: XLA could not allocate the GEMM workspace");
+      ptr = *got;
+    } else {
+      host_workspace.resize(bytes + 256);
+      ptr = host_workspace.data();
+    }
+    tws = te_tensor{};
+    tws.data = ptr;
+    tws.dtype = TE_DTYPE_BYTE;
+    tws.ndim = 1;
+    tws.shape[0] = static_cast<int64_t>(bytes);
+    tws.device_type = d.type;
+    tws.device_index = d.index;
+    p.workspace = &tws;
+  }
+  return from_status(te_gemm(&p, d.stream));
+}
+
+#define TE_JAX_GEMM_ARGS(b) \
+  b.Arg<AnyBuffer>()        \
+      .Arg<AnyBuffer>()     \
+      .Arg<AnyBuffer>()     \
+      .Arg<AnyBuffer>()     \
+      .Arg<AnyBuffer>()     \
+      .Ret<AnyBuffer>()     \
+      .Ret<AnyBuffer>()     \
+      .Attr<bool>("transa") \
+      .Attr<bool>("transb") \
+      .Attr<bool>("use_split_accumulator")
+
+}  // namespace
+
+// (In te_jax, not the anonymous namespace: the handlers are extern "C" symbols.)
+TE_JAX_DEFINE_HANDLERS(te_jax_gemm, gemm, TE_JAX_GEMM_ARGS);
+
+}  // namespace te_jax
