@@ -58,7 +58,9 @@ Error gemm(const Device& d, AnyBuffer a, AnyBuffer b, AnyBuffer a_scale_inv, Any
   if (bytes > 0) {
     void* ptr = nullptr;
     if (d.scratch != nullptr) {
-      std::optional<void*> got = d.scratch->Allocate(bytes, 256);
+      // (XLA aligns scratch to at most 16 bytes; te-core's workspace size
+      // includes the slack to round the pointer up to its own 256.)
+      std::optional<void*> got = d.scratch->Allocate(bytes, 16);
       if (!got.has_value())
         return Error::Internal("te_gemm: XLA could not allocate the GEMM workspace");
       ptr = *got;
