@@ -46,7 +46,9 @@ bool set_config(cublasLtMatmulAlgo_t* algo, cublasLtMatmulAlgoConfigAttributes_t
 }
 
 // Whether the call's buffers have the alignment `algo` needs: AlgoCheck sees
-// no pointers, and the heuristic was told the actual alignments.
+// no pointers, and the heuristic was told the actual alignments. (A need that
+// cannot be read passes: a launch on misaligned buffers fails with a status,
+// which the timing treats as a failed candidate.)
 bool alignments_fit(const LtCall& call, const cublasLtMatmulAlgo_t& algo) {
   const std::pair<cublasLtMatmulAlgoCapAttributes_t, const void*> needs[] = {
       {CUBLASLT_ALGO_CAP_MIN_ALIGNMENT_A_BYTES, call.a.data},
@@ -56,8 +58,8 @@ bool alignments_fit(const LtCall& call, const cublasLtMatmulAlgo_t& algo) {
   for (const auto& [attr, ptr] : needs) {
     uint32_t need = 0;
     size_t written = 0;
-    if (cublasLtMatmulAlgoCapGetAttribute(&algo, attr, &need, sizeof(need), &written) !=
-            CUBLAS_STATUS_SUCCESS ||
+    if (cublasLtMatmulAlgoCapGetAttribute(&algo, attr, &need, sizeof(need), &written) ==
+            CUBLAS_STATUS_SUCCESS &&
         need > alignment_of(ptr))
       return false;
   }
