@@ -11,8 +11,10 @@
 // than copied; te-core itself is unchanged.
 //
 // Candidates per call, in order (all validated with cublasLtMatmulAlgoCheck):
-//   0. the heuristic's first 64 answers, then up to 16 answers per algorithm
-//      id with CUBLASLT_SEARCH_LIMITED_BY_ALGO_ID;
+//   0. the heuristic's first 64 answers, te-core's tile variants of its first
+//      answer (tile_variants, what TE_GEMM_AUTOTUNE=all times with its first
+//      8 answers), then up to 16 answers per algorithm id with
+//      CUBLASLT_SEARCH_LIMITED_BY_ALGO_ID;
 //   1. a grid per algorithm id: tile x stages x a few cluster shapes (split-K
 //      1, no swizzle), largest tiles first;
 //   2. around the fastest 8 found so far: swizzle, split-K {1..4} x reduction
@@ -38,7 +40,7 @@
 #include <vector>
 
 // te-core sources, compiled into this driver to reach their file-local helpers:
-#include "gemm/cublaslt.cpp"  // Descriptors, handle_for, set_pref, alignment_of, cuda_type
+#include "gemm/cublaslt.cpp"  // set_pref, kHeuristicResults (and what cublaslt.h declares)
 #include "gemm/cuda.cu"       // choose(), make_call(), cuda::gemm()
 #include "gemm_search_config.h"
 
@@ -258,6 +260,11 @@ const uint16_t kRefineClusters[] = {CUBLASLT_CLUSTER_SHAPE_AUTO,  CUBLASLT_CLUST
 
 struct ContextLost {};
 
+// The cuBLASLt types of a call (A, B, C, D), as te-core's descriptors set them.
+struct Types {
+  cudaDataType_t a, b, c, d;
+};
+
 Types types_of(const LtCall& call) {
   using te::gemm::cuda_type;
   return {cuda_type(call.a.dtype), cuda_type(call.b.dtype), cuda_type(call.c_dtype),
@@ -268,10 +275,11 @@ struct Searcher {
   Setup& s;
   cublasLtHandle_t handle;
   Types types;
-  te::gemm::Descriptors desc;  // of the test call: what AlgoCheck validates
+  te::gemm::LtDescriptors desc;  // of the test call: what AlgoCheck validates
   cudaStream_t stream = nullptr;
   cudaEvent_t start = nullptr, stop = nullptr;
   std::vector<Config> seen, heuristic;  // heuristic: its answers, by rank
+  std::vector<Config> te_core;          // what TE_GEMM_AUTOTUNE=all times: 8 answers + variants
   std::vector<Candidate> passed;        // correct and at least screened
   double best_ms = 0.0;
   int n_checked = 0, n_invalid = 0, n_failed = 0, n_wrong = 0, n_screened_out = 0;
@@ -374,7 +382,7 @@ struct Searcher {
 
   // Check, run, compare, screen and perhaps time one configuration.
   void evaluate(Candidate c) {
-    c.cfg = read_config(c.algo);
+    c.cfg = read_algo_config(c.algo);
     for (const Config& x : seen)
       if (x == c.cfg) return;
     seen.push_back(c.cfg);
@@ -437,7 +445,7 @@ struct Searcher {
                          static_cast<uint32_t>(CUBLASLT_SEARCH_LIMITED_BY_ALGO_ID));
       for (auto& r : results) r.algo = *only_id;  // the mode reads the id from here
     }
-    te::gemm::Descriptors d(call);
+    te::gemm::LtDescriptors d(call);
     int n = 0;
     std::vector<cublasLtMatmulAlgo_t> algos;
     if (cublasLtMatmulAlgoGetHeuristic(handle, &d.op, &d.a, &d.b, &d.c, &d.d, &pref, count,
@@ -461,30 +469,43 @@ struct Searcher {
     return ids;
   }
 
+  // cublasLtMatmulAlgoInit of algorithm `id` for the call's types.
+  bool init_algo(int id, cublasLtMatmulAlgo_t* algo) {
+    Config plain;
+    plain.id = id;
+    return te::gemm::build_algo(s.test, plain, algo);
+  }
+
   Caps caps_of(int id) {
     cublasLtMatmulAlgo_t algo{};
-    if (cublasLtMatmulAlgoInit(handle, CUBLAS_COMPUTE_32F, CUDA_R_32F, types.a, types.b, types.c,
-                               types.d, id, &algo) != CUBLAS_STATUS_SUCCESS)
-      return Caps{};
-    return read_caps(algo);
+    return init_algo(id, &algo) ? read_caps(algo) : Caps{};
   }
 
   // Phase 0: the heuristic's own answers, overall and per algorithm id.
   void phase_heuristic(double deadline) {
     const std::vector<cublasLtMatmulAlgo_t> answers = ask_heuristic(kHeuristicAnswers, nullptr);
-    for (const cublasLtMatmulAlgo_t& a : answers) heuristic.push_back(read_config(a));
+    for (const cublasLtMatmulAlgo_t& a : answers) heuristic.push_back(read_algo_config(a));
     std::printf("  heuristic: %zu usable answers\n", answers.size());
-    if (heuristic.empty() || !(heuristic[0] == read_config(s.choice.algo)))
+    if (heuristic.empty() || !(heuristic[0] == read_algo_config(s.choice.algo)))
       std::printf("  NOTE: the 64-answer query's first answer differs from te-core's choice\n");
     for (size_t rank = 0; rank < answers.size(); ++rank) {
       if (now_s() > deadline) return;
       evaluate(Candidate{Config{}, answers[rank], "heuristic #" + std::to_string(rank)});
     }
+    const std::vector<cublasLtMatmulAlgo_t> first(
+        answers.begin(),
+        answers.begin() + std::min<size_t>(answers.size(), te::gemm::kHeuristicResults));
+    const std::vector<cublasLtMatmulAlgo_t> variants = te::gemm::tile_variants(s.test, first);
+    std::printf("  te-core tile variants: %zu\n", variants.size());
+    for (const cublasLtMatmulAlgo_t& a : first) te_core.push_back(read_algo_config(a));
+    for (const cublasLtMatmulAlgo_t& a : variants) te_core.push_back(read_algo_config(a));
+    for (const cublasLtMatmulAlgo_t& a : variants) {
+      if (now_s() > deadline) return;
+      evaluate(Candidate{Config{}, a, "te-core variant"});
+    }
     for (int id : algo_ids()) {
       cublasLtMatmulAlgo_t init{};
-      if (cublasLtMatmulAlgoInit(handle, CUBLAS_COMPUTE_32F, CUDA_R_32F, types.a, types.b, types.c,
-                                 types.d, id, &init) != CUBLAS_STATUS_SUCCESS)
-        continue;
+      if (!init_algo(id, &init)) continue;
       for (const cublasLtMatmulAlgo_t& a : ask_heuristic(kPerAlgoAnswers, &init)) {
         if (now_s() > deadline) return;
         evaluate(Candidate{Config{}, a, "algo-limited heuristic"});
@@ -516,7 +537,7 @@ struct Searcher {
             cfg.cluster = cluster;
             Candidate c{cfg, {}, "grid"};
             cublasLtMatmulHeuristicResult_t r{};
-            if (!build_algo(handle, types, cfg, &c.algo) ||
+            if (!te::gemm::build_algo(s.test, cfg, &c.algo) ||
                 cublasLtMatmulAlgoCheck(handle, &desc.op, &desc.a, &desc.b, &desc.c, &desc.d,
                                         &c.algo, &r) != CUBLAS_STATUS_SUCCESS ||
                 r.workspaceSize > s.test.workspace_bytes)
@@ -566,7 +587,7 @@ struct Searcher {
       for (const Config& v : variants) {
         if (now_s() > deadline) return;
         Candidate c{v, {}, "refine"};
-        if (build_algo(handle, types, v, &c.algo)) evaluate(c);
+        if (te::gemm::build_algo(s.test, v, &c.algo)) evaluate(c);
       }
     }
   }
@@ -575,6 +596,7 @@ struct Searcher {
 struct Summary {
   std::string name;
   double flops, h0_ms, best_ms;
+  double tuned_ms;  // the best of what TE_GEMM_AUTOTUNE=all times (Searcher::te_core)
 };
 
 double tflops(double flops, double ms) { return flops / (ms * 1e-3) / 1e12; }
@@ -586,7 +608,7 @@ Summary search_case(Setup& s, double share_s) {
   const double host_err = host_check(s);
   const float te_ms = x.te_core_ms();
   std::printf("  heuristic #0: %.4f ms, %.0f TFLOP/s  (%s)\n", h0, tflops(s.flops(), h0),
-              describe(read_config(s.choice.algo)).c_str());
+              describe(read_algo_config(s.choice.algo)).c_str());
   std::printf(
       "  te-core cuda::gemm: %.4f ms; heuristic #0 vs float64 at 48 elements: %.2e of max\n", te_ms,
       host_err);
@@ -610,7 +632,13 @@ Summary search_case(Setup& s, double share_s) {
                 c.ms, tflops(s.flops(), c.ms), h0 / c.ms, describe(c.cfg).c_str(), c.waves,
                 c.workspace / 1048576.0, c.source.c_str());
   }
-  Summary row{s.cs.name, s.flops(), h0, h0};
+  Summary row{s.cs.name, s.flops(), h0, h0, h0};
+  // (Screened-out candidates count with their screening time.)
+  for (const Candidate& c : x.passed)
+    if (std::find(x.te_core.begin(), x.te_core.end(), c.cfg) != x.te_core.end() && c.key() > 0)
+      row.tuned_ms = std::min<double>(row.tuned_ms, c.key());
+  std::printf("  best of te-core's %zu timed candidates: %.4f ms (%.1f%% over heuristic #0)\n",
+              x.te_core.size(), row.tuned_ms, 100.0 * (h0 / row.tuned_ms - 1.0));
   if (!timed.empty()) {
     row.best_ms = std::min<double>(h0, timed[0].ms);
     int rank = -1;
@@ -625,12 +653,14 @@ Summary search_case(Setup& s, double share_s) {
 }
 
 void print_summary(const std::vector<Summary>& rows) {
-  std::printf("\n%-26s %10s %8s %10s %8s %7s\n", "shape", "heur0 ms", "TFLOP/s", "best ms",
-              "TFLOP/s", "gain");
+  // "tuned": the best of te-core's TE_GEMM_AUTOTUNE=all candidates.
+  std::printf("\n%-26s %10s %8s %10s %8s %7s %10s %7s\n", "shape", "heur0 ms", "TFLOP/s", "best ms",
+              "TFLOP/s", "gain", "tuned ms", "gain");
   for (const Summary& r : rows)
-    std::printf("%-26s %10.4f %8.0f %10.4f %8.0f %6.1f%%\n", r.name.c_str(), r.h0_ms,
+    std::printf("%-26s %10.4f %8.0f %10.4f %8.0f %6.1f%% %10.4f %6.1f%%\n", r.name.c_str(), r.h0_ms,
                 tflops(r.flops, r.h0_ms), r.best_ms, tflops(r.flops, r.best_ms),
-                100.0 * (r.h0_ms / r.best_ms - 1.0));
+                100.0 * (r.h0_ms / r.best_ms - 1.0), r.tuned_ms,
+                100.0 * (r.h0_ms / r.tuned_ms - 1.0));
   // The modules' steps: sums of their GEMMs (when all were searched).
   const struct {
     const char* step;
@@ -638,19 +668,21 @@ void print_summary(const std::vector<Summary>& rows) {
   } steps[] = {{"Linear 4096->14336 step (3 GEMMs)", {"L4096->14336 "}},
                {"LayerNormMLP step (6 GEMMs)", {"L4096->28672 ", "L14336->4096 "}}};
   for (const auto& st : steps) {
-    double h0 = 0, best = 0, flops = 0;
+    double h0 = 0, best = 0, tuned = 0, flops = 0;
     int n = 0;
     for (const Summary& r : rows)
       for (const std::string& p : st.prefixes)
         if (r.name.rfind(p, 0) == 0) {
           h0 += r.h0_ms;
           best += r.best_ms;
+          tuned += r.tuned_ms;
           flops += r.flops;
           ++n;
         }
     if (n == 3 * static_cast<int>(st.prefixes.size()))
-      std::printf("%s: heuristic #0 %.3f ms (%.0f TFLOP/s), best %.3f ms (%.0f TFLOP/s)\n", st.step,
-                  h0, tflops(flops, h0), best, tflops(flops, best));
+      std::printf(
+          "%s: heuristic #0 %.3f ms (%.0f TFLOP/s), best %.3f ms (%.0f TFLOP/s), tuned %.3f ms\n",
+          st.step, h0, tflops(flops, h0), best, tflops(flops, best), tuned);
   }
 }
 

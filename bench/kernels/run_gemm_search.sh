@@ -41,7 +41,7 @@ flags=(-std=c++17 -O3 -arch=sm_90 --expt-relaxed-constexpr -DTE_WITH_CUDA -DTE_V
   -I core/src -I "$build" "${extra[@]}")
 # The driver includes core/src/gemm/{cublaslt.cpp,cuda.cu}; these are what they call.
 sources=(bench/kernels/gemm_search.cu core/src/gemm/cuda_plan.cpp core/src/gemm/autotune.cpp
-  core/src/gemm/kernels.cu core/src/gemm/bias_grad.cu core/src/runtime/status.cpp
+  core/src/gemm/algo_variants.cpp core/src/gemm/kernels.cu core/src/gemm/bias_grad.cu core/src/runtime/status.cpp
   core/src/runtime/tensor.cpp core/src/runtime/cuda_launch.cu)
 source bench/kernels/nvcc_objects.sh
 compile_objects

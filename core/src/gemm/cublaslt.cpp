@@ -7,8 +7,9 @@
 // pointer alignments, workspace size, device).
 //
 // Algorithm choice: cuBLASLt's heuristic answers (up to 8), the first by
-// default. Large high-precision GEMMs (with TE_GEMM_AUTOTUNE=all FP8 ones too)
-// are timed once instead (autotune.cpp):
+// default. Large high-precision GEMMs (with TE_GEMM_AUTOTUNE=all FP8 ones too,
+// together with tile variants of the first answer, algo_variants.cpp) are
+// timed once instead (autotune.cpp):
 // the heuristic's first answer is not always its fastest, and torch.matmul's
 // cuBLAS path sometimes finds a faster kernel than that first answer. The
 // preference carries the 32 MiB workspace (cuda_plan.h) and the operands'
@@ -32,7 +33,6 @@
 #include "gemm/cublas_check.h"
 
 namespace te::gemm {
-namespace {
 
 cudaDataType_t cuda_type(te_dtype dtype) {
   switch (dtype) {
@@ -45,6 +45,29 @@ cudaDataType_t cuda_type(te_dtype dtype) {
     default: fail(TE_ERROR_INTERNAL, "no cuBLASLt type for dtype ", static_cast<int>(dtype));
   }
 }
+
+// Kernels that need more alignment than a buffer has are excluded from the
+// heuristic's choice (and from the tile variants).
+uint32_t alignment_of(const void* p) {
+  const uintptr_t v = reinterpret_cast<uintptr_t>(p);
+  uint32_t a = 256;
+  while (a > 1 && v % a != 0) a /= 2;
+  return a;
+}
+
+cublasLtHandle_t handle_for(int device) {
+  static std::mutex mutex;
+  static std::unordered_map<int, cublasLtHandle_t> handles;  // never destroyed: no
+  std::lock_guard<std::mutex> lock(mutex);                   // teardown-order issues at exit
+  auto it = handles.find(device);
+  if (it != handles.end()) return it->second;
+  cublasLtHandle_t handle = nullptr;
+  TE_GEMM_CHECK_CUBLAS(cublasLtCreate(&handle));  // api.cpp made `device` current
+  handles.emplace(device, handle);
+  return handle;
+}
+
+namespace {
 
 // Block scale modes of te/gemm_block.h (cuBLASLt 12.8: VEC32/VEC16; 12.9: VEC128/BLK128).
 int32_t lt_scale_mode(ScaleMode mode) {
@@ -66,27 +89,6 @@ cublasLtEpilogue_t lt_epilogue(LtEpilogue e) {
   }
 }
 
-// Largest power of two (<= 256) dividing the address: kernels that need more
-// alignment than a buffer has are excluded from the heuristic's choice.
-uint32_t alignment_of(const void* p) {
-  const uintptr_t v = reinterpret_cast<uintptr_t>(p);
-  uint32_t a = 256;
-  while (a > 1 && v % a != 0) a /= 2;
-  return a;
-}
-
-cublasLtHandle_t handle_for(int device) {
-  static std::mutex mutex;
-  static std::unordered_map<int, cublasLtHandle_t> handles;  // never destroyed: no
-  std::lock_guard<std::mutex> lock(mutex);                   // teardown-order issues at exit
-  auto it = handles.find(device);
-  if (it != handles.end()) return it->second;
-  cublasLtHandle_t handle = nullptr;
-  TE_GEMM_CHECK_CUBLAS(cublasLtCreate(&handle));  // api.cpp made `device` current
-  handles.emplace(device, handle);
-  return handle;
-}
-
 template <class T>
 void set_attr(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t attr, const T& value) {
   TE_GEMM_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(desc, attr, &value, sizeof(value)));
@@ -103,54 +105,52 @@ void init_layout(cublasLtMatrixLayoutOpaque_t* layout, te_dtype dtype, uint64_t 
   TE_GEMM_CHECK_CUBLAS(cublasLtMatrixLayoutInit(layout, cuda_type(dtype), rows, cols, ld));
 }
 
-// Everything cublasLtMatmul and its heuristic take, on the stack.
-struct Descriptors {
-  cublasLtMatmulDescOpaque_t op;
-  cublasLtMatrixLayoutOpaque_t a, b, c, d;
+}  // namespace
 
-  explicit Descriptors(const LtCall& call) {
-    TE_GEMM_CHECK_CUBLAS(cublasLtMatmulDescInit(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-    const int32_t transa = call.a.trans ? CUBLAS_OP_T : CUBLAS_OP_N;
-    const int32_t transb = call.b.trans ? CUBLAS_OP_T : CUBLAS_OP_N;
-    set_attr(&op, CUBLASLT_MATMUL_DESC_TRANSA, transa);
-    set_attr(&op, CUBLASLT_MATMUL_DESC_TRANSB, transb);
-    const uint32_t epilogue = lt_epilogue(call.epilogue);
-    set_attr(&op, CUBLASLT_MATMUL_DESC_EPILOGUE, epilogue);
-    if (call.epilogue != LtEpilogue::kDefault && call.epilogue != LtEpilogue::kGeluAux)
-      set_attr(&op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, call.bias);
-    if (call.set_bias_dtype) {
-      const int32_t bias_type = cuda_type(call.bias_dtype);
-      set_attr(&op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, bias_type);
-    }
-    if (call.epilogue == LtEpilogue::kGeluAux || call.epilogue == LtEpilogue::kGeluAuxBias) {
-      set_attr(&op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, call.aux);
-      const int64_t aux_ld = static_cast<int64_t>(call.m);  // D's leading dimension
-      set_attr(&op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, aux_ld);
-    }
-    if (call.fp8) {
-      set_attr(&op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, call.a_scale);
-      set_attr(&op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, call.b_scale);
-      const int8_t fast_accum = call.fast_accum ? 1 : 0;
-      set_attr(&op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, fast_accum);
-      if (call.a_scale_mode != ScaleMode::kScalar || call.b_scale_mode != ScaleMode::kScalar) {
-        set_attr(&op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, lt_scale_mode(call.a_scale_mode));
-        set_attr(&op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, lt_scale_mode(call.b_scale_mode));
-      }
-    }
-    if (call.device_alpha) {
-      const int32_t mode = CUBLASLT_POINTER_MODE_DEVICE;
-      set_attr(&op, CUBLASLT_MATMUL_DESC_POINTER_MODE, mode);
-    }
-    if (call.d_scale)
-      set_attr(&op, CUBLASLT_MATMUL_DESC_D_SCALE_POINTER, static_cast<const void*>(call.d_scale));
-    if (call.d_amax)
-      set_attr(&op, CUBLASLT_MATMUL_DESC_AMAX_D_POINTER, static_cast<void*>(call.d_amax));
-    init_layout(&a, call.a.dtype, call.a.rows, call.a.cols, call.a.ld);
-    init_layout(&b, call.b.dtype, call.b.rows, call.b.cols, call.b.ld);
-    init_layout(&c, call.c_dtype, call.m, call.n, static_cast<int64_t>(call.m));
-    init_layout(&d, call.d_dtype, call.m, call.n, static_cast<int64_t>(call.m));
+LtDescriptors::LtDescriptors(const LtCall& call) {
+  TE_GEMM_CHECK_CUBLAS(cublasLtMatmulDescInit(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  const int32_t transa = call.a.trans ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const int32_t transb = call.b.trans ? CUBLAS_OP_T : CUBLAS_OP_N;
+  set_attr(&op, CUBLASLT_MATMUL_DESC_TRANSA, transa);
+  set_attr(&op, CUBLASLT_MATMUL_DESC_TRANSB, transb);
+  const uint32_t epilogue = lt_epilogue(call.epilogue);
+  set_attr(&op, CUBLASLT_MATMUL_DESC_EPILOGUE, epilogue);
+  if (call.epilogue != LtEpilogue::kDefault && call.epilogue != LtEpilogue::kGeluAux)
+    set_attr(&op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, call.bias);
+  if (call.set_bias_dtype) {
+    const int32_t bias_type = cuda_type(call.bias_dtype);
+    set_attr(&op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, bias_type);
   }
-};
+  if (call.epilogue == LtEpilogue::kGeluAux || call.epilogue == LtEpilogue::kGeluAuxBias) {
+    set_attr(&op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, call.aux);
+    const int64_t aux_ld = static_cast<int64_t>(call.m);  // D's leading dimension
+    set_attr(&op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, aux_ld);
+  }
+  if (call.fp8) {
+    set_attr(&op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, call.a_scale);
+    set_attr(&op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, call.b_scale);
+    const int8_t fast_accum = call.fast_accum ? 1 : 0;
+    set_attr(&op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, fast_accum);
+    if (call.a_scale_mode != ScaleMode::kScalar || call.b_scale_mode != ScaleMode::kScalar) {
+      set_attr(&op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, lt_scale_mode(call.a_scale_mode));
+      set_attr(&op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, lt_scale_mode(call.b_scale_mode));
+    }
+  }
+  if (call.device_alpha) {
+    const int32_t mode = CUBLASLT_POINTER_MODE_DEVICE;
+    set_attr(&op, CUBLASLT_MATMUL_DESC_POINTER_MODE, mode);
+  }
+  if (call.d_scale)
+    set_attr(&op, CUBLASLT_MATMUL_DESC_D_SCALE_POINTER, static_cast<const void*>(call.d_scale));
+  if (call.d_amax)
+    set_attr(&op, CUBLASLT_MATMUL_DESC_AMAX_D_POINTER, static_cast<void*>(call.d_amax));
+  init_layout(&a, call.a.dtype, call.a.rows, call.a.cols, call.a.ld);
+  init_layout(&b, call.b.dtype, call.b.rows, call.b.cols, call.b.ld);
+  init_layout(&c, call.c_dtype, call.m, call.n, static_cast<int64_t>(call.m));
+  init_layout(&d, call.d_dtype, call.m, call.n, static_cast<int64_t>(call.m));
+}
+
+namespace {
 
 // The heuristic's inputs, flattened.
 struct AlgoKey {
@@ -209,8 +209,9 @@ AlgoKey make_key(const LtCall& c) {
 struct CachedAlgo {
   cublasStatus_t status;  // SUCCESS when an algorithm was found
   cublasLtMatmulAlgo_t algo;
-  std::vector<cublasLtMatmulAlgo_t> candidates;  // the heuristic's usable answers, best first
-  bool settled = false;                          // timed, or not worth timing
+  // The heuristic's usable answers, best first (once timed, FP8 tile variants follow them).
+  std::vector<cublasLtMatmulAlgo_t> candidates;
+  bool settled = false;  // timed, or not worth timing
 };
 
 constexpr size_t kMaxCachedAlgos = 4096;  // then start over: shapes are few in practice
@@ -219,7 +220,7 @@ constexpr int kHeuristicResults = 8;
 
 cublasStatus_t heuristic_candidates(const LtCall& call,
                                     std::vector<cublasLtMatmulAlgo_t>* candidates) {
-  Descriptors desc(call);
+  LtDescriptors desc(call);
   cublasLtMatmulPreferenceOpaque_t pref;
   TE_GEMM_CHECK_CUBLAS(cublasLtMatmulPreferenceInit(&pref));
   set_pref(&pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
@@ -261,7 +262,9 @@ cublasStatus_t find_lt_algo(const LtCall& call, cublasLtMatmulAlgo_t* algo,
     std::lock_guard<std::mutex> lock(mutex);
     auto it = cache.find(key);
     if (it != cache.end()) {
-      tune = !it->second.settled && it->second.candidates.size() > 1 && worth();
+      // Something to choose from: two answers, or one FP8 answer (and its variants).
+      const size_t needed = call.fp8 ? 1 : 2;
+      tune = !it->second.settled && it->second.candidates.size() >= needed && worth();
       if (!tune) {
         *algo = it->second.algo;
         return it->second.status;
@@ -278,8 +281,17 @@ cublasStatus_t find_lt_algo(const LtCall& call, cublasLtMatmulAlgo_t* algo,
         status != CUBLAS_STATUS_INVALID_VALUE)
       return status;
   }
+  // Timed FP8 GEMMs (TE_GEMM_AUTOTUNE=all) also try tile and cluster variants
+  // of the first answer's algorithm, in two rounds (both: see autotune.cpp);
+  // high-precision ones time the heuristic's answers in one round.
+  int rounds = 1;
+  if (tune && call.fp8) {
+    const std::vector<cublasLtMatmulAlgo_t> variants = tile_variants(call, candidates);
+    candidates.insert(candidates.end(), variants.begin(), variants.end());
+    rounds = 2;
+  }
   size_t chosen = 0;
-  if (tune && candidates.size() > 1) chosen = fastest_algo(call, candidates, *tune_stream);
+  if (tune && candidates.size() > 1) chosen = fastest_algo(call, candidates, *tune_stream, rounds);
   *algo = candidates.empty() ? cublasLtMatmulAlgo_t{} : candidates[chosen];
   std::lock_guard<std::mutex> lock(mutex);
   if (cache.size() >= kMaxCachedAlgos) cache.clear();
@@ -289,7 +301,7 @@ cublasStatus_t find_lt_algo(const LtCall& call, cublasLtMatmulAlgo_t* algo,
 
 cublasStatus_t try_lt_matmul(const LtCall& call, const cublasLtMatmulAlgo_t& algo,
                              cudaStream_t stream) {
-  Descriptors desc(call);
+  LtDescriptors desc(call);
   const void* alpha = call.device_alpha ? static_cast<const void*>(call.device_alpha) : &call.alpha;
   const void* beta = call.device_alpha ? static_cast<const void*>(call.device_beta) : &call.beta;
   return cublasLtMatmul(handle_for(call.device), &desc.op, alpha, call.a.data, &desc.a, call.b.data,

@@ -53,11 +53,22 @@ struct LtCall {
   size_t workspace_bytes = 0;
 };
 
+// cublaslt.cpp's plumbing, shared with algo_variants.cpp and the bench driver.
+// Everything cublasLtMatmul and its heuristic take, on the stack.
+struct LtDescriptors {
+  cublasLtMatmulDescOpaque_t op;
+  cublasLtMatrixLayoutOpaque_t a, b, c, d;
+  explicit LtDescriptors(const LtCall& call);
+};
+cublasLtHandle_t handle_for(int device);  // one per device, created on first use
+cudaDataType_t cuda_type(te_dtype dtype);
+uint32_t alignment_of(const void* p);  // largest power of two <= 256 dividing the address
+
 // The algorithm for this call, cached per configuration: cuBLASLt's
 // heuristic's first usable answer, or, when `tune_stream` is given and
-// worth_timing() says yes, the fastest of its answers timed once on that
-// stream. CUBLAS_STATUS_SUCCESS when found; otherwise the heuristic's status
-// (NOT_SUPPORTED when it has no kernel; INVALID_VALUE for a type or epilogue
+// worth_timing() says yes, the fastest of its answers (FP8: and of
+// tile_variants()) timed once on that stream. CUBLAS_STATUS_SUCCESS when found; otherwise the
+// heuristic's status (NOT_SUPPORTED when it has no kernel; INVALID_VALUE for a type or epilogue
 // combination cuBLASLt rejects), so the caller can fall back.
 cublasStatus_t find_lt_algo(const LtCall& call, cublasLtMatmulAlgo_t* algo,
                             const cudaStream_t* tune_stream = nullptr);
@@ -67,6 +78,32 @@ void run_lt_matmul(const LtCall& call, const cublasLtMatmulAlgo_t& algo, cudaStr
 cublasStatus_t try_lt_matmul(const LtCall& call, const cublasLtMatmulAlgo_t& algo,
                              cudaStream_t stream);
 
+// algo_variants.cpp. One cuBLASLt algorithm configuration: every field of
+// cublasLtMatmulAlgoConfigAttributes_t (cuBLASLt 13) with the storage type the
+// header names; equal configurations are the same kernel.
+struct LtAlgoConfig {
+  int32_t id = 0;
+  uint32_t tile = 0, stages = 0;  // 0: UNDEFINED
+  int32_t splitk = 1;
+  uint32_t reduction = 0, swizzle = 0, custom = 0;
+  uint16_t inner = 0, cluster = 0;  // cluster 0: AUTO
+  bool operator==(const LtAlgoConfig& o) const;
+};
+LtAlgoConfig read_algo_config(const cublasLtMatmulAlgo_t& algo);
+// cublasLtMatmulAlgoInit for the call's types and `config.id`, then each
+// field of `config` (inner only when not 0). False when cuBLASLt refuses one.
+bool build_algo(const LtCall& call, const LtAlgoConfig& config, cublasLtMatmulAlgo_t* algo);
+// An array capability (CUBLASLT_ALGO_CAP_TILE_IDS, _STAGES_IDS); {0} when the
+// algorithm lists none (UNDEFINED: it picks).
+std::vector<uint32_t> algo_cap_ids(const cublasLtMatmulAlgo_t& algo,
+                                   cublasLtMatmulAlgoCapAttributes_t attr);
+// Tile and cluster variants of the algorithm of `answers[0]` (the heuristic's
+// first answer) that cuBLASLt accepts for `call` within its workspace and
+// alignments, none equal to one of `answers`, in a fixed order: candidates
+// for the timed choice of FP8 GEMMs (see algo_variants.cpp for why).
+std::vector<cublasLtMatmulAlgo_t> tile_variants(const LtCall& call,
+                                                const std::vector<cublasLtMatmulAlgo_t>& answers);
+
 // autotune.cpp. Whether timing the candidates of `call` on `stream` is allowed
 // and worth it: TE_GEMM_AUTOTUNE is not 0, the GEMM is large, has high-precision
 // inputs (FP8 inputs too with TE_GEMM_AUTOTUNE=all), writes no FP8 output (no
@@ -74,8 +111,9 @@ cublasStatus_t try_lt_matmul(const LtCall& call, const cublasLtMatmulAlgo_t& alg
 // alias C under beta != 0) and the stream is not being captured.
 bool worth_timing(const LtCall& call, cudaStream_t stream);
 // Index of the fastest candidate (the first when timing fails), each run a
-// few times on `stream` (this synchronizes with it).
+// few times on `stream` (this synchronizes with it). With two rounds the
+// close contenders of the first are timed again and keep their best time.
 size_t fastest_algo(const LtCall& call, const std::vector<cublasLtMatmulAlgo_t>& candidates,
-                    cudaStream_t stream);
+                    cudaStream_t stream, int rounds = 1);
 
 }  // namespace te::gemm
