@@ -226,6 +226,9 @@ def test_quantizer_sets_from_recipes():
     assert current.scaling_mode is ScalingMode.CURRENT_TENSOR_SCALING
     assert isinstance(current.kernel, CurrentScaleQuantizer) and current.kernel.power_2_scale
     assert current.dgrad.q_dtype == jnp.float8_e5m2 and jax.tree_util.tree_leaves(current) == []
+    one = QuantizerFactory.create(ScalingMode.DELAYED_TENSOR_SCALING, jnp.float8_e5m2, margin=1.0)
+    assert isinstance(one, DelayedScaleQuantizer) and one.q_dtype == jnp.float8_e5m2 and one.margin == 1.0
+    assert QuantizerFactory.create(ScalingMode.NO_SCALING) is None
     assert QuantizerFactory.create_set() is noop_quantizer_set
     assert noop_quantizer_set.is_noop and noop_quantizer_set.scaling_mode is ScalingMode.NO_SCALING
 

@@ -34,12 +34,6 @@ class QuantizerSet:
     def scaling_mode(self) -> ScalingMode:
         return ScalingMode.NO_SCALING if self.is_noop else self.x.scaling_mode
 
-    def update(self) -> QuantizerSet:
-        """Each quantizer's recipe step (a no-op for current scaling)."""
-        if self.is_noop:
-            return self
-        return QuantizerSet(self.x.update(), self.kernel.update(), self.dgrad.update())
-
 
 jax.tree_util.register_dataclass(QuantizerSet)
 
