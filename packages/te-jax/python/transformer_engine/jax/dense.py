@@ -73,7 +73,7 @@ def _dense_fwd(x, kernel, bias, quantizer_set):
     qx, x_quantizer = quantizer_set.x.quantize(x, rowwise=True, columnwise=True)
     qk, k_quantizer = quantizer_set.kernel.quantize(kernel, rowwise=True, columnwise=True)
     # Y [M, out] = X [M, in] . K: B is K's columnwise copy, stored [out, in].
-    y = _fp8_gemm(qx.rowwise, qx, qk.columnwise, qk, bias=bias, out_dtype=x.dtype)
+    y = _fp8_gemm(qx.rowwise, qx.scale_inv, qk.columnwise, qk.scale_inv, bias=bias, out_dtype=x.dtype)
     new_set = QuantizerSet(x_quantizer.update(), k_quantizer.update(), quantizer_set.dgrad)
     # Saved for backward: the copies the two backward GEMMs read, in FP8.
     x_saved = ScaledTensor(None, qx.columnwise, qx.scale_inv)
@@ -89,9 +89,9 @@ def _dense_bwd(residuals, dy):
     else:
         qdy, dgrad_quantizer = quantizer_set.dgrad.quantize(dy, rowwise=True, columnwise=True)
         # dX [M, in] = dY [M, out] . K^T: B is K's rowwise copy, stored [in, out].
-        dx = _fp8_gemm(qdy.rowwise, qdy, k_saved.rowwise, k_saved, out_dtype=dy.dtype)
+        dx = _fp8_gemm(qdy.rowwise, qdy.scale_inv, k_saved.rowwise, k_saved.scale_inv, out_dtype=dy.dtype)
         # dW [in, out] = X^T . dY: A is X's columnwise copy [in, M], B is dY's [out, M].
-        dw = _fp8_gemm(x_saved.columnwise, x_saved, qdy.columnwise, qdy, out_dtype=dy.dtype)
+        dw = _fp8_gemm(x_saved.columnwise, x_saved.scale_inv, qdy.columnwise, qdy.scale_inv, out_dtype=dy.dtype)
         quantizer_set = QuantizerSet(quantizer_set.x, quantizer_set.kernel, dgrad_quantizer.update())
     dbias = None if bias is None else jnp.sum(dy, axis=0, dtype=jnp.float32).astype(bias.dtype)
     # The quantizer set's "gradient" is its updated state (see the module docstring).
@@ -101,17 +101,9 @@ def _dense_bwd(residuals, dy):
 _dense.defvjp(_dense_fwd, _dense_bwd)
 
 
-def _fp8_gemm(a, a_scaled: ScaledTensor, b, b_scaled: ScaledTensor, *, out_dtype, bias=None):
-    """op(A) op(B) in te_gemm's TN form: A stored [M, K], B stored [N, K]."""
-    return gemm(
-        a,
-        b,
-        transb=True,
-        a_scale_inv=a_scaled.scale_inv,
-        b_scale_inv=b_scaled.scale_inv,
-        bias=bias,
-        out_dtype=out_dtype,
-    )
+def _fp8_gemm(a, a_scale_inv, b, b_scale_inv, *, out_dtype, bias=None):
+    """op(A) op(B) in te_gemm's TN form: A stored [M, K], B stored [N, K] (FP8, each with its scale_inv)."""
+    return gemm(a, b, transb=True, a_scale_inv=a_scale_inv, b_scale_inv=b_scale_inv, bias=bias, out_dtype=out_dtype)
 
 
 def _check_arguments(x, kernel, bias, contracting_dims, quantizer_set) -> None:
