@@ -10,22 +10,12 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
+from jax_helpers import EPS, gemm_tolerance
 
 from transformer_engine.core import reference as ref
 from transformer_engine.jax import cpp_extensions as ext
 
 pytest_plugins = ["jax_fixtures"]  # the jax_device and jax_rng fixtures
-EPS = {np.dtype(np.float32): 2.0**-24, np.dtype(ml_dtypes.bfloat16): 2.0**-8, np.dtype(np.float16): 2.0**-11}
-
-
-def _tolerance(jax_device, a64, b64, out_dtype, fp8: bool) -> np.ndarray:
-    """Per element: one rounding of the output type plus the accumulation error,
-    K * 2^-24 of sum |a||b| in FP32, or te/gemm.h's bound for Hopper FP8 tensor
-    cores (about 2^-13 of sum |a||b| per 32 products: 2^-12 taken)."""
-    magnitude = np.abs(a64) @ np.abs(b64)
-    k = a64.shape[1]
-    accumulation = 2.0**-12 if (fp8 and jax_device.platform == "gpu") else k * 2.0**-24
-    return magnitude * (accumulation + EPS[np.dtype(out_dtype)]) + 1e-30
 
 
 def _op(x: np.ndarray, trans: bool) -> np.ndarray:
@@ -48,7 +38,7 @@ def test_high_precision_gemm(jax_device, jax_rng, transa, transb, dtype):
     b64 = _op(b, transb)  # op(B): B stored [N, K] when transb
     expected = a64 @ b64
     err = np.abs(np.asarray(out).astype(np.float64) - expected)
-    assert (err <= _tolerance(jax_device, a64, b64, dtype, False)).all()
+    assert (err <= gemm_tolerance(jax_device, a64, b64, dtype, False)).all()
 
 
 @pytest.mark.parametrize("a_fmt,b_fmt", [("e4m3", "e4m3"), ("e5m2", "e4m3"), ("e4m3", "e5m2")])
@@ -74,7 +64,7 @@ def test_fp8_gemm_with_bias(jax_device, jax_rng, a_fmt, b_fmt, out_dtype):
     expected = a64 @ b64 + bias.astype(np.float64)
     err = np.abs(np.asarray(out).astype(np.float64) - expected)
     # (+ one more rounding of the output type: the fused bias epilogue may round the product first)
-    tol = _tolerance(jax_device, a64, b64, out_dtype, True) + EPS[np.dtype(out_dtype)] * np.abs(expected)
+    tol = gemm_tolerance(jax_device, a64, b64, out_dtype, True) + EPS[np.dtype(out_dtype)] * np.abs(expected)
     assert (err <= tol).all()
 
 

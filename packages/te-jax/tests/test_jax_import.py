@@ -7,6 +7,7 @@ __init__.py collide.)
 
 import importlib
 import importlib.metadata
+import subprocess
 import sys
 
 import pytest
@@ -40,3 +41,14 @@ def test_flax_subpackage():
 def test_unknown_attribute():
     with pytest.raises(AttributeError, match="has no attribute 'Linear'"):
         te_jax.Linear  # noqa: B018
+
+
+def test_ops_and_quantize_load_on_first_use():
+    # A fresh interpreter: this session has imported them already.
+    code = (
+        "import sys; import transformer_engine.jax as te_jax\n"
+        "lazy = [m for m in ('cpp_extensions', 'dense', 'quantize') if 'transformer_engine.jax.' + m in sys.modules]\n"
+        "print(lazy, te_jax.dense.dense.__name__, te_jax.quantize.QuantizerSet.__name__)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
+    assert out.split() == ["[]", "dense", "QuantizerSet"]

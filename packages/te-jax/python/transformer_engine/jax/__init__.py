@@ -5,9 +5,10 @@
 
 Today: `cpp_extensions`, te-core's per-tensor FP8 kernels and GEMM as JAX
 functions (XLA FFI custom calls with CPU and CUDA handlers; jit and vmap
-work). The functional ops with custom VJPs (dense, layernorm_dense, ...),
-autocast, MeshResource and the Flax modules come in later work; they are
-absent, not stubbed. Recipes are shared with PyTorch:
+work); `quantize`, the per-tensor FP8 quantizers and quantizer sets; and
+`dense.dense`, the functional FP8 dense layer with a custom VJP. The other
+functional ops (layernorm_dense, ...), autocast, MeshResource and the Flax
+modules come in later work; they are absent, not stubbed. Recipes are shared with PyTorch:
 transformer_engine.common.recipe.
 """
 
@@ -18,12 +19,13 @@ import transformer_engine.core  # noqa: F401 - loads the native core once, up fr
 
 __version__ = "0.1.0"
 
-__all__ = ["cpp_extensions", "flax"]
+__all__ = ["cpp_extensions", "dense", "flax", "quantize"]
 
 
 def __getattr__(name):
     # te_jax.flax without importing flax for users who never touch it, and
-    # cpp_extensions (which registers the FFI targets) on first use.
-    if name in ("flax", "cpp_extensions"):
+    # cpp_extensions (which registers the FFI targets), dense and quantize on
+    # first use: importing transformer_engine.jax stays cheap.
+    if name in __all__:
         return _importlib.import_module(f".{name}", __name__)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

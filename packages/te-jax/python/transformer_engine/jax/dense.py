@@ -1,0 +1,162 @@
+"""dense: y = x @ kernel (+ bias), FP8 or high precision, with a custom VJP.
+
+    y[..., n] = sum_k x[..., k] kernel[k, n] + bias[n]       kernel stored [in, out] (Flax's layout)
+
+With an FP8 quantizer set the three GEMMs of a dense layer run on FP8
+operands (te_gemm, FP32 accumulation) and return x's type:
+
+    forward  Y  = Q(X) Q(K)          x and kernel quantizers (E4M3)
+    dgrad    dX = Q(dY) Q(K)^T       dgrad quantizer on dY (E5M2 under Format.HYBRID)
+    wgrad    dW = Q(X)^T Q(dY)
+    bias     db = sum of dY over the rows (high precision, FP32 sums)
+
+Every GEMM is in te_gemm's "TN" form (transa=False, transb=True: both
+operands K-contiguous), which FP8 tensor cores take without a transpose:
+each tensor is quantized once into a rowwise copy and a columnwise
+(transposed) copy, and each GEMM picks the copy it needs.
+
+Delayed-scaling state leaves a training step as the *gradient* of the
+quantizer set, the reference library's convention: the forward rule
+quantizes with the current scales, records the amaxes and runs the recipe
+update of the x and kernel quantizers; the backward rule does the same for
+the dgrad quantizer and returns the updated set as the quantizer set's
+cotangent. So
+
+    grads, new_quantizer_set = jax.grad(loss, argnums=(0, 1))(params, quantizer_set)
+
+gives the state for the next step (the next forward uses the scales computed
+from this step's amaxes). A plain call to dense (no differentiation) leaves
+no updated state behind: inference does not advance the recipe.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+
+from .cpp_extensions import gemm
+from .cpp_extensions._checks import HIGH_PRECISION, check_dtype
+from .quantize import QuantizerSet, noop_quantizer_set
+from .quantize.quantizer import ScaledTensor
+
+
+def dense(x, kernel, bias=None, contracting_dims=None, quantizer_set=noop_quantizer_set):
+    """x [..., in] @ kernel [in, *out] (+ bias [*out]) -> [..., *out] in x's type.
+
+    contracting_dims: ((x.ndim - 1,), (0,)) (the default, None) is the only one
+    supported so far. kernel and bias are cast to x's type first (as Flax's
+    DenseGeneral does); their gradients come back in their own types.
+    quantizer_set: noop_quantizer_set (high-precision GEMMs) or a set from
+    QuantizerFactory.create_set(recipe). With FP8, the rows of x (the product of
+    its leading dims), in and out must be multiples of 16 (te_gemm's rule).
+    """
+    _check_arguments(x, kernel, bias, contracting_dims, quantizer_set)
+    in_features, out_shape = kernel.shape[0], kernel.shape[1:]
+    # 2-D inside the custom VJP; reshapes of contiguous arrays are free in XLA.
+    x2 = x.reshape(-1, in_features)
+    kernel2 = kernel.astype(x.dtype).reshape(in_features, -1)
+    bias1 = None if bias is None else bias.astype(x.dtype).reshape(-1)
+    y = _dense(x2, kernel2, bias1, quantizer_set)
+    return y.reshape(*x.shape[:-1], *out_shape)
+
+
+@jax.custom_vjp
+def _dense(x, kernel, bias, quantizer_set):
+    return _dense_fwd(x, kernel, bias, quantizer_set)[0]
+
+
+def _dense_fwd(x, kernel, bias, quantizer_set):
+    if quantizer_set.is_noop:
+        return gemm(x, kernel, bias=bias), (x, kernel, bias, quantizer_set)
+    qx, x_quantizer = quantizer_set.x.quantize(x, rowwise=True, columnwise=True)
+    qk, k_quantizer = quantizer_set.kernel.quantize(kernel, rowwise=True, columnwise=True)
+    # Y [M, out] = X [M, in] . K: B is K's columnwise copy, stored [out, in].
+    y = _fp8_gemm(qx.rowwise, qx.scale_inv, qk.columnwise, qk.scale_inv, bias=bias, out_dtype=x.dtype)
+    new_set = QuantizerSet(x_quantizer.update(), k_quantizer.update(), quantizer_set.dgrad)
+    # Saved for backward: the copies the two backward GEMMs read, in FP8.
+    x_saved = ScaledTensor(None, qx.columnwise, qx.scale_inv)
+    k_saved = ScaledTensor(qk.rowwise, None, qk.scale_inv)
+    return y, (x_saved, k_saved, bias, new_set)
+
+
+def _dense_bwd(residuals, dy):
+    x_saved, k_saved, bias, quantizer_set = residuals
+    if quantizer_set.is_noop:
+        dx = gemm(dy, k_saved, transb=True)  # dX = dY K^T
+        dw = gemm(x_saved, dy, transa=True)  # dW = X^T dY
+    else:
+        qdy, dgrad_quantizer = quantizer_set.dgrad.quantize(dy, rowwise=True, columnwise=True)
+        # dX [M, in] = dY [M, out] . K^T: B is K's rowwise copy, stored [in, out].
+        dx = _fp8_gemm(qdy.rowwise, qdy.scale_inv, k_saved.rowwise, k_saved.scale_inv, out_dtype=dy.dtype)
+        # dW [in, out] = X^T . dY: A is X's columnwise copy [in, M], B is dY's [out, M].
+        dw = _fp8_gemm(x_saved.columnwise, x_saved.scale_inv, qdy.columnwise, qdy.scale_inv, out_dtype=dy.dtype)
+        quantizer_set = QuantizerSet(quantizer_set.x, quantizer_set.kernel, dgrad_quantizer.update())
+    dbias = None if bias is None else jnp.sum(dy, axis=0, dtype=jnp.float32).astype(bias.dtype)
+    # The quantizer set's "gradient" is its updated state (see the module docstring).
+    return dx, dw, dbias, quantizer_set
+
+
+_dense.defvjp(_dense_fwd, _dense_bwd)
+
+
+def _fp8_gemm(a, a_scale_inv, b, b_scale_inv, *, out_dtype, bias=None):
+    """op(A) op(B) in te_gemm's TN form: A stored [M, K], B stored [N, K] (FP8, each with its scale_inv)."""
+    return gemm(a, b, transb=True, a_scale_inv=a_scale_inv, b_scale_inv=b_scale_inv, bias=bias, out_dtype=out_dtype)
+
+
+def _check_arguments(x, kernel, bias, contracting_dims, quantizer_set) -> None:
+    """Trace-time checks, each naming the argument and the rule."""
+    check_dtype(x, "x", HIGH_PRECISION)
+    check_dtype(kernel, "kernel", HIGH_PRECISION)
+    if x.ndim < 1:
+        raise ValueError("argument 'x' must have at least 1 dimension, got a scalar")
+    if kernel.ndim < 2:
+        raise ValueError(f"argument 'kernel' must be [in, out...] (at least 2 dims), got shape {tuple(kernel.shape)}")
+    default = ((x.ndim - 1,), (0,))
+    if contracting_dims is not None and _normalized(contracting_dims, x.ndim, kernel.ndim) != default:
+        raise ValueError(
+            f"argument 'contracting_dims' must be ((x.ndim - 1,), (0,)) = {default} (the only contraction "
+            f"supported so far), got {contracting_dims!r}"
+        )
+    if x.shape[-1] != kernel.shape[0]:
+        raise ValueError(
+            f"arguments 'x' and 'kernel' must share the contracted dimension: x is {tuple(x.shape)}, "
+            f"kernel is {tuple(kernel.shape)} (x's last dim must equal kernel's first)"
+        )
+    if bias is not None:
+        check_dtype(bias, "bias", HIGH_PRECISION)
+        if tuple(bias.shape) != tuple(kernel.shape[1:]):
+            raise ValueError(
+                f"argument 'bias' must have shape {tuple(kernel.shape[1:])} (kernel's output dims), "
+                f"got {tuple(bias.shape)}"
+            )
+    if not isinstance(quantizer_set, QuantizerSet):
+        raise TypeError(f"argument 'quantizer_set' must be a QuantizerSet, got {type(quantizer_set).__name__}")
+    members = (quantizer_set.x, quantizer_set.kernel, quantizer_set.dgrad)
+    if any(q is None for q in members) and not quantizer_set.is_noop:
+        raise ValueError("argument 'quantizer_set' must have all of x, kernel and dgrad quantizers, or none")
+    if not quantizer_set.is_noop:
+        rows, in_features, out_features = math.prod(x.shape[:-1]), kernel.shape[0], math.prod(kernel.shape[1:])
+        if rows % 16 or in_features % 16 or out_features % 16:
+            raise ValueError(
+                "FP8 dense needs multiples of 16 (te_gemm's rule): argument 'x' has "
+                f"{rows} rows and {in_features} features, argument 'kernel' {out_features} outputs"
+            )
+
+
+def _normalized(dims, x_ndim: int, k_ndim: int):
+    """((x dims), (kernel dims)) with negative dims made positive, or None when malformed."""
+
+    def positive(ds, ndim):
+        ds = tuple(int(d) for d in ds)
+        if any(not -ndim <= d < ndim for d in ds):
+            raise ValueError
+        return tuple(d % ndim for d in ds)
+
+    try:
+        x_dims, k_dims = dims
+        return (positive(x_dims, x_ndim), positive(k_dims, k_ndim))
+    except (TypeError, ValueError):
+        return None

@@ -1,0 +1,25 @@
+"""transformer_engine.jax.quantize: quantizers and quantizer sets.
+
+    from transformer_engine.jax.quantize import QuantizerFactory
+    qs = QuantizerFactory.create_set(recipe.DelayedScaling(amax_history_len=16))
+    y = te_jax.dense.dense(x, kernel, quantizer_set=qs)
+
+Quantizers are immutable pytrees; delayed-scaling state (scale, amax_history)
+is in their leaves and comes out of a training step as the gradient of the
+quantizer set (see transformer_engine.jax.dense).
+"""
+
+from .quantizer import CurrentScaleQuantizer, DelayedScaleQuantizer, Quantizer, ScaledTensor
+from .quantizer_set import QuantizerFactory, QuantizerSet, noop_quantizer_set
+from .scaling_modes import ScalingMode
+
+__all__ = [
+    "CurrentScaleQuantizer",
+    "DelayedScaleQuantizer",
+    "Quantizer",
+    "QuantizerFactory",
+    "QuantizerSet",
+    "ScaledTensor",
+    "ScalingMode",
+    "noop_quantizer_set",
+]

@@ -1,0 +1,128 @@
+"""QuantizerSet (the quantizers of one dense layer) and QuantizerFactory (sets from recipes)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from transformer_engine.common import recipe as recipe_lib
+
+from .quantizer import CurrentScaleQuantizer, DelayedScaleQuantizer, Quantizer
+from .scaling_modes import ScalingMode
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class QuantizerSet:
+    """The quantizers of one GEMM layer: x (input, forward), kernel (weight,
+    forward) and dgrad (the output gradient, backward). All three None: no
+    quantization (noop_quantizer_set).
+
+    A pytree: delayed-scaling state is in its leaves. Give each dense call its
+    own set (the updated state of a set comes back as its gradient, and JAX
+    would add the "gradients" of a set used twice)."""
+
+    x: Quantizer | None = None
+    kernel: Quantizer | None = None
+    dgrad: Quantizer | None = None
+
+    @property
+    def is_noop(self) -> bool:
+        return self.x is None and self.kernel is None and self.dgrad is None
+
+    @property
+    def scaling_mode(self) -> ScalingMode:
+        return ScalingMode.NO_SCALING if self.is_noop else self.x.scaling_mode
+
+
+jax.tree_util.register_dataclass(QuantizerSet)
+
+noop_quantizer_set = QuantizerSet()
+
+_E4M3 = jnp.dtype(jnp.float8_e4m3fn)  # forward tensors, and every tensor under Format.E4M3
+_E5M2 = jnp.dtype(jnp.float8_e5m2)  # backward tensors under Format.HYBRID
+
+
+def _backward_dtype(fp8_format) -> jnp.dtype:
+    return _E5M2 if fp8_format is recipe_lib.Format.HYBRID else _E4M3
+
+
+class QuantizerFactory:
+    """Builds quantizers and quantizer sets."""
+
+    @staticmethod
+    def create(scaling_mode: ScalingMode, q_dtype=jnp.float8_e4m3fn, **kwargs) -> Quantizer | None:
+        """One quantizer of `scaling_mode` (None for NO_SCALING); kwargs are the
+        quantizer's other fields (margin, amax_history, power_2_scale, ...)."""
+        if scaling_mode is ScalingMode.NO_SCALING:
+            return None
+        if scaling_mode is ScalingMode.DELAYED_TENSOR_SCALING:
+            return DelayedScaleQuantizer(q_dtype=jnp.dtype(q_dtype), **kwargs)
+        if scaling_mode is ScalingMode.CURRENT_TENSOR_SCALING:
+            return CurrentScaleQuantizer(q_dtype=jnp.dtype(q_dtype), **kwargs)
+        raise ValueError(f"argument 'scaling_mode' must be a ScalingMode, got {scaling_mode!r}")
+
+    @staticmethod
+    def create_set(recipe=None) -> QuantizerSet:
+        """The quantizer set of one layer for `recipe`: None gives noop_quantizer_set
+        (no autocast exists yet to supply a default recipe).
+
+        DelayedScaling: x and kernel E4M3, dgrad E5M2 under Format.HYBRID (E4M3
+        under Format.E4M3); scale 1 and a zero history of amax_history_len; margin
+        and amax_compute_algo ("max" or "most_recent") from the recipe.
+        reduce_amax has nothing to reduce over on one device.
+        Float8CurrentScaling: the same formats; power_2_scale and amax_epsilon
+        from fp8_quant_fwd_inp / fwd_weight / bwd_grad.
+        """
+        if recipe is None:
+            return noop_quantizer_set
+        if not isinstance(recipe, recipe_lib.Recipe):
+            raise TypeError(
+                f"argument 'recipe' must be None or a transformer_engine.common.recipe recipe, got "
+                f"{type(recipe).__name__}"
+            )
+        if recipe.delayed():
+            return _delayed_set(recipe)
+        if recipe.float8_current_scaling():
+            return _current_set(recipe)
+        raise NotImplementedError(
+            f"QuantizerFactory.create_set: {type(recipe).__name__} is not supported by te-jax yet "
+            "(supported: DelayedScaling, Float8CurrentScaling)"
+        )
+
+
+def _delayed_set(recipe) -> QuantizerSet:
+    if callable(recipe.amax_compute_algo) or recipe.scaling_factor_compute_algo is not None:
+        raise NotImplementedError(
+            "DelayedScaling in te-jax: amax_compute_algo must be 'max' or 'most_recent' and "
+            "scaling_factor_compute_algo None (callables are not supported)"
+        )
+
+    def make(q_dtype):
+        return DelayedScaleQuantizer(
+            scale=jnp.ones((1,), jnp.float32),
+            amax_history=jnp.zeros((recipe.amax_history_len,), jnp.float32),
+            q_dtype=q_dtype,
+            margin=float(recipe.margin),
+            amax_compute_algo=recipe.amax_compute_algo,
+        )
+
+    return QuantizerSet(make(_E4M3), make(_E4M3), make(_backward_dtype(recipe.fp8_format)))
+
+
+def _current_set(recipe) -> QuantizerSet:
+    if recipe.backward_override is not None:
+        raise NotImplementedError(
+            f"Float8CurrentScaling in te-jax: backward_override must be None, got {recipe.backward_override!r}"
+        )
+
+    def make(q_dtype, qparams):
+        return CurrentScaleQuantizer(
+            q_dtype=q_dtype, power_2_scale=qparams.power_2_scale, amax_epsilon=float(qparams.amax_epsilon)
+        )
+
+    return QuantizerSet(
+        make(_E4M3, recipe.fp8_quant_fwd_inp),
+        make(_E4M3, recipe.fp8_quant_fwd_weight),
+        make(_backward_dtype(recipe.fp8_format), recipe.fp8_quant_bwd_grad),
+    )
