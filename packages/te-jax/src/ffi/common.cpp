@@ -1,5 +1,7 @@
 #include "common.h"
 
+#include <optional>
+
 #include "te/types.h"
 
 namespace te_jax {
@@ -34,6 +36,44 @@ ffi::Error describe(const ffi::AnyBuffer& b, const Device& device, const char* n
   t.device_type = device.type;
   t.device_index = device.index;
   *out = t;
+  return ffi::Error::Success();
+}
+
+ffi::Error describe_optional(const ffi::AnyBuffer& b, const Device& device, const char* name,
+                             te_tensor* storage, te_tensor** out) {
+  *out = nullptr;
+  if (is_placeholder(b)) return ffi::Error::Success();
+  if (ffi::Error e = describe(b, device, name, storage); e.failure()) return e;
+  *out = storage;
+  return ffi::Error::Success();
+}
+
+ffi::Error allocate_workspace(const Device& device, size_t bytes, const char* what,
+                              std::vector<unsigned char>* host, te_tensor* storage,
+                              te_tensor** out) {
+  *out = nullptr;
+  if (bytes == 0) return ffi::Error::Success();
+  void* ptr = nullptr;
+  if (device.scratch != nullptr) {
+    // (XLA aligns scratch to at most 16 bytes; te-core's workspace sizes
+    // include the slack to round the pointer up to the alignment it wants.)
+    std::optional<void*> got = device.scratch->Allocate(bytes, 16);
+    if (!got.has_value())
+      return ffi::Error::Internal(std::string(what) + ": XLA could not allocate the workspace");
+    ptr = *got;
+  } else {
+    host->resize(bytes + 256);  // (the CPU backend asks for none today)
+    ptr = host->data();
+  }
+  te_tensor t{};
+  t.data = ptr;
+  t.dtype = TE_DTYPE_BYTE;
+  t.ndim = 1;
+  t.shape[0] = static_cast<int64_t>(bytes);
+  t.device_type = device.type;
+  t.device_index = device.index;
+  *storage = t;
+  *out = storage;
   return ffi::Error::Success();
 }
 

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "te/types.h"
 #include "xla/ffi/api/ffi.h"
@@ -47,6 +48,19 @@ ffi::Error from_status(te_status status);
 inline bool is_placeholder(const ffi::AnyBuffer& b) {
   return b.element_count() == 0 && b.dimensions().size() == 1;
 }
+
+// An optional buffer: *out = nullptr for a placeholder, else `storage`
+// described (as `describe` does) and *out pointing at it.
+ffi::Error describe_optional(const ffi::AnyBuffer& b, const Device& device, const char* name,
+                             te_tensor* storage, te_tensor** out);
+
+// A te-core workspace of `bytes` on `device`: XLA's scratch memory for the
+// CUDA handlers (stream-ordered, freed after the call), `host` otherwise.
+// *out = nullptr when bytes is 0 (te-core takes NULL then). `what` names the
+// op in the error when XLA cannot allocate.
+ffi::Error allocate_workspace(const Device& device, size_t bytes, const char* what,
+                              std::vector<unsigned char>* host, te_tensor* storage,
+                              te_tensor** out);
 
 }  // namespace te_jax
 
