@@ -4,7 +4,36 @@
 
 #include "te/types.h"
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <xmmintrin.h>
+#endif
+
 namespace te_jax {
+
+#if defined(__x86_64__) || defined(__i386__)
+namespace {
+constexpr unsigned kFlushToZero = 1u << 15;      // MXCSR.FTZ: denormal results -> 0
+constexpr unsigned kDenormalsAreZero = 1u << 6;  // MXCSR.DAZ: denormal inputs read as 0
+}  // namespace
+
+IeeeDenormals::IeeeDenormals() : saved_(_mm_getcsr()) {
+  _mm_setcsr(static_cast<unsigned>(saved_) & ~(kFlushToZero | kDenormalsAreZero));
+}
+IeeeDenormals::~IeeeDenormals() { _mm_setcsr(static_cast<unsigned>(saved_)); }
+#elif defined(__aarch64__)
+namespace {
+constexpr uint64_t kFlushToZero = uint64_t{1} << 24;  // FPCR.FZ
+}  // namespace
+
+IeeeDenormals::IeeeDenormals() {
+  asm volatile("mrs %0, fpcr" : "=r"(saved_));
+  asm volatile("msr fpcr, %0" : : "r"(saved_ & ~kFlushToZero));
+}
+IeeeDenormals::~IeeeDenormals() { asm volatile("msr fpcr, %0" : : "r"(saved_)); }
+#else
+IeeeDenormals::IeeeDenormals() = default;  // (no flush modes known on other targets)
+IeeeDenormals::~IeeeDenormals() = default;
+#endif
 
 bool te_dtype_of(ffi::DataType type, te_dtype* out) {
   switch (type) {
