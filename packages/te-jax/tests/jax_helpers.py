@@ -16,3 +16,35 @@ def hostile(rng, shape, dtype) -> np.ndarray:
         flat[i] = v
     with np.errstate(over="ignore"):  # (above float16's max: inf, on purpose)
         return flat.reshape(shape).astype(dtype)
+
+
+def put(a, device):
+    """A NumPy array (or scalar list) on a JAX device."""
+    import jax
+    import jax.numpy as jnp
+
+    return jax.device_put(jnp.asarray(a), device)
+
+
+def fp32_scalar(value, device):
+    """float32 shape (1,): the layout of te-jax's scale and amax operands."""
+    return put(np.array([value], np.float32), device)
+
+
+def norm_rows(rng, shape, dtype, *, specials=True) -> np.ndarray:
+    """Normalization inputs: each row with its own spread (1e-3 .. 30) and an offset up
+    to 300x the spread (a one-pass variance would lose it), some zeros and subnormals;
+    with `specials` and >= 4 rows, row 1 holds +inf and row 2 a NaN."""
+    import ml_dtypes
+
+    n, h = int(np.prod(shape[:-1], dtype=np.int64)), shape[-1]
+    spread = rng.choice([1e-3, 1.0, 30.0], (n, 1))
+    offset = rng.choice([0.0, 1.0, 300.0], (n, 1)) * spread * rng.choice([-1.0, 1.0], (n, 1))
+    x = rng.standard_normal((n, h)) * spread + offset
+    tiny = float(ml_dtypes.finfo(dtype).smallest_subnormal)
+    holes = rng.random((n, h)) < 0.05
+    x[holes] = rng.choice([0.0, -0.0, tiny, -2 * tiny], int(holes.sum()))
+    if specials and n >= 4:
+        x[1, rng.integers(h)] = np.inf
+        x[2, rng.integers(h)] = np.nan
+    return x.astype(dtype).reshape(shape)
