@@ -48,3 +48,20 @@ def norm_rows(rng, shape, dtype, *, specials=True) -> np.ndarray:
         x[1, rng.integers(h)] = np.inf
         x[2, rng.integers(h)] = np.nan
     return x.astype(dtype).reshape(shape)
+
+
+def same_floats(a, b) -> None:
+    """Same dtype, shape and bytes, except that any NaN matches any NaN (at the same
+    positions): XLA may rewrite a NaN's payload when it moves 16-bit floats (the
+    stacking loop of vmap on the CPU does), and NumPy's casts make other NaNs than
+    te-core's canonical one. FP8 results are compared byte for byte elsewhere."""
+    a, b = np.asarray(a), np.asarray(b)
+    assert a.dtype == b.dtype and a.shape == b.shape, (a.dtype, a.shape, b.dtype, b.shape)
+    nan = np.isnan(a.astype(np.float32))
+    np.testing.assert_array_equal(nan, np.isnan(b.astype(np.float32)))
+    np.testing.assert_array_equal(a[~nan].view(np.uint8), b[~nan].view(np.uint8))
+
+
+def same_fp8(a, b) -> None:
+    """FP8 arrays (or their uint8 codes) byte for byte, NaN codes included."""
+    np.testing.assert_array_equal(np.asarray(a).view(np.uint8), np.asarray(b).view(np.uint8))

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
-from jax_helpers import fp32_scalar, norm_rows, put
+from jax_helpers import fp32_scalar, norm_rows, put, same_floats, same_fp8
 
 import transformer_engine.core as tc
 from transformer_engine.core import norm_reference as nref
@@ -57,10 +57,6 @@ def oracle_forward(layernorm, x, gamma, beta, eps, zcg):
     return y, None, rsigma
 
 
-def same_bytes(a, b) -> None:
-    np.testing.assert_array_equal(np.asarray(a).view(np.uint8), np.asarray(b).view(np.uint8))
-
-
 @NORMS
 @pytest.mark.parametrize("x_dtype,w_dtype", list(itertools.product(DTYPES, DTYPES)), ids=name)
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
@@ -82,7 +78,7 @@ def test_forward_within_oracle_bounds(jax_device, jax_rng, layernorm, x_dtype, w
         assert out.mu is None
     if jax_device.platform == "cpu":  # the very backend of te-core's NumPy API
         core = (tc.layernorm_fwd(x, gamma, beta) if layernorm else tc.rmsnorm_fwd(x, gamma)).y
-        same_bytes(out.y, core)
+        same_floats(out.y, core)
 
 
 @NORMS
@@ -99,7 +95,7 @@ def test_zero_centered_gamma_is_weight_one_plus_gamma(jax_device, jax_rng, layer
     plain = forward(
         layernorm, jax_device, x, 1.0 + gamma.astype(np.float32), beta.astype(np.float32), eps, out_dtype=dtype
     )
-    same_bytes(out.y, plain.y)
+    same_floats(out.y, plain.y)
     np.testing.assert_array_equal(np.asarray(out.rsigma), np.asarray(plain.rsigma))
 
 
@@ -124,7 +120,7 @@ def test_fused_fp8_is_quantize_of_the_fp32_output(jax_device, jax_rng, layernorm
         amax=fp32_scalar(old_amax, jax_device),
     )
     assert fused.y.dtype == FP8[fmt] and fused.y.shape == shape
-    same_bytes(fused.y, ref.quantize_fp8(np.asarray(y32.y), scale, fmt))
+    same_fp8(fused.y, ref.quantize_fp8(np.asarray(y32.y), scale, fmt))
     assert np.asarray(fused.amax)[0] == max(old_amax, ref.amax(np.asarray(y32.y)))
     assert np.asarray(fused.scale_inv)[0] == np.float32(1.0) / scale
     assert np.asarray(fused.scale)[0] == scale
@@ -142,7 +138,7 @@ def test_current_scaling_is_fp32_norm_then_quantize(jax_device, jax_rng, layerno
     scale = ref.scale_from_amax(amax, fmt)
     assert np.asarray(out.amax)[0] == amax and np.asarray(out.scale)[0] == scale
     assert np.asarray(out.scale_inv)[0] == np.float32(1.0) / scale
-    same_bytes(out.y, ref.quantize_fp8(y32, scale, fmt))
+    same_fp8(out.y, ref.quantize_fp8(y32, scale, fmt))
 
 
 @NORMS
@@ -185,7 +181,7 @@ def test_backward_within_oracle_bounds(jax_device, jax_rng, layernorm, zcg, x_dt
         else:
             core = tc.rmsnorm_bwd(dz, x, rsigma, gamma, zero_centered_gamma=zcg)
         for got, want in zip(grads, core):
-            same_bytes(got, want)
+            same_floats(got, want)
 
 
 def test_forward_and_backward_under_jit_and_vmap(jax_device, jax_rng):
@@ -201,17 +197,17 @@ def test_forward_and_backward_under_jit_and_vmap(jax_device, jax_rng):
 
     y, grads = step(put(x, jax_device), put(dz, jax_device))
     eager = ext.layernorm_fwd(put(x, jax_device), g, b, 1e-5, True)
-    same_bytes(y, eager.y)
+    same_floats(y, eager.y)
     for got, want in zip(
         grads, ext.layernorm_bwd(put(dz, jax_device), put(x, jax_device), eager.mu, eager.rsigma, g, True)
     ):
-        same_bytes(got, want)
+        same_floats(got, want)
     # vmap: one norm per slice (gamma/dgamma per slice too)
     ys, (dxs, dgs, dbs) = jax.vmap(step)(put(x, jax_device), put(dz, jax_device))
     for i in range(x.shape[0]):
         yi, (dxi, dgi, dbi) = step(put(x[i], jax_device), put(dz[i], jax_device))
         for got, want in ((ys[i], yi), (dxs[i], dxi), (dgs[i], dgi), (dbs[i], dbi)):
-            same_bytes(got, want)
+            same_floats(got, want)
     rms = jax.vmap(lambda x: ext.rmsnorm_fwd(x, g).rsigma)(put(x, jax_device))
     assert rms.shape == (3, 24)
 
@@ -221,7 +217,7 @@ def test_one_dimensional_input_and_empty_batch(jax_device, jax_rng):
     gamma, beta = weights(jax_rng, 48, np.float32)
     out = forward(True, jax_device, x, gamma, beta)
     assert out.mu.shape == () and out.rsigma.shape == ()
-    same_bytes(out.y, forward(True, jax_device, x[None], gamma, beta).y[0])
+    same_floats(out.y, forward(True, jax_device, x[None], gamma, beta).y[0])
     empty = np.zeros((0, 16), np.float32)
     gamma, beta = weights(jax_rng, 16, np.float32)
     out = forward(True, jax_device, empty, gamma, beta, out_dtype=jnp.float8_e4m3fn, scale=fp32_scalar(4.0, jax_device))
