@@ -31,3 +31,52 @@ def hostile(rng, shape, dtype) -> np.ndarray:
         flat[i] = v
     with np.errstate(over="ignore"):  # (above float16's max: inf, on purpose)
         return flat.reshape(shape).astype(dtype)
+
+
+def put(a, device):
+    """A NumPy array (or scalar list) on a JAX device."""
+    import jax
+    import jax.numpy as jnp
+
+    return jax.device_put(jnp.asarray(a), device)
+
+
+def fp32_scalar(value, device):
+    """float32 shape (1,): the layout of te-jax's scale and amax operands."""
+    return put(np.array([value], np.float32), device)
+
+
+def norm_rows(rng, shape, dtype, *, specials=True) -> np.ndarray:
+    """Normalization inputs: each row with its own spread (1e-3 .. 30) and an offset up
+    to 300x the spread (a one-pass variance would lose it), some zeros and subnormals;
+    with `specials` and >= 4 rows, row 1 holds +inf and row 2 a NaN."""
+    import ml_dtypes
+
+    n, h = int(np.prod(shape[:-1], dtype=np.int64)), shape[-1]
+    spread = rng.choice([1e-3, 1.0, 30.0], (n, 1))
+    offset = rng.choice([0.0, 1.0, 300.0], (n, 1)) * spread * rng.choice([-1.0, 1.0], (n, 1))
+    x = rng.standard_normal((n, h)) * spread + offset
+    tiny = float(ml_dtypes.finfo(dtype).smallest_subnormal)
+    holes = rng.random((n, h)) < 0.05
+    x[holes] = rng.choice([0.0, -0.0, tiny, -2 * tiny], int(holes.sum()))
+    if specials and n >= 4:
+        x[1, rng.integers(h)] = np.inf
+        x[2, rng.integers(h)] = np.nan
+    return x.astype(dtype).reshape(shape)
+
+
+def same_floats(a, b) -> None:
+    """Same dtype, shape and bytes, except that any NaN matches any NaN (at the same
+    positions): XLA may rewrite a NaN's payload when it moves 16-bit floats (the
+    stacking loop of vmap on the CPU does), and NumPy's casts make other NaNs than
+    te-core's canonical one. FP8 results are compared byte for byte elsewhere."""
+    a, b = np.asarray(a), np.asarray(b)
+    assert a.dtype == b.dtype and a.shape == b.shape, (a.dtype, a.shape, b.dtype, b.shape)
+    nan = np.isnan(a.astype(np.float32))
+    np.testing.assert_array_equal(nan, np.isnan(b.astype(np.float32)))
+    np.testing.assert_array_equal(a[~nan].view(np.uint8), b[~nan].view(np.uint8))
+
+
+def same_fp8(a, b) -> None:
+    """FP8 arrays (or their uint8 codes) byte for byte, NaN codes included."""
+    np.testing.assert_array_equal(np.asarray(a).view(np.uint8), np.asarray(b).view(np.uint8))

@@ -21,15 +21,9 @@ struct Outputs {
 };
 
 Error describe_outputs(const AnyBuffer& row, const AnyBuffer& col, const Device& d, Outputs* out) {
-  if (!is_placeholder(row)) {
-    if (Error e = describe(row, d, "rowwise", &out->row); e.failure()) return e;
-    out->row_ptr = &out->row;
-  }
-  if (!is_placeholder(col)) {
-    if (Error e = describe(col, d, "columnwise", &out->col); e.failure()) return e;
-    out->col_ptr = &out->col;
-  }
-  return Error::Success();
+  if (Error e = describe_optional(row, d, "rowwise", &out->row, &out->row_ptr); e.failure())
+    return e;
+  return describe_optional(col, d, "columnwise", &out->col, &out->col_ptr);
 }
 
 // rowwise = q(x * scale) (+ its [K, M] transpose), scale_inv = 1/scale,

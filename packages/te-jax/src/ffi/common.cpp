@@ -1,8 +1,39 @@
 #include "common.h"
 
+#include <optional>
+
 #include "te/types.h"
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <xmmintrin.h>
+#endif
+
 namespace te_jax {
+
+#if defined(__x86_64__) || defined(__i386__)
+namespace {
+constexpr unsigned kFlushToZero = 1u << 15;      // MXCSR.FTZ: denormal results -> 0
+constexpr unsigned kDenormalsAreZero = 1u << 6;  // MXCSR.DAZ: denormal inputs read as 0
+}  // namespace
+
+IeeeDenormals::IeeeDenormals() : saved_(_mm_getcsr()) {
+  _mm_setcsr(static_cast<unsigned>(saved_) & ~(kFlushToZero | kDenormalsAreZero));
+}
+IeeeDenormals::~IeeeDenormals() { _mm_setcsr(static_cast<unsigned>(saved_)); }
+#elif defined(__aarch64__)
+namespace {
+constexpr uint64_t kFlushToZero = uint64_t{1} << 24;  // FPCR.FZ
+}  // namespace
+
+IeeeDenormals::IeeeDenormals() {
+  asm volatile("mrs %0, fpcr" : "=r"(saved_));
+  asm volatile("msr fpcr, %0" : : "r"(saved_ & ~kFlushToZero));
+}
+IeeeDenormals::~IeeeDenormals() { asm volatile("msr fpcr, %0" : : "r"(saved_)); }
+#else
+IeeeDenormals::IeeeDenormals() = default;  // (no flush modes known on other targets)
+IeeeDenormals::~IeeeDenormals() = default;
+#endif
 
 bool te_dtype_of(ffi::DataType type, te_dtype* out) {
   switch (type) {
@@ -34,6 +65,44 @@ ffi::Error describe(const ffi::AnyBuffer& b, const Device& device, const char* n
   t.device_type = device.type;
   t.device_index = device.index;
   *out = t;
+  return ffi::Error::Success();
+}
+
+ffi::Error describe_optional(const ffi::AnyBuffer& b, const Device& device, const char* name,
+                             te_tensor* storage, te_tensor** out) {
+  *out = nullptr;
+  if (is_placeholder(b)) return ffi::Error::Success();
+  if (ffi::Error e = describe(b, device, name, storage); e.failure()) return e;
+  *out = storage;
+  return ffi::Error::Success();
+}
+
+ffi::Error allocate_workspace(const Device& device, size_t bytes, const char* what,
+                              std::vector<unsigned char>* host, te_tensor* storage,
+                              te_tensor** out) {
+  *out = nullptr;
+  if (bytes == 0) return ffi::Error::Success();
+  void* ptr = nullptr;
+  if (device.scratch != nullptr) {
+    // (XLA aligns scratch to at most 16 bytes; te-core's workspace sizes
+    // include the slack to round the pointer up to the alignment it wants.)
+    std::optional<void*> got = device.scratch->Allocate(bytes, 16);
+    if (!got.has_value())
+      return ffi::Error::Internal(std::string(what) + ": XLA could not allocate the workspace");
+    ptr = *got;
+  } else {
+    host->resize(bytes + 256);  // (the CPU backend asks for none today)
+    ptr = host->data();
+  }
+  te_tensor t{};
+  t.data = ptr;
+  t.dtype = TE_DTYPE_BYTE;
+  t.ndim = 1;
+  t.shape[0] = static_cast<int64_t>(bytes);
+  t.device_type = device.type;
+  t.device_index = device.index;
+  *storage = t;
+  *out = storage;
   return ffi::Error::Success();
 }
 

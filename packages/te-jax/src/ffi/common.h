@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "te/types.h"
 #include "xla/ffi/api/ffi.h"
@@ -31,6 +32,23 @@ inline Device cuda_device(void* stream, int32_t ordinal, ffi::ScratchAllocator* 
   return Device{TE_DEVICE_CUDA, ordinal, stream, scratch};
 }
 
+// XLA's CPU runtime computes with denormals flushed (x86: FTZ and DAZ set in
+// MXCSR; AArch64: FPCR.FZ), and its threads call the CPU handlers in that
+// mode. te-core's CPU backend is specified with IEEE denormals (its bytes
+// match the CUDA backend and the NumPy oracle), so each CPU handler clears
+// the flush modes for the call and restores XLA's afterwards. (Worker
+// threads te-core starts inherit the cleared mode.)
+class IeeeDenormals {
+ public:
+  IeeeDenormals();
+  ~IeeeDenormals();
+  IeeeDenormals(const IeeeDenormals&) = delete;
+  IeeeDenormals& operator=(const IeeeDenormals&) = delete;
+
+ private:
+  uint64_t saved_ = 0;
+};
+
 // te-core's element type of an XLA one; false when te-core has none.
 bool te_dtype_of(ffi::DataType type, te_dtype* out);
 
@@ -48,21 +66,36 @@ inline bool is_placeholder(const ffi::AnyBuffer& b) {
   return b.element_count() == 0 && b.dimensions().size() == 1;
 }
 
+// An optional buffer: *out = nullptr for a placeholder, else `storage`
+// described (as `describe` does) and *out pointing at it.
+ffi::Error describe_optional(const ffi::AnyBuffer& b, const Device& device, const char* name,
+                             te_tensor* storage, te_tensor** out);
+
+// A te-core workspace of `bytes` on `device`: XLA's scratch memory for the
+// CUDA handlers (stream-ordered, freed after the call), `host` otherwise.
+// *out = nullptr when bytes is 0 (te-core takes NULL then). `what` names the
+// op in the error when XLA cannot allocate.
+ffi::Error allocate_workspace(const Device& device, size_t bytes, const char* what,
+                              std::vector<unsigned char>* host, te_tensor* storage,
+                              te_tensor** out);
+
 }  // namespace te_jax
 
 // Defines the handler symbols <name>_cpu and <name>_cuda. `args` is a
 // function-like macro taking a binding and appending the op's arguments,
 // attributes and results to it.
-#define TE_JAX_DEFINE_HANDLERS(name, impl, args)                                                \
-  XLA_FFI_DEFINE_HANDLER_SYMBOL(name##_cpu,                                                     \
-                                ([](auto... a) { return impl(::te_jax::cpu_device(), a...); }), \
-                                args(::xla::ffi::Ffi::Bind()));                                 \
-  XLA_FFI_DEFINE_HANDLER_SYMBOL(                                                                \
-      name##_cuda,                                                                              \
-      ([](void* stream, int32_t ordinal, ::xla::ffi::ScratchAllocator scratch, auto... a) {     \
-        return impl(::te_jax::cuda_device(stream, ordinal, &scratch), a...);                    \
-      }),                                                                                       \
-      args(::xla::ffi::Ffi::Bind()                                                              \
-               .Ctx<::xla::ffi::PlatformStream<void*>>()                                        \
-               .Ctx<::xla::ffi::DeviceOrdinal>()                                                \
+#define TE_JAX_DEFINE_HANDLERS(name, impl, args)                                            \
+  XLA_FFI_DEFINE_HANDLER_SYMBOL(name##_cpu, ([](auto... a) {                                \
+                                  const ::te_jax::IeeeDenormals ieee;                       \
+                                  return impl(::te_jax::cpu_device(), a...);                \
+                                }),                                                         \
+                                args(::xla::ffi::Ffi::Bind()));                             \
+  XLA_FFI_DEFINE_HANDLER_SYMBOL(                                                            \
+      name##_cuda,                                                                          \
+      ([](void* stream, int32_t ordinal, ::xla::ffi::ScratchAllocator scratch, auto... a) { \
+        return impl(::te_jax::cuda_device(stream, ordinal, &scratch), a...);                \
+      }),                                                                                   \
+      args(::xla::ffi::Ffi::Bind()                                                          \
+               .Ctx<::xla::ffi::PlatformStream<void*>>()                                    \
+               .Ctx<::xla::ffi::DeviceOrdinal>()                                            \
                .Ctx<::xla::ffi::ScratchAllocator>()))

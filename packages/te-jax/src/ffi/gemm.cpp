@@ -14,21 +14,11 @@ using ffi::AnyBuffer;
 using ffi::Error;
 using ffi::Result;
 
-// A placeholder argument (zero elements, rank 1) means "none".
-Error describe_optional(const AnyBuffer& b, const Device& d, const char* name, te_tensor* t,
-                        const te_tensor** out) {
-  *out = nullptr;
-  if (is_placeholder(b)) return Error::Success();
-  if (Error e = describe(b, d, name, t); e.failure()) return e;
-  *out = t;
-  return Error::Success();
-}
-
 Error gemm(const Device& d, AnyBuffer a, AnyBuffer b, AnyBuffer a_scale_inv, AnyBuffer b_scale_inv,
            AnyBuffer bias, Result<AnyBuffer> out, Result<AnyBuffer> bias_grad, bool transa,
            bool transb, bool use_split_accumulator) {
   te_tensor ta, tb, tasi, tbsi, tbias, td, tbg, tws;
-  const te_tensor *pasi, *pbsi, *pbias, *pbg_const;
+  te_tensor *pasi, *pbsi, *pbias, *pbg, *pws;
   if (Error e = describe(a, d, "a", &ta); e.failure()) return e;
   if (Error e = describe(b, d, "b", &tb); e.failure()) return e;
   if (Error e = describe_optional(a_scale_inv, d, "a_scale_inv", &tasi, &pasi); e.failure())
@@ -37,8 +27,7 @@ Error gemm(const Device& d, AnyBuffer a, AnyBuffer b, AnyBuffer a_scale_inv, Any
     return e;
   if (Error e = describe_optional(bias, d, "bias", &tbias, &pbias); e.failure()) return e;
   if (Error e = describe(*out, d, "out", &td); e.failure()) return e;
-  if (Error e = describe_optional(*bias_grad, d, "bias_grad", &tbg, &pbg_const); e.failure())
-    return e;
+  if (Error e = describe_optional(*bias_grad, d, "bias_grad", &tbg, &pbg); e.failure()) return e;
   te_gemm_params p{};
   p.a = &ta;
   p.a_scale_inv = pasi;
@@ -48,35 +37,16 @@ Error gemm(const Device& d, AnyBuffer a, AnyBuffer b, AnyBuffer a_scale_inv, Any
   p.transb = transb ? 1 : 0;
   p.d = &td;
   p.bias = pbias;
-  p.bias_grad = pbg_const ? &tbg : nullptr;
+  p.bias_grad = pbg;
   p.alpha = 1.0f;
   p.beta = 0.0f;
   p.use_split_accumulator = use_split_accumulator ? 1 : 0;
   size_t bytes = 0;
   if (te_status s = te_gemm_workspace_size(&p, &bytes); s != TE_SUCCESS) return from_status(s);
-  std::vector<unsigned char> host_workspace;  // (the CPU backend asks for none today)
-  if (bytes > 0) {
-    void* ptr = nullptr;
-    if (d.scratch != nullptr) {
-      // (XLA aligns scratch to at most 16 bytes; te-core's workspace size
-      // includes the slack to round the pointer up to its own 256.)
-      std::optional<void*> got = d.scratch->Allocate(bytes, 16);
-      if (!got.has_value())
-        return Error::Internal("te_gemm: XLA could not allocate the GEMM workspace");
-      ptr = *got;
-    } else {
-      host_workspace.resize(bytes + 256);
-      ptr = host_workspace.data();
-    }
-    tws = te_tensor{};
-    tws.data = ptr;
-    tws.dtype = TE_DTYPE_BYTE;
-    tws.ndim = 1;
-    tws.shape[0] = static_cast<int64_t>(bytes);
-    tws.device_type = d.type;
-    tws.device_index = d.index;
-    p.workspace = &tws;
-  }
+  std::vector<unsigned char> host_workspace;
+  if (Error e = allocate_workspace(d, bytes, "te_gemm", &host_workspace, &tws, &pws); e.failure())
+    return e;
+  p.workspace = pws;
   return from_status(te_gemm(&p, d.stream));
 }
 

@@ -7,14 +7,21 @@
 
 namespace nb = nanobind;
 
-// The handler symbols defined with TE_JAX_DEFINE_HANDLERS (cast.cpp, gemm.cpp).
+// The handler symbols defined with TE_JAX_DEFINE_HANDLERS (cast.cpp, gemm.cpp,
+// norm.cpp, activation.cpp).
 #define TE_JAX_HANDLERS(X)               \
   X(te_jax_quantize_fp8)                 \
   X(te_jax_quantize_fp8_current_scaling) \
   X(te_jax_dequantize_fp8)               \
   X(te_jax_compute_amax)                 \
   X(te_jax_delayed_scaling_update)       \
-  X(te_jax_gemm)
+  X(te_jax_gemm)                         \
+  X(te_jax_layernorm_fwd)                \
+  X(te_jax_rmsnorm_fwd)                  \
+  X(te_jax_layernorm_bwd)                \
+  X(te_jax_rmsnorm_bwd)                  \
+  X(te_jax_activation_fwd)               \
+  X(te_jax_activation_bwd)
 
 #define TE_JAX_DECLARE(name)                                \
   extern "C" XLA_FFI_Error* name##_cpu(XLA_FFI_CallFrame*); \

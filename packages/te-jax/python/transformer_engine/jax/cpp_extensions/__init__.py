@@ -4,14 +4,24 @@ The building blocks of transformer_engine.jax's functional ops and Flax
 modules; like the reference library's cpp_extensions, usable directly.
 """
 
+from .activation import ActivationOutput, activation_bwd, activation_fwd
 from .cast import compute_amax, delayed_scaling_update, dequantize_fp8, quantize_fp8, quantize_fp8_current_scaling
 from .gemm import gemm
+from .norm import NormForward, layernorm_bwd, layernorm_fwd, rmsnorm_bwd, rmsnorm_fwd
 
 __all__ = [
+    "ActivationOutput",
+    "NormForward",
+    "activation_bwd",
+    "activation_fwd",
     "compute_amax",
     "delayed_scaling_update",
     "dequantize_fp8",
     "gemm",
+    "layernorm_bwd",
+    "layernorm_fwd",
     "quantize_fp8",
     "quantize_fp8_current_scaling",
+    "rmsnorm_bwd",
+    "rmsnorm_fwd",
 ]
