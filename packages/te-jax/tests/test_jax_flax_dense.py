@@ -58,7 +58,10 @@ def test_high_precision_matches_flax(jax_device, jax_rng, features, use_bias, co
     x, dy = _inputs(jax_rng, (2, 8, 32), features)
     bias_init = nn.initializers.normal(1.0)  # not zeros: a bias that is dropped or misplaced shows
     ours = te_flax.DenseGeneral(features=features, use_bias=use_bias, bias_init=bias_init)
-    theirs = nn.DenseGeneral(features=features, use_bias=use_bias, bias_init=bias_init)
+    # HIGHEST: XLA may otherwise run FP32 dots in TF32 on a GPU (te_gemm's FP32 GEMM is FP32).
+    theirs = nn.DenseGeneral(
+        features=features, use_bias=use_bias, bias_init=bias_init, precision=jax.lax.Precision.HIGHEST
+    )
     autocast = te_jax.autocast(enabled=False, recipe=recipe.DelayedScaling())
     with jax.default_device(jax_device), autocast if context == "disabled" else contextlib.nullcontext():
         variables = ours.init(jax.random.PRNGKey(0), x)
