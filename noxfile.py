@@ -30,7 +30,7 @@ NATIVE_BUILD_TOOLS = ("scikit-build-core>=0.10", "nanobind>=2.0", "cmake>=3.21",
 
 
 def install_frameworks(session: nox.Session) -> None:
-    session.install(TORCH_CPU, "jax[cpu]", *NATIVE_BUILD_TOOLS)
+    session.install(TORCH_CPU, "jax[cpu]", "flax", *NATIVE_BUILD_TOOLS)
     session.install("--no-deps", "./packages/te-pytorch")
     session.install("--no-deps", "--no-build-isolation", "./packages/te-jax")
 

@@ -23,6 +23,9 @@ has_stage() { [[ "$STAGES" == *" $1 "* ]]; }
 
 nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1 || true
 "$PY" -c "import torch, sys; print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda)" | tee "$OUT/versions.txt"
+# te-jax's Flax tests (importorskip) skip on an image without flax: say so up front.
+"$PY" -c "import flax; print('flax', flax.__version__)" 2>/dev/null | tee -a "$OUT/versions.txt" ||
+  echo "flax not installed: te-jax's Flax tests skip" | tee -a "$OUT/versions.txt"
 
 if has_stage build; then
   echo "== build te-core with CUDA (sm_90)"

@@ -5,6 +5,8 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 
+from transformer_engine.core import reference as ref
+
 # One rounding of each high-precision output type (relative).
 EPS = {np.dtype(np.float32): 2.0**-24, np.dtype(ml_dtypes.bfloat16): 2.0**-8, np.dtype(np.float16): 2.0**-11}
 
@@ -80,3 +82,32 @@ def same_floats(a, b) -> None:
 def same_fp8(a, b) -> None:
     """FP8 arrays (or their uint8 codes) byte for byte, NaN codes included."""
     np.testing.assert_array_equal(np.asarray(a).view(np.uint8), np.asarray(b).view(np.uint8))
+
+
+def delayed_dq(x: np.ndarray, scale, fmt: str) -> np.ndarray:
+    """x quantized with a given scale and dequantized (scale_inv = 1 / scale), float64."""
+    q = ref.quantize_fp8(x, np.float32(scale), fmt)
+    return ref.dequantize_fp8(q, np.float32(1.0) / np.float32(scale), fmt).astype(np.float64)
+
+
+class DelayedOracle:
+    """One DelayedScaleQuantizer's state, advanced with the NumPy oracle (reference §3.3)."""
+
+    def __init__(self, fmt: str, history_len: int, margin: float, algo: str):
+        self.fmt, self.margin, self.algo = fmt, margin, algo
+        self.scale = np.ones(1, np.float32)
+        self.history = np.zeros(history_len, np.float32)
+
+    def quantize_and_update(self, x: np.ndarray) -> np.ndarray:
+        """x dequantized with the scale of the previous step; then amax recorded in slot 0 and the update."""
+        dq = delayed_dq(x, self.scale[0], self.fmt)
+        self.history[0] = np.fmax(self.history[0], ref.amax(x))
+        history, self.scale = ref.delayed_scaling_update(
+            self.history.reshape(-1, 1), self.scale, self.fmt, margin=self.margin, algo=self.algo
+        )
+        self.history = history.reshape(-1)
+        return dq
+
+    def assert_matches(self, scale, amax_history) -> None:
+        np.testing.assert_array_equal(np.asarray(scale), self.scale)
+        np.testing.assert_array_equal(np.asarray(amax_history), self.history)

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
-from jax_helpers import EPS, gemm_tolerance
+from jax_helpers import EPS, DelayedOracle, delayed_dq, gemm_tolerance
 
 from transformer_engine.common import recipe
 from transformer_engine.core import reference as ref
@@ -45,13 +45,7 @@ def _current_dq(x: np.ndarray, fmt: str, pow2: bool = False) -> np.ndarray:
     """x quantized with its own amax (reference §3.4) and dequantized, float64."""
     largest = np.float32(ml_dtypes.finfo(x.dtype).max)
     scale = ref.scale_from_amax(ref.amax(x), fmt, pow2, 0.0, value_for_inf=largest)
-    return _delayed_dq(x, scale, fmt)
-
-
-def _delayed_dq(x: np.ndarray, scale, fmt: str) -> np.ndarray:
-    """x quantized with a given scale and dequantized (scale_inv = 1 / scale), float64."""
-    q = ref.quantize_fp8(x, np.float32(scale), fmt)
-    return ref.dequantize_fp8(q, np.float32(1.0) / np.float32(scale), fmt).astype(np.float64)
+    return delayed_dq(x, scale, fmt)
 
 
 def _assert_product(jax_device, got, a64, b64, fp8: bool, plus=None) -> None:
@@ -138,29 +132,6 @@ def test_current_scaling_dense_matches_emulation(
     _assert_bias_grad(db, dy, dtype)
 
 
-class _DelayedOracle:
-    """One DelayedScaleQuantizer's state, advanced with the NumPy oracle (reference §3.3)."""
-
-    def __init__(self, fmt: str, history_len: int, margin: float, algo: str):
-        self.fmt, self.margin, self.algo = fmt, margin, algo
-        self.scale = np.ones(1, np.float32)
-        self.history = np.zeros(history_len, np.float32)
-
-    def quantize_and_update(self, x: np.ndarray) -> np.ndarray:
-        """x dequantized with the scale of the previous step; then amax recorded in slot 0 and the update."""
-        dq = _delayed_dq(x, self.scale[0], self.fmt)
-        self.history[0] = np.fmax(self.history[0], ref.amax(x))
-        history, self.scale = ref.delayed_scaling_update(
-            self.history.reshape(-1, 1), self.scale, self.fmt, margin=self.margin, algo=self.algo
-        )
-        self.history = history.reshape(-1)
-        return dq
-
-    def assert_matches(self, quantizer) -> None:
-        np.testing.assert_array_equal(np.asarray(quantizer.scale), self.scale)
-        np.testing.assert_array_equal(np.asarray(quantizer.amax_history), self.history)
-
-
 @pytest.mark.parametrize("algo", ["max", "most_recent"])
 @pytest.mark.parametrize("fp8_format", [recipe.Format.HYBRID, recipe.Format.E4M3], ids=lambda f: f.name)
 def test_delayed_scaling_state_evolves_over_jitted_steps(jax_device, jax_rng, algo, fp8_format):
@@ -172,7 +143,7 @@ def test_delayed_scaling_state_evolves_over_jitted_steps(jax_device, jax_rng, al
     )
     qs = jax.device_put(qs, jax_device)
     oracles = {
-        name: _DelayedOracle(fmt, history_len, margin, algo)
+        name: DelayedOracle(fmt, history_len, margin, algo)
         for name, fmt in (("x", "e4m3"), ("kernel", "e4m3"), ("dgrad", BWD_FORMAT[fp8_format]))
     }
 
@@ -202,7 +173,7 @@ def test_delayed_scaling_state_evolves_over_jitted_steps(jax_device, jax_rng, al
         _assert_product(jax_device, dk, x_dq.T, dy_dq, True)
         _assert_bias_grad(db, dy, np.float32)
         for name, oracle in oracles.items():
-            oracle.assert_matches(getattr(new_qs, name))
+            oracle.assert_matches(getattr(new_qs, name).scale, getattr(new_qs, name).amax_history)
         qs = new_qs  # the state for the next step: the quantizer set's "gradient"
 
 

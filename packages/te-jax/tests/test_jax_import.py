@@ -35,7 +35,7 @@ def test_flax_subpackage():
 
     assert te_flax is sys.modules["transformer_engine.jax.flax"]
     assert te_jax.flax is te_flax
-    assert te_flax.__all__ == []
+    assert te_flax.__all__ == ["DenseGeneral", "TransformerEngineBase"]
 
 
 def test_unknown_attribute():
@@ -47,8 +47,25 @@ def test_ops_and_quantize_load_on_first_use():
     # A fresh interpreter: this session has imported them already.
     code = (
         "import sys; import transformer_engine.jax as te_jax\n"
-        "lazy = [m for m in ('cpp_extensions', 'dense', 'quantize') if 'transformer_engine.jax.' + m in sys.modules]\n"
-        "print(lazy, te_jax.dense.dense.__name__, te_jax.quantize.QuantizerSet.__name__)"
+        "names = ('cpp_extensions', 'dense', 'quantize', 'sharding')\n"
+        "loaded = lambda: [m for m in names if 'transformer_engine.jax.' + m in sys.modules]\n"
+        "print(loaded())\n"
+        "print(te_jax.autocast.__name__, te_jax.MeshResource.__name__, te_jax.NVTE_FP8_COLLECTION_NAME, loaded())\n"
+        "print(te_jax.dense.dense.__name__, te_jax.quantize.QuantizerSet.__name__, loaded())"
     )
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
-    assert out.split() == ["[]", "dense", "QuantizerSet"]
+    # autocast and MeshResource bring quantize and sharding, not the FFI targets (cpp_extensions)
+    assert out.splitlines() == [
+        "[]",
+        "autocast MeshResource fp8_metas ['quantize', 'sharding']",
+        "dense QuantizerSet ['cpp_extensions', 'dense', 'quantize', 'sharding']",
+    ]
+
+
+def test_public_names():
+    from transformer_engine.jax import quantize
+
+    for name in ("NVTE_FP8_COLLECTION_NAME", "autocast", "fp8_autocast", "update_collections", "MeshResource"):
+        assert name in te_jax.__all__ and getattr(te_jax, name) is not None
+    assert te_jax.autocast is quantize.autocast and te_jax.update_collections is quantize.update_collections
+    assert te_jax.NVTE_FP8_COLLECTION_NAME == "fp8_metas"

@@ -5,11 +5,12 @@
 
 Today: `cpp_extensions`, te-core's per-tensor FP8 kernels and GEMM as JAX
 functions (XLA FFI custom calls with CPU and CUDA handlers; jit and vmap
-work); `quantize`, the per-tensor FP8 quantizers and quantizer sets; and
-`dense.dense`, the functional FP8 dense layer with a custom VJP. The other
-functional ops (layernorm_dense, ...), autocast, MeshResource and the Flax
-modules come in later work; they are absent, not stubbed. Recipes are shared with PyTorch:
-transformer_engine.common.recipe.
+work); `quantize`, the per-tensor FP8 quantizers and quantizer sets;
+`dense.dense`, the functional FP8 dense layer with a custom VJP; `autocast`
+(the recipe of the Flax modules), `update_collections`, `MeshResource` (one
+device only) and `flax.DenseGeneral`. The other functional ops
+(layernorm_dense, ...) and Flax modules come in later work; they are absent,
+not stubbed. Recipes are shared with PyTorch: transformer_engine.common.recipe.
 """
 
 import importlib as _importlib
@@ -19,13 +20,26 @@ import transformer_engine.core  # noqa: F401 - loads the native core once, up fr
 
 __version__ = "0.1.0"
 
-__all__ = ["cpp_extensions", "dense", "flax", "quantize"]
+_SUBMODULES = ("cpp_extensions", "dense", "flax", "quantize", "sharding")
+# name -> the submodule defining it, imported on first access
+_LAZY_NAMES = {
+    "NVTE_FP8_COLLECTION_NAME": "quantize.helper",
+    "autocast": "quantize.helper",
+    "fp8_autocast": "quantize.helper",
+    "update_collections": "quantize.helper",
+    "MeshResource": "sharding",
+}
+
+__all__ = [*_LAZY_NAMES, *_SUBMODULES]
 
 
 def __getattr__(name):
     # te_jax.flax without importing flax for users who never touch it, and
     # cpp_extensions (which registers the FFI targets), dense and quantize on
-    # first use: importing transformer_engine.jax stays cheap.
-    if name in __all__:
+    # first use (autocast and friends with quantize, which registers nothing):
+    # importing transformer_engine.jax stays cheap.
+    if name in _SUBMODULES:
         return _importlib.import_module(f".{name}", __name__)
+    if name in _LAZY_NAMES:
+        return getattr(_importlib.import_module(f".{_LAZY_NAMES[name]}", __name__), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -2,8 +2,8 @@
 
     from transformer_engine.jax import flax as te_flax
 
-Skeleton: the modules (DenseGeneral, LayerNorm, LayerNormDenseGeneral,
-LayerNormMLP, DotProductAttention, TransformerLayer, ...) come in later work.
+DenseGeneral so far (module.py); LayerNorm, LayerNormDenseGeneral,
+LayerNormMLP, DotProductAttention, TransformerLayer, ... come in later work.
 """
 
 try:
@@ -11,4 +11,6 @@ try:
 except ImportError as error:  # pragma: no cover - flax is a dependency of te-jax
     raise ImportError("transformer_engine.jax.flax needs flax: pip install 'flax>=0.7.1'") from error
 
-__all__: list[str] = []
+from .module import DenseGeneral, TransformerEngineBase
+
+__all__ = ["DenseGeneral", "TransformerEngineBase"]

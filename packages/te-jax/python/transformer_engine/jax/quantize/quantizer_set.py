@@ -65,7 +65,7 @@ class QuantizerFactory:
     @staticmethod
     def create_set(recipe=None) -> QuantizerSet:
         """The quantizer set of one layer for `recipe`: None gives noop_quantizer_set
-        (no autocast exists yet to supply a default recipe).
+        (autocast's recipe is not consulted here: the Flax modules read it).
 
         DelayedScaling: x and kernel E4M3, dgrad E5M2 under Format.HYBRID (E4M3
         under Format.E4M3); scale 1 and a zero history of amax_history_len; margin
@@ -76,28 +76,37 @@ class QuantizerFactory:
         """
         if recipe is None:
             return noop_quantizer_set
-        if not isinstance(recipe, recipe_lib.Recipe):
-            raise TypeError(
-                f"argument 'recipe' must be None or a transformer_engine.common.recipe recipe, got "
-                f"{type(recipe).__name__}"
+        check_recipe_supported(recipe, "QuantizerFactory.create_set")
+        return _delayed_set(recipe) if recipe.delayed() else _current_set(recipe)
+
+
+def check_recipe_supported(recipe, caller: str) -> None:
+    """Raises unless te-jax can run `recipe`: TypeError for a non-recipe,
+    NotImplementedError naming what is missing (`caller` starts the message)."""
+    if not isinstance(recipe, recipe_lib.Recipe):
+        raise TypeError(
+            f"argument 'recipe' must be None or a transformer_engine.common.recipe recipe, got {type(recipe).__name__}"
+        )
+    if recipe.delayed():
+        if callable(recipe.amax_compute_algo) or recipe.scaling_factor_compute_algo is not None:
+            raise NotImplementedError(
+                "DelayedScaling in te-jax: amax_compute_algo must be 'max' or 'most_recent' and "
+                "scaling_factor_compute_algo None (callables are not supported)"
             )
-        if recipe.delayed():
-            return _delayed_set(recipe)
-        if recipe.float8_current_scaling():
-            return _current_set(recipe)
+    elif recipe.float8_current_scaling():
+        if recipe.backward_override is not None:
+            raise NotImplementedError(
+                f"Float8CurrentScaling in te-jax: backward_override must be None, got {recipe.backward_override!r}"
+            )
+    else:
         raise NotImplementedError(
-            f"QuantizerFactory.create_set: {type(recipe).__name__} is not supported by te-jax yet "
-            "(supported: DelayedScaling, Float8CurrentScaling)"
+            f"{caller}: {type(recipe).__name__} is not supported by te-jax yet (supported: DelayedScaling, "
+            "Float8CurrentScaling; MXFP8BlockScaling, NVFP4BlockScaling, Float8BlockScaling and custom recipes "
+            "are not yet available in te-jax)"
         )
 
 
 def _delayed_set(recipe) -> QuantizerSet:
-    if callable(recipe.amax_compute_algo) or recipe.scaling_factor_compute_algo is not None:
-        raise NotImplementedError(
-            "DelayedScaling in te-jax: amax_compute_algo must be 'max' or 'most_recent' and "
-            "scaling_factor_compute_algo None (callables are not supported)"
-        )
-
     def make(q_dtype):
         return DelayedScaleQuantizer(
             scale=jnp.ones((1,), jnp.float32),
@@ -111,11 +120,6 @@ def _delayed_set(recipe) -> QuantizerSet:
 
 
 def _current_set(recipe) -> QuantizerSet:
-    if recipe.backward_override is not None:
-        raise NotImplementedError(
-            f"Float8CurrentScaling in te-jax: backward_override must be None, got {recipe.backward_override!r}"
-        )
-
     def make(q_dtype, qparams):
         return CurrentScaleQuantizer(
             q_dtype=q_dtype, power_2_scale=qparams.power_2_scale, amax_epsilon=float(qparams.amax_epsilon)
