@@ -29,15 +29,11 @@ struct ActOutput {
 Error describe_output(const Device& d, const char* row_name, const AnyBuffer& scale,
                       const AnyBuffer& row, const AnyBuffer& col, const AnyBuffer& scale_inv,
                       const AnyBuffer& amax, ActOutput* o) {
-  if (Error e = describe_optional(row, d, row_name, &o->row, &o->row_ptr); e.failure()) return e;
-  if (Error e = describe_optional(col, d, "columnwise", &o->col, &o->col_ptr); e.failure())
-    return e;
-  if (Error e = describe_optional(scale, d, "scale", &o->scale, &o->scale_ptr); e.failure())
-    return e;
-  if (Error e = describe_optional(scale_inv, d, "scale_inv", &o->scale_inv, &o->scale_inv_ptr);
-      e.failure())
-    return e;
-  return describe_optional(amax, d, "amax", &o->amax, &o->amax_ptr);
+  return describe_all(d, {{row, row_name, &o->row, &o->row_ptr},
+                          {col, "columnwise", &o->col, &o->col_ptr},
+                          {scale, "scale", &o->scale, &o->scale_ptr},
+                          {scale_inv, "scale_inv", &o->scale_inv, &o->scale_inv_ptr},
+                          {amax, "amax", &o->amax, &o->amax_ptr}});
 }
 
 Error activation_fwd(const Device& d, AnyBuffer x, AnyBuffer scale, AnyBuffer /*amax_in*/,
@@ -77,8 +73,7 @@ Error activation_bwd(const Device& d, AnyBuffer grad, AnyBuffer x, AnyBuffer sca
   te_tensor tg, tx, tdb, tws;
   te_tensor *pdb, *pws;
   ActOutput o;
-  if (Error e = describe(grad, d, "grad", &tg); e.failure()) return e;
-  if (Error e = describe(x, d, "x", &tx); e.failure()) return e;
+  if (Error e = describe_all(d, {{grad, "grad", &tg}, {x, "x", &tx}}); e.failure()) return e;
   if (Error e =
           describe_output(d, "grad_input", scale, *grad_input, *columnwise, *scale_inv, *amax, &o);
       e.failure())

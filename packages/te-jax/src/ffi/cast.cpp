@@ -13,32 +13,23 @@ using ffi::AnyBuffer;
 using ffi::Error;
 using ffi::Result;
 
-// The rowwise/columnwise results of a quantize: a placeholder means "not asked".
-struct Outputs {
-  te_tensor row{}, col{};
-  te_tensor* row_ptr = nullptr;
-  te_tensor* col_ptr = nullptr;
-};
-
-Error describe_outputs(const AnyBuffer& row, const AnyBuffer& col, const Device& d, Outputs* out) {
-  if (Error e = describe_optional(row, d, "rowwise", &out->row, &out->row_ptr); e.failure())
-    return e;
-  return describe_optional(col, d, "columnwise", &out->col, &out->col_ptr);
-}
-
 // rowwise = q(x * scale) (+ its [K, M] transpose), scale_inv = 1/scale,
 // amax_out = max(amax_in, max|x|) (amax_out aliases amax_in).
 Error quantize_fp8(const Device& d, AnyBuffer x, AnyBuffer scale, AnyBuffer /*amax_in*/,
                    Result<AnyBuffer> row, Result<AnyBuffer> col, Result<AnyBuffer> scale_inv,
                    Result<AnyBuffer> amax_out) {
-  te_tensor tx, ts, tsi, ta;
-  Outputs o;
-  if (Error e = describe(x, d, "x", &tx); e.failure()) return e;
-  if (Error e = describe(scale, d, "scale", &ts); e.failure()) return e;
-  if (Error e = describe_outputs(*row, *col, d, &o); e.failure()) return e;
-  if (Error e = describe(*scale_inv, d, "scale_inv", &tsi); e.failure()) return e;
-  if (Error e = describe(*amax_out, d, "amax", &ta); e.failure()) return e;
-  return from_status(te_quantize_fp8(&tx, &ts, o.row_ptr, o.col_ptr, &tsi, &ta, d.stream));
+  // (rowwise/columnwise: a placeholder means "not asked")
+  te_tensor tx, ts, trow, tcol, tsi, ta;
+  te_tensor *prow, *pcol;
+  if (Error e = describe_all(d, {{x, "x", &tx},
+                                 {scale, "scale", &ts},
+                                 {*row, "rowwise", &trow, &prow},
+                                 {*col, "columnwise", &tcol, &pcol},
+                                 {*scale_inv, "scale_inv", &tsi},
+                                 {*amax_out, "amax", &ta}});
+      e.failure())
+    return e;
+  return from_status(te_quantize_fp8(&tx, &ts, prow, pcol, &tsi, &ta, d.stream));
 }
 
 #define TE_JAX_QUANTIZE_FP8_ARGS(b) \
@@ -55,16 +46,18 @@ Error quantize_fp8_current_scaling(const Device& d, AnyBuffer x, Result<AnyBuffe
                                    Result<AnyBuffer> col, Result<AnyBuffer> scale,
                                    Result<AnyBuffer> scale_inv, Result<AnyBuffer> amax,
                                    bool force_pow_2_scales, float amax_epsilon) {
-  te_tensor tx, ts, tsi, ta;
-  Outputs o;
-  if (Error e = describe(x, d, "x", &tx); e.failure()) return e;
-  if (Error e = describe_outputs(*row, *col, d, &o); e.failure()) return e;
-  if (Error e = describe(*scale, d, "scale", &ts); e.failure()) return e;
-  if (Error e = describe(*scale_inv, d, "scale_inv", &tsi); e.failure()) return e;
-  if (Error e = describe(*amax, d, "amax", &ta); e.failure()) return e;
-  return from_status(te_quantize_fp8_current_scaling(&tx, o.row_ptr, o.col_ptr, &ts, &tsi, &ta,
-                                                     force_pow_2_scales ? 1 : 0, amax_epsilon,
-                                                     d.stream));
+  te_tensor tx, trow, tcol, ts, tsi, ta;
+  te_tensor *prow, *pcol;
+  if (Error e = describe_all(d, {{x, "x", &tx},
+                                 {*row, "rowwise", &trow, &prow},
+                                 {*col, "columnwise", &tcol, &pcol},
+                                 {*scale, "scale", &ts},
+                                 {*scale_inv, "scale_inv", &tsi},
+                                 {*amax, "amax", &ta}});
+      e.failure())
+    return e;
+  return from_status(te_quantize_fp8_current_scaling(
+      &tx, prow, pcol, &ts, &tsi, &ta, force_pow_2_scales ? 1 : 0, amax_epsilon, d.stream));
 }
 
 #define TE_JAX_QUANTIZE_FP8_CURRENT_ARGS(b) \
@@ -80,9 +73,10 @@ Error quantize_fp8_current_scaling(const Device& d, AnyBuffer x, Result<AnyBuffe
 // out = float32(q) * scale_inv, rounded to out's type.
 Error dequantize_fp8(const Device& d, AnyBuffer q, AnyBuffer scale_inv, Result<AnyBuffer> out) {
   te_tensor tq, tsi, to;
-  if (Error e = describe(q, d, "data", &tq); e.failure()) return e;
-  if (Error e = describe(scale_inv, d, "scale_inv", &tsi); e.failure()) return e;
-  if (Error e = describe(*out, d, "out", &to); e.failure()) return e;
+  if (Error e =
+          describe_all(d, {{q, "data", &tq}, {scale_inv, "scale_inv", &tsi}, {*out, "out", &to}});
+      e.failure())
+    return e;
   return from_status(te_dequantize_fp8(&tq, &tsi, &to, d.stream));
 }
 
@@ -91,8 +85,7 @@ Error dequantize_fp8(const Device& d, AnyBuffer q, AnyBuffer scale_inv, Result<A
 // max|x| over the non-NaN elements.
 Error compute_amax(const Device& d, AnyBuffer x, Result<AnyBuffer> amax) {
   te_tensor tx, ta;
-  if (Error e = describe(x, d, "x", &tx); e.failure()) return e;
-  if (Error e = describe(*amax, d, "amax", &ta); e.failure()) return e;
+  if (Error e = describe_all(d, {{x, "x", &tx}, {*amax, "amax", &ta}}); e.failure()) return e;
   return from_status(te_compute_amax(&tx, &ta, d.stream));
 }
 
@@ -105,9 +98,11 @@ Error delayed_scaling_update(const Device& d, AnyBuffer /*history_in*/, AnyBuffe
                              Result<AnyBuffer> scale_inv, int32_t algo, int32_t fp8_dtype,
                              float margin) {
   te_tensor th, ts, tsi;
-  if (Error e = describe(*history, d, "amax_history", &th); e.failure()) return e;
-  if (Error e = describe(*scale, d, "scale", &ts); e.failure()) return e;
-  if (Error e = describe(*scale_inv, d, "scale_inv", &tsi); e.failure()) return e;
+  if (Error e = describe_all(d, {{*history, "amax_history", &th},
+                                 {*scale, "scale", &ts},
+                                 {*scale_inv, "scale_inv", &tsi}});
+      e.failure())
+    return e;
   te_tensor* histories[] = {&th};
   te_tensor* scales[] = {&ts};
   te_tensor* scale_invs[] = {&tsi};

@@ -77,6 +77,15 @@ ffi::Error describe_optional(const ffi::AnyBuffer& b, const Device& device, cons
   return ffi::Error::Success();
 }
 
+ffi::Error describe_all(const Device& device, std::initializer_list<Named> buffers) {
+  for (const Named& n : buffers) {
+    ffi::Error e = n.present ? describe_optional(n.buffer, device, n.name, n.storage, n.present)
+                             : describe(n.buffer, device, n.name, n.storage);
+    if (e.failure()) return e;
+  }
+  return ffi::Error::Success();
+}
+
 ffi::Error allocate_workspace(const Device& device, size_t bytes, const char* what,
                               std::vector<unsigned char>* host, te_tensor* storage,
                               te_tensor** out) {

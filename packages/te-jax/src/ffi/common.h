@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -70,6 +71,19 @@ inline bool is_placeholder(const ffi::AnyBuffer& b) {
 // described (as `describe` does) and *out pointing at it.
 ffi::Error describe_optional(const ffi::AnyBuffer& b, const Device& device, const char* name,
                              te_tensor* storage, te_tensor** out);
+
+// One buffer of a handler, for describe_all: described into `storage`. With
+// `present` given it is optional, as in describe_optional (*present = nullptr
+// for a placeholder, else `storage`).
+struct Named {
+  const ffi::AnyBuffer& buffer;
+  const char* name;
+  te_tensor* storage;
+  te_tensor** present = nullptr;
+};
+
+// Describes the buffers in order; the first failure is returned.
+ffi::Error describe_all(const Device& device, std::initializer_list<Named> buffers);
 
 // A te-core workspace of `bytes` on `device`: XLA's scratch memory for the
 // CUDA handlers (stream-ordered, freed after the call), `host` otherwise.

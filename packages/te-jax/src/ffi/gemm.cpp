@@ -19,15 +19,15 @@ Error gemm(const Device& d, AnyBuffer a, AnyBuffer b, AnyBuffer a_scale_inv, Any
            bool transb, bool use_split_accumulator) {
   te_tensor ta, tb, tasi, tbsi, tbias, td, tbg, tws;
   te_tensor *pasi, *pbsi, *pbias, *pbg, *pws;
-  if (Error e = describe(a, d, "a", &ta); e.failure()) return e;
-  if (Error e = describe(b, d, "b", &tb); e.failure()) return e;
-  if (Error e = describe_optional(a_scale_inv, d, "a_scale_inv", &tasi, &pasi); e.failure())
+  if (Error e = describe_all(d, {{a, "a", &ta},
+                                 {b, "b", &tb},
+                                 {a_scale_inv, "a_scale_inv", &tasi, &pasi},
+                                 {b_scale_inv, "b_scale_inv", &tbsi, &pbsi},
+                                 {bias, "bias", &tbias, &pbias},
+                                 {*out, "out", &td},
+                                 {*bias_grad, "bias_grad", &tbg, &pbg}});
+      e.failure())
     return e;
-  if (Error e = describe_optional(b_scale_inv, d, "b_scale_inv", &tbsi, &pbsi); e.failure())
-    return e;
-  if (Error e = describe_optional(bias, d, "bias", &tbias, &pbias); e.failure()) return e;
-  if (Error e = describe(*out, d, "out", &td); e.failure()) return e;
-  if (Error e = describe_optional(*bias_grad, d, "bias_grad", &tbg, &pbg); e.failure()) return e;
   te_gemm_params p{};
   p.a = &ta;
   p.a_scale_inv = pasi;

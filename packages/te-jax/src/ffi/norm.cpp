@@ -28,13 +28,10 @@ struct NormOutput {
 
 Error describe_output(const Device& d, const AnyBuffer& y_scale, const AnyBuffer& y,
                       const AnyBuffer& y_scale_inv, const AnyBuffer& amax, NormOutput* o) {
-  if (Error e = describe(y, d, "y", &o->y); e.failure()) return e;
-  if (Error e = describe_optional(y_scale, d, "y_scale", &o->scale, &o->scale_ptr); e.failure())
-    return e;
-  if (Error e = describe_optional(y_scale_inv, d, "y_scale_inv", &o->scale_inv, &o->scale_inv_ptr);
-      e.failure())
-    return e;
-  return describe_optional(amax, d, "y_amax", &o->amax, &o->amax_ptr);
+  return describe_all(d, {{y, "y", &o->y},
+                          {y_scale, "y_scale", &o->scale, &o->scale_ptr},
+                          {y_scale_inv, "y_scale_inv", &o->scale_inv, &o->scale_inv_ptr},
+                          {amax, "y_amax", &o->amax, &o->amax_ptr}});
 }
 
 Error layernorm_fwd(const Device& d, AnyBuffer x, AnyBuffer gamma, AnyBuffer beta,
@@ -43,12 +40,12 @@ Error layernorm_fwd(const Device& d, AnyBuffer x, AnyBuffer gamma, AnyBuffer bet
                     Result<AnyBuffer> rsigma, float eps, bool zero_centered_gamma) {
   te_tensor tx, tg, tb, tmu, trs;
   NormOutput o;
-  if (Error e = describe(x, d, "x", &tx); e.failure()) return e;
-  if (Error e = describe(gamma, d, "gamma", &tg); e.failure()) return e;
-  if (Error e = describe(beta, d, "beta", &tb); e.failure()) return e;
+  if (Error e = describe_all(d, {{x, "x", &tx}, {gamma, "gamma", &tg}, {beta, "beta", &tb}});
+      e.failure())
+    return e;
   if (Error e = describe_output(d, y_scale, *y, *y_scale_inv, *amax, &o); e.failure()) return e;
-  if (Error e = describe(*mu, d, "mu", &tmu); e.failure()) return e;
-  if (Error e = describe(*rsigma, d, "rsigma", &trs); e.failure()) return e;
+  if (Error e = describe_all(d, {{*mu, "mu", &tmu}, {*rsigma, "rsigma", &trs}}); e.failure())
+    return e;
   return from_status(te_layernorm_fwd(&tx, &tg, &tb, eps, zero_centered_gamma ? 1 : 0, &o.y,
                                       o.scale_ptr, o.scale_inv_ptr, o.amax_ptr, &tmu, &trs,
                                       d.stream));
@@ -74,10 +71,9 @@ Error rmsnorm_fwd(const Device& d, AnyBuffer x, AnyBuffer gamma, AnyBuffer y_sca
                   bool zero_centered_gamma) {
   te_tensor tx, tg, trs;
   NormOutput o;
-  if (Error e = describe(x, d, "x", &tx); e.failure()) return e;
-  if (Error e = describe(gamma, d, "gamma", &tg); e.failure()) return e;
+  if (Error e = describe_all(d, {{x, "x", &tx}, {gamma, "gamma", &tg}}); e.failure()) return e;
   if (Error e = describe_output(d, y_scale, *y, *y_scale_inv, *amax, &o); e.failure()) return e;
-  if (Error e = describe(*rsigma, d, "rsigma", &trs); e.failure()) return e;
+  if (Error e = describe_all(d, {{*rsigma, "rsigma", &trs}}); e.failure()) return e;
   return from_status(te_rmsnorm_fwd(&tx, &tg, eps, zero_centered_gamma ? 1 : 0, &o.y, o.scale_ptr,
                                     o.scale_inv_ptr, o.amax_ptr, &trs, d.stream));
 }
@@ -108,14 +104,16 @@ Error layernorm_bwd(const Device& d, AnyBuffer dz, AnyBuffer x, AnyBuffer mu, An
                     Result<AnyBuffer> dbeta, bool zero_centered_gamma) {
   te_tensor tdz, tx, tmu, trs, tg, tdx, tdg, tdb, tws;
   te_tensor* pws;
-  if (Error e = describe(dz, d, "dz", &tdz); e.failure()) return e;
-  if (Error e = describe(x, d, "x", &tx); e.failure()) return e;
-  if (Error e = describe(mu, d, "mu", &tmu); e.failure()) return e;
-  if (Error e = describe(rsigma, d, "rsigma", &trs); e.failure()) return e;
-  if (Error e = describe(gamma, d, "gamma", &tg); e.failure()) return e;
-  if (Error e = describe(*dx, d, "dx", &tdx); e.failure()) return e;
-  if (Error e = describe(*dgamma, d, "dgamma", &tdg); e.failure()) return e;
-  if (Error e = describe(*dbeta, d, "dbeta", &tdb); e.failure()) return e;
+  if (Error e = describe_all(d, {{dz, "dz", &tdz},
+                                 {x, "x", &tx},
+                                 {mu, "mu", &tmu},
+                                 {rsigma, "rsigma", &trs},
+                                 {gamma, "gamma", &tg},
+                                 {*dx, "dx", &tdx},
+                                 {*dgamma, "dgamma", &tdg},
+                                 {*dbeta, "dbeta", &tdb}});
+      e.failure())
+    return e;
   std::vector<unsigned char> host;
   if (Error e = norm_workspace(d, te_layernorm_bwd_workspace_size, tx, "te_layernorm_bwd", &host,
                                &tws, &pws);
@@ -140,12 +138,14 @@ Error rmsnorm_bwd(const Device& d, AnyBuffer dz, AnyBuffer x, AnyBuffer rsigma, 
                   Result<AnyBuffer> dx, Result<AnyBuffer> dgamma, bool zero_centered_gamma) {
   te_tensor tdz, tx, trs, tg, tdx, tdg, tws;
   te_tensor* pws;
-  if (Error e = describe(dz, d, "dz", &tdz); e.failure()) return e;
-  if (Error e = describe(x, d, "x", &tx); e.failure()) return e;
-  if (Error e = describe(rsigma, d, "rsigma", &trs); e.failure()) return e;
-  if (Error e = describe(gamma, d, "gamma", &tg); e.failure()) return e;
-  if (Error e = describe(*dx, d, "dx", &tdx); e.failure()) return e;
-  if (Error e = describe(*dgamma, d, "dgamma", &tdg); e.failure()) return e;
+  if (Error e = describe_all(d, {{dz, "dz", &tdz},
+                                 {x, "x", &tx},
+                                 {rsigma, "rsigma", &trs},
+                                 {gamma, "gamma", &tg},
+                                 {*dx, "dx", &tdx},
+                                 {*dgamma, "dgamma", &tdg}});
+      e.failure())
+    return e;
   std::vector<unsigned char> host;
   if (Error e =
           norm_workspace(d, te_rmsnorm_bwd_workspace_size, tx, "te_rmsnorm_bwd", &host, &tws, &pws);

@@ -15,6 +15,7 @@ import numpy as np
 
 import jax
 import jax.numpy as jnp
+from transformer_engine.core import DType
 
 from . import _registry  # noqa: F401 - registers the FFI targets
 from ._checks import HIGH_PRECISION, check_dtype, check_fp8_dtype, check_fp32_scalar, matrix_t_shape
@@ -117,8 +118,6 @@ def delayed_scaling_update(amax_history, scale, fp8_dtype=jnp.float8_e4m3fn, *, 
         raise ValueError(f"argument 'amax_compute_algo' must be 'max' or 'most_recent', got {amax_compute_algo!r}")
     if not np.isfinite(margin) or margin < 0:
         raise ValueError(f"argument 'margin' must be finite and >= 0, got {margin}")
-    from transformer_engine.core import DType
-
     code = DType.kFloat8E4M3 if fp8_dtype == jnp.float8_e4m3fn else DType.kFloat8E5M2
     results = (
         jax.ShapeDtypeStruct(amax_history.shape, jnp.float32),
