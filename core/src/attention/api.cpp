@@ -75,10 +75,10 @@ const Params& require(const Params* p) {
 void warn_fallback_once(const Inputs& in, const std::string& why) {
   static std::mutex mutex;
   static std::set<std::string> seen;
-  const std::string key = concat("format ", in.qkv_format, ", mask ", in.mask_type, ", bias ",
-                                 in.bias_type, ", softmax ", in.softmax_type, ", dtype ",
-                                 dtype_name(in.dtype), ", d ", in.dims.d, ", dv ", in.dims.dv,
-                                 ", dropout ", in.dropout > 0 ? 1 : 0);
+  const std::string key =
+      concat("format ", in.qkv_format, ", mask ", in.mask_type, ", bias ", in.bias_type,
+             ", softmax ", in.softmax_type, ", dtype ", dtype_name(in.dtype), ", d ", in.dims.d,
+             ", dv ", in.dims.dv, ", dropout ", in.dropout > 0 ? 1 : 0);
   std::lock_guard<std::mutex> lock(mutex);
   if (!seen.insert(key).second) return;
   std::fprintf(stderr,
@@ -136,30 +136,24 @@ FwdArgs check_forward(const te_attention_fwd_params& p, te_attention_backend_kin
 size_t fwd_workspace(const FwdArgs& a, te_attention_backend_kind backend) {
   switch (backend) {
 #if defined(TE_WITH_CUDNN)
-    case TE_ATTENTION_BACKEND_CUDNN:
-      return cudnn::fwd_workspace(a);
+    case TE_ATTENTION_BACKEND_CUDNN: return cudnn::fwd_workspace(a);
 #endif
 #if defined(TE_ATTENTION_FALLBACK)
-    case TE_ATTENTION_BACKEND_CUDA_FALLBACK:
-      return cuda_fallback::fwd_workspace(a);
+    case TE_ATTENTION_BACKEND_CUDA_FALLBACK: return cuda_fallback::fwd_workspace(a);
 #endif
-    default:
-      return 0;  // the CPU backend allocates its own host scratch
+    default: return 0;  // the CPU backend allocates its own host scratch
   }
 }
 
 size_t bwd_workspace(const BwdArgs& a, te_attention_backend_kind backend) {
   switch (backend) {
 #if defined(TE_WITH_CUDNN)
-    case TE_ATTENTION_BACKEND_CUDNN:
-      return cudnn::bwd_workspace(a);
+    case TE_ATTENTION_BACKEND_CUDNN: return cudnn::bwd_workspace(a);
 #endif
 #if defined(TE_ATTENTION_FALLBACK)
-    case TE_ATTENTION_BACKEND_CUDA_FALLBACK:
-      return cuda_fallback::bwd_workspace(a);
+    case TE_ATTENTION_BACKEND_CUDA_FALLBACK: return cuda_fallback::bwd_workspace(a);
 #endif
-    default:
-      return 0;
+    default: return 0;
   }
 }
 
@@ -205,30 +199,24 @@ void write_size(size_t* out, size_t bytes) {
 void run_forward(const FwdArgs& a, te_attention_backend_kind backend, te_stream stream) {
   switch (backend) {
 #if defined(TE_WITH_CUDNN)
-    case TE_ATTENTION_BACKEND_CUDNN:
-      return cudnn::forward(a, stream);
+    case TE_ATTENTION_BACKEND_CUDNN: return cudnn::forward(a, stream);
 #endif
 #if defined(TE_ATTENTION_FALLBACK)
-    case TE_ATTENTION_BACKEND_CUDA_FALLBACK:
-      return cuda_fallback::forward(a, stream);
+    case TE_ATTENTION_BACKEND_CUDA_FALLBACK: return cuda_fallback::forward(a, stream);
 #endif
-    default:
-      return cpu::forward(a);
+    default: return cpu::forward(a);
   }
 }
 
 void run_backward(const BwdArgs& a, te_attention_backend_kind backend, te_stream stream) {
   switch (backend) {
 #if defined(TE_WITH_CUDNN)
-    case TE_ATTENTION_BACKEND_CUDNN:
-      return cudnn::backward(a, stream);
+    case TE_ATTENTION_BACKEND_CUDNN: return cudnn::backward(a, stream);
 #endif
 #if defined(TE_ATTENTION_FALLBACK)
-    case TE_ATTENTION_BACKEND_CUDA_FALLBACK:
-      return cuda_fallback::backward(a, stream);
+    case TE_ATTENTION_BACKEND_CUDA_FALLBACK: return cuda_fallback::backward(a, stream);
 #endif
-    default:
-      return cpu::backward(a);
+    default: return cpu::backward(a);
   }
 }
 

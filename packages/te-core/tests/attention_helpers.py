@@ -123,7 +123,9 @@ class Oracle:
             d_round = u_out * (ado * np.abs(o[b][:, h])).sum(axis=1)
             err = chain * mag + hd.p * ((dvd + 4) * U32 * adp + d_round[:, None])
             s = abs(cfg.scale)
-            self.e_alpha[h] += ((chain + u_out + (dvd + 4) * U32) * hd.p_sink * (ado * np.abs(o[b][:, h])).sum(axis=1)).sum()
+            self.e_alpha[h] += (
+                (chain + u_out + (dvd + 4) * U32) * hd.p_sink * (ado * np.abs(o[b][:, h])).sum(axis=1)
+            ).sum()
             edq[b][:, h] += s * (err @ ak) + (n + 4) * U32 * s * (mag @ ak)
             edk[b][:, hk] += s * (err.T @ aq) + (pr.sq + 4) * U32 * s * (mag.T @ aq)
             edv[b][:, hk] += (chain + (pr.sq + 4) * U32) * (pd.T @ ado)

@@ -11,7 +11,7 @@ import textwrap
 
 import numpy as np
 import pytest
-from attention_helpers import check_against_oracle, rand
+from attention_helpers import check_against_oracle
 from test_attention import make, mask_opts
 
 import transformer_engine.core as tec

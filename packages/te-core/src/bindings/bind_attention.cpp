@@ -23,9 +23,9 @@ Common common(int qkv_format, int mask_type, int bias_type, int softmax_type, fl
               Opt cu_seqlens_q, Opt cu_seqlens_kv, Opt cu_seqlens_q_padded,
               Opt cu_seqlens_kv_padded, Opt attn_mask, Opt softmax_offset, Opt rng_state) {
   Common c;
-  c.config = te_attention_config{qkv_format,   mask_type,    bias_type,    softmax_type,
-                                 scale,        dropout,      window_left,  window_right,
-                                 max_seqlen_q, max_seqlen_kv, deterministic ? 1 : 0};
+  c.config = te_attention_config{
+      qkv_format,   mask_type,    bias_type,     softmax_type,         scale, dropout, window_left,
+      window_right, max_seqlen_q, max_seqlen_kv, deterministic ? 1 : 0};
   c.bias = opt(bias);
   c.alibi_slopes = opt(alibi_slopes);
   c.cu_q = opt(cu_seqlens_q);
@@ -86,30 +86,29 @@ te_attention_bwd_params bwd_params(const Common& c, TensorDesc& q, TensorDesc& k
 
 // The keyword arguments of the configuration and the shared optional inputs,
 // in the order of common()'s parameters.
-#define TE_ATTN_COMMON_ARGS                                                                 \
-  nb::arg("qkv_format"), nb::arg("mask_type"), nb::arg("bias_type") = 0,                    \
-      nb::arg("softmax_type") = 0, nb::arg("scale"), nb::arg("dropout") = 0.0f,             \
-      nb::arg("window_left") = -1, nb::arg("window_right") = -1,                            \
-      nb::arg("max_seqlen_q") = 0, nb::arg("max_seqlen_kv") = 0,                            \
-      nb::arg("deterministic") = false, nb::arg("bias").none() = nb::none(),                \
-      nb::arg("alibi_slopes").none() = nb::none(), nb::arg("cu_seqlens_q").none() = nb::none(), \
-      nb::arg("cu_seqlens_kv").none() = nb::none(),                                         \
-      nb::arg("cu_seqlens_q_padded").none() = nb::none(),                                   \
-      nb::arg("cu_seqlens_kv_padded").none() = nb::none(),                                  \
-      nb::arg("attn_mask").none() = nb::none(), nb::arg("softmax_offset").none() = nb::none(), \
+#define TE_ATTN_COMMON_ARGS                                                                        \
+  nb::arg("qkv_format"), nb::arg("mask_type"),                                                     \
+      nb::arg("bias_type") = 0, nb::arg("softmax_type") = 0, nb::arg("scale"),                     \
+      nb::arg("dropout") = 0.0f, nb::arg("window_left") = -1, nb::arg("window_right") = -1,        \
+      nb::arg("max_seqlen_q") = 0, nb::arg("max_seqlen_kv") = 0, nb::arg("deterministic") = false, \
+      nb::arg("bias").none() = nb::none(), nb::arg("alibi_slopes").none() = nb::none(),            \
+      nb::arg("cu_seqlens_q").none() = nb::none(), nb::arg("cu_seqlens_kv").none() = nb::none(),   \
+      nb::arg("cu_seqlens_q_padded").none() = nb::none(),                                          \
+      nb::arg("cu_seqlens_kv_padded").none() = nb::none(),                                         \
+      nb::arg("attn_mask").none() = nb::none(), nb::arg("softmax_offset").none() = nb::none(),     \
       nb::arg("rng_state").none() = nb::none()
 
-#define TE_ATTN_COMMON_PARAMS                                                                  \
+#define TE_ATTN_COMMON_PARAMS                                                                 \
   int qkv_format, int mask_type, int bias_type, int softmax_type, float scale, float dropout, \
       int64_t window_left, int64_t window_right, int64_t max_seqlen_q, int64_t max_seqlen_kv, \
       bool deterministic, Opt bias, Opt alibi_slopes, Opt cu_seqlens_q, Opt cu_seqlens_kv,    \
       Opt cu_seqlens_q_padded, Opt cu_seqlens_kv_padded, Opt attn_mask, Opt softmax_offset,   \
       Opt rng_state
 
-#define TE_ATTN_COMMON_VALUES                                                                  \
-  common(qkv_format, mask_type, bias_type, softmax_type, scale, dropout, window_left,         \
-         window_right, max_seqlen_q, max_seqlen_kv, deterministic, bias, alibi_slopes,        \
-         cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded, attn_mask,   \
+#define TE_ATTN_COMMON_VALUES                                                               \
+  common(qkv_format, mask_type, bias_type, softmax_type, scale, dropout, window_left,       \
+         window_right, max_seqlen_q, max_seqlen_kv, deterministic, bias, alibi_slopes,      \
+         cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded, attn_mask, \
          softmax_offset, rng_state)
 
 void bind_attention(nb::module_& m) {
@@ -150,7 +149,8 @@ void bind_attention(nb::module_& m) {
       [](TensorDesc& q, TensorDesc& k, TensorDesc& v, TensorDesc& o, TensorDesc& d_o,
          TensorDesc& softmax_lse, TensorDesc& dq, TensorDesc& dk, TensorDesc& dv,
          TE_ATTN_COMMON_PARAMS, Opt dbias, Opt dsoftmax_offset, Opt workspace, uintptr_t stream) {
-        te_attention_bwd_params p = bwd_params(TE_ATTN_COMMON_VALUES, q, k, v, &o, &d_o, &softmax_lse);
+        te_attention_bwd_params p =
+            bwd_params(TE_ATTN_COMMON_VALUES, q, k, v, &o, &d_o, &softmax_lse);
         p.dq = &dq.t;
         p.dk = &dk.t;
         p.dv = &dv.t;
