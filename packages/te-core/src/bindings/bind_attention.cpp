@@ -38,22 +38,28 @@ Common common(int qkv_format, int mask_type, int bias_type, int softmax_type, fl
   return c;
 }
 
+// The fields te_attention_fwd_params and te_attention_bwd_params share.
+template <class Params>
+void fill_common(const Common& c, TensorDesc& q, TensorDesc& k, TensorDesc& v, Params* p) {
+  p->config = c.config;
+  p->q = &q.t;
+  p->k = &k.t;
+  p->v = &v.t;
+  p->bias = c.bias;
+  p->alibi_slopes = c.alibi_slopes;
+  p->cu_seqlens_q = c.cu_q;
+  p->cu_seqlens_kv = c.cu_kv;
+  p->cu_seqlens_q_padded = c.cu_q_padded;
+  p->cu_seqlens_kv_padded = c.cu_kv_padded;
+  p->attn_mask = c.attn_mask;
+  p->softmax_offset = c.softmax_offset;
+  p->rng_state = c.rng_state;
+}
+
 te_attention_fwd_params fwd_params(const Common& c, TensorDesc& q, TensorDesc& k, TensorDesc& v,
                                    Opt o, Opt softmax_lse, Opt workspace) {
   te_attention_fwd_params p{};
-  p.config = c.config;
-  p.q = &q.t;
-  p.k = &k.t;
-  p.v = &v.t;
-  p.bias = c.bias;
-  p.alibi_slopes = c.alibi_slopes;
-  p.cu_seqlens_q = c.cu_q;
-  p.cu_seqlens_kv = c.cu_kv;
-  p.cu_seqlens_q_padded = c.cu_q_padded;
-  p.cu_seqlens_kv_padded = c.cu_kv_padded;
-  p.attn_mask = c.attn_mask;
-  p.softmax_offset = c.softmax_offset;
-  p.rng_state = c.rng_state;
+  fill_common(c, q, k, v, &p);
   p.o = opt(o);
   p.softmax_lse = opt(softmax_lse);
   p.workspace = opt(workspace);
@@ -63,22 +69,10 @@ te_attention_fwd_params fwd_params(const Common& c, TensorDesc& q, TensorDesc& k
 te_attention_bwd_params bwd_params(const Common& c, TensorDesc& q, TensorDesc& k, TensorDesc& v,
                                    Opt o, Opt d_o, Opt softmax_lse) {
   te_attention_bwd_params p{};
-  p.config = c.config;
-  p.q = &q.t;
-  p.k = &k.t;
-  p.v = &v.t;
+  fill_common(c, q, k, v, &p);
   p.o = opt(o);
   p.d_o = opt(d_o);
   p.softmax_lse = opt(softmax_lse);
-  p.bias = c.bias;
-  p.alibi_slopes = c.alibi_slopes;
-  p.cu_seqlens_q = c.cu_q;
-  p.cu_seqlens_kv = c.cu_kv;
-  p.cu_seqlens_q_padded = c.cu_q_padded;
-  p.cu_seqlens_kv_padded = c.cu_kv_padded;
-  p.attn_mask = c.attn_mask;
-  p.softmax_offset = c.softmax_offset;
-  p.rng_state = c.rng_state;
   return p;
 }
 
