@@ -163,7 +163,8 @@ typedef struct {
  * \param cu_seqlens_kv_padded thd only, optional: the same for k and v.
  * \param attn_mask            arbitrary mask only (required then): BYTE [Bm, Hm, Sq, Skv],
  *                             nonzero = masked out.
- * \param softmax_offset       learnable softmax only (required then): FP32 [H].
+ * \param softmax_offset       learnable softmax only (required then): FP32, H values (any
+ *                             shape, e.g. the reference's [1, H, 1, 1]).
  * \param rng_state            dropout > 0 only (required then): INT64 [2] = (seed, offset),
  *                             in host memory or on q's device.
  * \param q_scale_inv, k_scale_inv, v_scale_inv  FP8 only (not yet supported).
@@ -199,7 +200,7 @@ typedef struct {
  * \param softmax_lse       as written by te_attention_fwd.
  * \param dq, dk, dv        q's, k's, v's shapes, q's type (overwritten).
  * \param dbias             pre/post_scale_bias only, may be NULL: bias's shape and type.
- * \param dsoftmax_offset   learnable softmax only, may be NULL: FP32 [H] (overwritten).
+ * \param dsoftmax_offset   learnable softmax only, may be NULL: FP32, H values (overwritten).
  * \param workspace         as for the forward, te_attention_bwd_workspace_size bytes.
  */
 typedef struct {

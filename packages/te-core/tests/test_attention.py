@@ -277,3 +277,13 @@ def test_random_thd_combinations(case):
     if rng.random() < 0.5:
         opts.update(dropout=0.2, rng_state=(int(rng.integers(1 << 62)), 1))
     check_against_oracle(q, k, v, d_o, opts, dtype)
+
+
+def test_softmax_offset_in_the_reference_shape(rng):
+    # The reference keeps its learnable offset as a [1, H, 1, 1] parameter.
+    q, k, v, d_o = make(rng, "fp32")
+    alpha = rng.standard_normal((1, 4, 1, 1)).astype(np.float32)
+    kw = {"softmax_type": "learnable", "attn_mask_type": "causal"}
+    want = check_against_oracle(q, k, v, d_o, {**kw, "softmax_offset": alpha.reshape(4)}, "fp32")
+    fwd = tec.attention_fwd(q, k, v, **kw, softmax_offset=alpha)
+    assert np.array_equal(fwd.o, want[0].o)
