@@ -66,11 +66,12 @@
  * outputs are rounded to nearest even once. FP8 (E4M3/E5M2 with per-tensor
  * scale_inv tensors) is part of the parameters but returns
  * TE_ERROR_UNSUPPORTED ("FP8 attention is not yet supported") for now.
- * cu_seqlens*: INT32 [B + 1], starting at 0, non-decreasing (checked on the
- * host for CPU tensors; on CUDA the values are not read by the validation).
+ * cu_seqlens*: INT32 [B + 1], non-decreasing; cu_seqlens_q/kv start at 0, the
+ * padded offsets at >= 0 (checked on the host for CPU tensors; on CUDA the
+ * values are not read by the validation).
  *
- * Backends: the CPU backend (tiled over key blocks with an online softmax, so
- * memory is O(Sq * tile) per thread, not O(Sq * Skv); deterministic); on CUDA
+ * Backends: the CPU backend (tiled over key blocks with an online softmax: one
+ * [32, 64] tile of S per thread, never a whole S matrix; deterministic); on CUDA
  * cuDNN's fused attention when compiled in and it supports the combination,
  * else the core's own CUDA kernel. NVTE_FUSED_ATTN=0 forces the core's
  * kernel. te_attention_backend says which one a call would use.
