@@ -95,14 +95,15 @@ te_attention_backend_kind choose(const Inputs& in, const te_tensor& q) {
 #else
   std::string why = "NVTE_FUSED_ATTN=0";
 #if defined(TE_WITH_CUDNN)
-  if (!fused_attention_disabled()) {
+  const bool forced = fused_attention_disabled();
+  if (!forced) {
     why.clear();
     if (cudnn::supports(in, &why)) return TE_ATTENTION_BACKEND_CUDNN;
   }
 #endif
 #if defined(TE_ATTENTION_FALLBACK)
 #if defined(TE_WITH_CUDNN)
-  warn_fallback_once(in, why);
+  if (!forced) warn_fallback_once(in, why);  // asked for, not fallen back to: no warning
 #endif
   return TE_ATTENTION_BACKEND_CUDA_FALLBACK;
 #else
