@@ -153,7 +153,8 @@ class LayerNormLinear(Linear):
         if not a.fp8:  # (a quantized_model_init weight runs dequantized; its gradient reaches it)
             weight = self.high_precision_weight(weight)
         out = LinearFunction.apply(ln_out, weight, None if self.return_bias else bias, a)
-        self._keep_weight_cache(a)
+        if a.cache_weight:  # (the weight Operand the function made or reused, for later microbatches)
+            self._weight_cache = a.weight_cache
         result = (out,)
         if self.return_bias:
             result += (bias,)

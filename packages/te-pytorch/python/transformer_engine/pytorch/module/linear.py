@@ -222,7 +222,8 @@ class Linear(TransformerEngineBaseModule):
         if not a.fp8:
             weight = self.high_precision_weight(weight)
         out = LinearFunction.apply(inp, weight, None if self.return_bias else bias, a)
-        self._keep_weight_cache(a)
+        if a.cache_weight:  # (the weight Operand the function made or reused, for later microbatches)
+            self._weight_cache = a.weight_cache
         if self.return_bias:
             return out, bias
         return out
@@ -248,11 +249,6 @@ class Linear(TransformerEngineBaseModule):
             a.weight_cache = self._weight_cache
         needs_grad = torch.is_grad_enabled() and (inp.requires_grad or weight.requires_grad)
         a.bwd_queue = self.backward_update_queue(needs_grad)
-
-    def _keep_weight_cache(self, a: LinearArgs) -> None:
-        """Stores the weight Operand the function made for later microbatches (is_first_microbatch)."""
-        if a.cache_weight:
-            self._weight_cache = a.weight_cache
 
 
 def _check_input(inp: torch.Tensor, weight: torch.Tensor, in_features: int, owner: str = "te.Linear") -> None:
