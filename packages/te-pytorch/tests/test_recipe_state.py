@@ -154,3 +154,21 @@ def test_the_autograd_functions_write_no_module_state(name, monkeypatch):
     # The next microbatch reuses the cached weight, not the parameter: the
     # output moves by the bias alone.
     torch.testing.assert_close(again, first + 1.0, rtol=0, atol=1e-5)
+
+
+def test_nvfp4_options_not_yet_supported_are_named_in_order():
+    fp8_recipe = recipe.NVFP4BlockScaling(
+        row_scaled_activation=True, nvfp4_4over6="all", backward_override="high_precision"
+    )
+    expected = "backward_override='high_precision', row_scaled_activation=True, nvfp4_4over6='all' is not yet"
+    with pytest.raises(NotImplementedError, match=expected), te.autocast(recipe=fp8_recipe):
+        pass
+    assert te.FP8GlobalStateManager.autocast_depth == 0
+
+
+def test_a_recipe_of_no_kind_is_refused_by_name():
+    class Mine(Recipe):
+        pass
+
+    with pytest.raises(TypeError, match="recipe Mine is not a quantization recipe"), te.autocast(recipe=Mine()):
+        pass

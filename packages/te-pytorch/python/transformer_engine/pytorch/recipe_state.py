@@ -17,7 +17,7 @@ the table _STATE_CLASSES. Forward slots per GEMM g are 3g + {0: input,
 - MXFP8BlockScaling, Float8BlockScaling, NVFP4BlockScaling: stateless block
   quantizers (one BlockScalingRecipeState subclass each) configured from the
   recipe's fields (§3.2, §3.5-3.7 of the reference).
-- CustomRecipe, and the options listed in _unsupported_options: not
+- CustomRecipe, and the options each class lists in unsupported_options: not
   implemented yet in te-pytorch; create() says so instead of faking them.
 
 The FP8 dimension rule (which GEMM shapes each format can run) is here too,
@@ -43,21 +43,6 @@ from .tensor import (
 _COMING = {
     "custom": ("CustomRecipe", "the custom quantizer factory"),
 }
-_BLOCK_KINDS = ("mxfp8", "block", "nvfp4")
-
-
-def _unsupported_options(recipe) -> list[str]:
-    """Recipe settings the block recipes of te-pytorch cannot honour yet."""
-    found = []
-    if getattr(recipe, "backward_override", None) is not None:
-        found.append(f"backward_override={recipe.backward_override!r}")
-    if recipe._kind == "nvfp4":
-        if recipe.row_scaled_activation:
-            found.append("row_scaled_activation=True")
-        for name in ("nvfp4_4over6",):
-            if getattr(recipe, name) != "none":
-                found.append(f"{name}={getattr(recipe, name)!r}")
-    return found
 
 
 def check_recipe_support(recipe) -> None:
@@ -71,13 +56,18 @@ def check_recipe_support(recipe) -> None:
             f"({quantizer}) is coming in a later release. Use recipe.DelayedScaling() or "
             "recipe.Float8CurrentScaling() meanwhile."
         )
-    if recipe._kind in _BLOCK_KINDS:
-        found = _unsupported_options(recipe)
-        if found:
-            raise NotImplementedError(
-                f"{type(recipe).__name__}: {', '.join(found)} is not yet supported by "
-                "transformer_engine.pytorch; leave these options at their defaults"
-            )
+    cls = _STATE_CLASSES.get(recipe._kind)
+    if cls is None:
+        raise TypeError(
+            f"recipe {type(recipe).__name__} is not a quantization recipe (it derives from none of "
+            "DelayedScaling, Float8CurrentScaling, MXFP8BlockScaling, Float8BlockScaling, NVFP4BlockScaling)"
+        )
+    found = cls.unsupported_options(recipe)
+    if found:
+        raise NotImplementedError(
+            f"{type(recipe).__name__}: {', '.join(found)} is not yet supported by "
+            "transformer_engine.pytorch; leave these options at their defaults"
+        )
 
 
 def fp8_dtype_for(recipe, forward: bool) -> DType:
@@ -165,6 +155,11 @@ class RecipeState:
     def create(recipe, *, mode: str, num_quantizers: int, device) -> RecipeState:
         check_recipe_support(recipe)
         return state_class(recipe)(recipe, mode, num_quantizers, device)
+
+    @staticmethod
+    def unsupported_options(recipe) -> list[str]:
+        """The recipe's settings te-pytorch cannot honour yet (check_recipe_support)."""
+        return []
 
     def make_quantizers(self) -> list:
         raise NotImplementedError
@@ -275,6 +270,12 @@ class BlockScalingRecipeState(RecipeState):
 
     per_tensor = False
 
+    @staticmethod
+    def unsupported_options(recipe) -> list[str]:
+        if getattr(recipe, "backward_override", None) is not None:
+            return [f"backward_override={recipe.backward_override!r}"]
+        return []
+
     def make_quantizers(self) -> list:
         return [self._quantizer(_role(self.mode, i)) for i in range(self.num_quantizers)]
 
@@ -309,6 +310,15 @@ class Float8BlockScalingRecipeState(BlockScalingRecipeState):
 
 class NVFP4BlockScalingRecipeState(BlockScalingRecipeState):
     operand_kind = "nvfp4"
+
+    @staticmethod
+    def unsupported_options(recipe) -> list[str]:
+        found = BlockScalingRecipeState.unsupported_options(recipe)
+        if recipe.row_scaled_activation:
+            found.append("row_scaled_activation=True")
+        if recipe.nvfp4_4over6 != "none":
+            found.append(f"nvfp4_4over6={recipe.nvfp4_4over6!r}")
+        return found
 
     def _quantizer(self, role: str):
         r = self.recipe
