@@ -33,7 +33,7 @@ def visible(i, j, lq, lkv, mask_type, window, bottom_right):
     left, right = window
     if left >= 0 and j < i + off - left:
         return False
-    if right >= 0 and j > i + off + right:
+    if right >= 0 and "causal" not in mask_type and j > i + off + right:  # (causal: the mask's own diagonal)
         return False
     return True
 

@@ -129,9 +129,15 @@ def test_sliding_window(backend, mask_type, window, bottom_right_diagonal):
     with pytest.warns(UserWarning) if "causal" in mask_type and window[1] != 0 else _nothing():
         dpa = te.DotProductAttention(h, d, attn_mask_type=mask_type, window_size=window, qkv_format="bshd",
                                      bottom_right_diagonal=bottom_right_diagonal)
-    got = _run(dpa, q, k, v, "bshd", g, **kw)
     eff = (window[0], 0) if "causal" in mask_type else window
     br = (mask_type != "causal") if bottom_right_diagonal is None else bottom_right_diagonal
+    windowed = eff[0] >= 0 or (eff[1] >= 0 and "causal" not in mask_type)
+    if backend == "fused" and windowed and br != (mask_type != "causal"):
+        # te-core aligns windows by the mask type only: no backend left (unfused is off here)
+        with pytest.raises(ValueError, match="sliding window aligned"):
+            _run(dpa, q, k, v, "bshd", g, **kw)
+        return
+    got = _run(dpa, q, k, v, "bshd", g, **kw)
     want = _oracle(q, k, v, lq, lkv, g, mask_type=mask_type, window=eff, bottom_right=br)
     _close(got, want, f"window {window}")
 
@@ -171,6 +177,12 @@ def test_alibi(backend, h, slopes, mask_type):
     given = {"default": None, "per_head": torch.rand(h), "per_batch": torch.rand(b, h)}[slopes]
     kw = dict(cu_seqlens_q=_cu(lq), cu_seqlens_kv=_cu(lkv)) if "padding" in mask_type else {}
     dpa = te.DotProductAttention(h, d, attn_mask_type=mask_type, qkv_format="bshd")
+    if backend == "fused" and mask_type == "causal":
+        # causal aligns ALiBi top-left (bottom_right_diagonal defaults to False); te-core
+        # aligns it bottom-right, so with sq != skv only the unfused backend (off here) can run
+        with pytest.raises(ValueError, match="ALiBi aligned to the top-left"):
+            _run(dpa, q, k, v, "bshd", g, core_attention_bias_type="alibi", alibi_slopes=given, **kw)
+        return
     got = _run(dpa, q, k, v, "bshd", g, core_attention_bias_type="alibi", alibi_slopes=given, **kw)
     want = _oracle(q, k, v, lq, lkv, g, mask_type=mask_type, bias_type="alibi", slopes=given,
                    bottom_right=mask_type != "causal")

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import os
 
+from ...kernels import attention as kernels
+from . import fused
 from .unfused import AttnConfig
 
 
@@ -23,27 +25,22 @@ def _enabled(name: str) -> bool:
     return os.environ.get(name, "1") != "0"
 
 
-def fused_unsupported(cfg: AttnConfig, call) -> str | None:
-    """Why the fused backend cannot run this call (None when it can)."""
-    from ...kernels import attention as fused_kernels
-
-    if not fused_kernels.available():
-        return "this te-core build has no attention op"
-    return fused_kernels.unsupported(cfg, call)
-
-
-def select_backend(cfg: AttnConfig, call) -> str:
-    """"fused" or "unfused"; a ValueError naming the combination when none can run it."""
+def select_backend(cfg: AttnConfig, call):
+    """("fused", plan) or ("unfused", None); a ValueError naming the
+    combination and what to change when no enabled backend can run it."""
     reasons = []
     if _enabled("NVTE_FUSED_ATTN"):
-        why = fused_unsupported(cfg, call)
-        if why is None:
-            return "fused"
-        reasons.append(f"fused: {why}")
+        if not kernels.available():
+            reasons.append("fused: this te-core build has no attention op")
+        else:
+            p = fused.plan(cfg, call)
+            if not isinstance(p, str):
+                return "fused", p
+            reasons.append(f"fused: does not support {p}")
     else:
         reasons.append("fused: disabled by NVTE_FUSED_ATTN=0")
     if _enabled("NVTE_UNFUSED_ATTN"):
-        return "unfused"
+        return "unfused", None
     reasons.append("unfused: disabled by NVTE_UNFUSED_ATTN=0")
     raise ValueError(
         "DotProductAttention: no attention backend can run qkv_format="

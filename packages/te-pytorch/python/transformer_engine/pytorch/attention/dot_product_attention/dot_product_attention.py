@@ -23,7 +23,7 @@ from torch.utils.checkpoint import checkpoint
 
 from ...module.base import TransformerEngineBaseModule, not_yet_supported, reject_tp_group
 from ...quantization import FP8GlobalStateManager
-from . import utils
+from . import fused, utils
 from .backends import select_backend
 from .unfused import AttnConfig, UnfusedDotProductAttention
 
@@ -259,17 +259,15 @@ class DotProductAttention(TransformerEngineBaseModule):
             alibi_slopes=alibi_slopes,
             softmax_offset=self._softmax_offset(q),
         )
-        backend = select_backend(cfg, dict(call, q=q, k=k, v=v))
+        backend, plan = select_backend(cfg, dict(call, q=q, k=k, v=v))
         self.last_backend = backend
         if backend == "fused":
-            from ...kernels.attention import fused_attention
-
-            run = lambda q_, k_, v_: fused_attention(cfg, q_, k_, v_, **call)  # noqa: E731
+            run = lambda: fused.run(plan)  # noqa: E731
         else:
-            run = lambda q_, k_, v_: self.unfused_attention(cfg, q_, k_, v_, **call)  # noqa: E731
+            run = lambda: self.unfused_attention(cfg, q, k, v, **call)  # noqa: E731
         if checkpoint_core_attention and torch.is_grad_enabled():
-            return checkpoint(run, q, k, v, use_reentrant=False)
-        return run(q, k, v)
+            return checkpoint(run, use_reentrant=False)
+        return run()
 
     def _softmax_offset(self, q):
         if self.softmax_type == "learnable":

@@ -54,7 +54,7 @@ def _visible(cfg: AttnConfig, valid, b, sq, skv, device, attention_mask):
     off = shift if cfg.bottom_right else 0
     if left >= 0:
         vis = vis & (j >= i + off - left)
-    if right >= 0:
+    if right >= 0 and "causal" not in cfg.mask_type:  # (a causal mask's right bound is its own diagonal)
         vis = vis & (j <= i + off + right)
     if cfg.mask_type == "arbitrary":
         if attention_mask is None:

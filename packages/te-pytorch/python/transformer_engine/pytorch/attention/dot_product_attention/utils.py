@@ -6,7 +6,9 @@ key j of one sequence with lengths lq, lkv are visible iff
   padding:  i < lq and j < lkv
   causal:   j <= i (top-left diagonal), causal_bottom_right: j <= i + lkv - lq
   window (left, right), -1 = unbounded:  i + off - left <= j <= i + off + right
-            with off = lkv - lq when bottom_right_diagonal, else 0
+            with off = lkv - lq when bottom_right_diagonal, else 0; a causal
+            mask's right bound is 0 on its own diagonal (causal: top-left,
+            causal_bottom_right: bottom-right), whatever bottom_right_diagonal says
   arbitrary: attention_mask[b, h, i, j] is False (True = masked out)
 """
 
