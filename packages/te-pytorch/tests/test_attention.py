@@ -14,6 +14,9 @@ from pt_attention_ref import attention as oracle
 import transformer_engine.pytorch as te
 from transformer_engine.pytorch.kernels import attention as fused_kernels
 
+pytest_plugins = ["pt_fixtures"]
+pytestmark = pytest.mark.usefixtures("te_state")
+
 BACKENDS = ["unfused", "fused"]
 MASKS = ["no_mask", "padding", "causal", "padding_causal", "causal_bottom_right",
          "padding_causal_bottom_right", "arbitrary"]
@@ -333,3 +336,16 @@ def test_errors(monkeypatch):
     monkeypatch.setenv("NVTE_UNFUSED_ATTN", "0")
     with pytest.raises(ValueError, match="no attention backend can run.*NVTE_UNFUSED_ATTN"):
         dpa(q, q, q)
+
+
+def test_default_backend_is_fused_with_fallback():
+    """With both enabled: te-core's op when it supports the call, the unfused backend otherwise."""
+    if not fused_kernels.available():
+        pytest.skip("this te-core build has no attention op")
+    q = torch.randn(2, 4, 2, 8)
+    dpa = te.DotProductAttention(2, 8, qkv_format="bshd")
+    dpa(q, q, q)
+    assert dpa.last_backend == "fused"
+    capped = te.DotProductAttention(2, 8, qkv_format="bshd", softcap=5.0)
+    capped(q, q, q)
+    assert capped.last_backend == "unfused"
