@@ -151,11 +151,6 @@ class DotProductAttention(TransformerEngineBaseModule):
             # Packed sequences are padded by construction (the reference does the same).
             mask_type = "padding" if mask_type == "no_mask" else "padding_" + mask_type
         if inference_params is not None:
-            if "padding" not in mask_type:
-                raise ValueError(
-                    f"{_OWNER}: KV caching (inference_params) needs a padding mask type "
-                    f"('padding' or 'padding_causal'), got attn_mask_type={mask_type!r}"
-                )
             if mask_type == "padding_causal":
                 mask_type = "padding_causal_bottom_right"  # new queries sit at the end of each sequence
         window = self.window_size if window_size is None else window_size
@@ -235,6 +230,12 @@ class DotProductAttention(TransformerEngineBaseModule):
             raise ValueError(f"{_OWNER}: qkv_format must be one of {utils.QKV_FORMATS}, got {qkv_format!r}")
         _check_qkv(q, k, v, qkv_format, self.num_attention_heads, self.num_gqa_groups)
         if inference_params is not None:
+            mask = utils.normalize_mask_type(self.attn_mask_type if attn_mask_type is None else attn_mask_type)
+            if "padding" not in mask:  # (checked before the cache changes)
+                raise ValueError(
+                    f"{_OWNER}: KV caching (inference_params) needs a padding mask type "
+                    f"('padding' or 'padding_causal'), got attn_mask_type={mask!r}"
+                )
             if qkv_format == "thd":
                 raise NotImplementedError(f"{_OWNER}: KV caching with qkv_format='thd' is not yet supported")
             k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_kv, qkv_format = inference_params.step(
