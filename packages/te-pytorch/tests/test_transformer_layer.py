@@ -224,3 +224,37 @@ def test_unsupported_arguments():
     layer = te.TransformerLayer(H, F, HEADS, device="cpu")
     with pytest.raises(NotImplementedError, match="context parallelism"):
         layer.set_context_parallel_group(object(), [0, 1], None)
+
+
+@pytest.mark.parametrize(
+    "attn_backend,fp8_recipe",
+    [("fused", None), ("fused", recipe.Float8CurrentScaling()), ("unfused", None)],
+    ids=["fused", "fused_current", "unfused"],
+)
+def test_compile_fullgraph_matches_eager(attn_backend, fp8_recipe, monkeypatch):
+    """torch.compile(fullgraph=True) of a forward + backward: the same kernels run,
+    so outputs and every gradient are bit-identical (aot_eager)."""
+    from transformer_engine.pytorch.kernels import attention as fused_kernels
+
+    if attn_backend == "fused" and not fused_kernels.available():
+        pytest.skip("this te-core build has no attention op")
+    monkeypatch.setenv("NVTE_FUSED_ATTN" if attn_backend == "unfused" else "NVTE_UNFUSED_ATTN", "0")
+    torch._dynamo.reset()
+    layer = _layer(num_gqa_groups=2)
+    x = torch.randn(8, 2, H)
+
+    def step(model):
+        xs = x.clone().requires_grad_()
+        for p in layer.parameters():
+            p.grad = None
+        with te.autocast(enabled=fp8_recipe is not None, recipe=fp8_recipe):
+            y = model(xs)
+        y.square().sum().backward()
+        return [y.detach(), xs.grad] + [p.grad.clone() for p in layer.parameters()]
+
+    compiled = torch.compile(layer, fullgraph=True, backend="aot_eager")
+    for _ in range(2):
+        got, want = step(compiled), step(layer)
+        assert all(torch.equal(a, b) for a, b in zip(got, want))
+    assert layer.self_attention.core_attention.last_backend == attn_backend
+    torch._dynamo.reset()
