@@ -159,7 +159,10 @@ def test_norm_fwd_bwd(device, layernorm, dtype, zero_centered_gamma):
     x = (torch.randn(37, 96, device=device) * 3 + 1).to(dtype)
     gamma = torch.randn(96, device=device) * 0.5
     beta = torch.randn(96, device=device) if layernorm else None
-    y, mu, rsigma, _ = kernels.norm_fwd(x, gamma, beta, 1e-5, zero_centered_gamma)
+    if layernorm:
+        y, mu, rsigma, _ = kernels.layernorm_fwd(x, gamma, beta, 1e-5, zero_centered_gamma)
+    else:
+        y, mu, rsigma, _ = kernels.rmsnorm_fwd(x, gamma, 1e-5, zero_centered_gamma)
     assert (mu is not None) == layernorm and y.dtype == dtype
     xd = x.double().requires_grad_()
     g = gamma.double().requires_grad_()
@@ -172,7 +175,10 @@ def test_norm_fwd_bwd(device, layernorm, dtype, zero_centered_gamma):
     u = {torch.float32: 1e-5, torch.bfloat16: 2.0**-7, torch.float16: 2.0**-10}[dtype]
     torch.testing.assert_close(y.double(), ref, rtol=u, atol=u * 4)
     dz = torch.randn_like(x)
-    dx, dgamma, dbeta = kernels.norm_bwd(dz, x, mu, rsigma, gamma, zero_centered_gamma)
+    if layernorm:
+        dx, dgamma, dbeta = kernels.layernorm_bwd(dz, x, mu, rsigma, gamma, zero_centered_gamma)
+    else:
+        dx, dgamma = kernels.rmsnorm_bwd(dz, x, rsigma, gamma, zero_centered_gamma)
     ref.backward(dz.double())
     torch.testing.assert_close(dx.double(), xd.grad, rtol=u * 4, atol=u * 8)
     torch.testing.assert_close(dgamma.double(), g.grad, rtol=1e-4, atol=1e-3)
@@ -186,8 +192,8 @@ def test_norm_fused_fp8_output_is_quantize_of_fp32_y(device, fmt):
     gamma, beta = torch.randn(64, device=device), torch.randn(64, device=device)
     scale = torch.tensor([3.5], device=device)
     amax = torch.zeros(1, device=device)
-    y8, _, _, scale_inv = kernels.norm_fwd(x, gamma, beta, 1e-5, fp8_dtype=CODE[fmt], scale=scale, amax=amax)
-    y32, _, _, _ = kernels.norm_fwd(x, gamma, beta, 1e-5)
+    y8, _, _, scale_inv = kernels.layernorm_fwd(x, gamma, beta, 1e-5, fp8_dtype=CODE[fmt], scale=scale, amax=amax)
+    y32, _, _, _ = kernels.layernorm_fwd(x, gamma, beta, 1e-5)
     q, _, q_inv = kernels.quantize_fp8(y32, scale, None, CODE[fmt])
     assert torch.equal(y8, q) and torch.equal(scale_inv, q_inv)
     assert amax.item() == y32.abs().max().item()

@@ -20,7 +20,7 @@ from .fp8_block import dequantize_fp8_block, quantize_fp8_block
 from .gemm import gemm, gemm_accumulate
 from .gemm_block import gemm_block, gemm_block_accumulate
 from .mxfp8 import dequantize_mxfp8, quantize_mxfp8
-from .norm import norm_bwd, norm_fwd
+from .norm import layernorm_bwd, layernorm_fwd, rmsnorm_bwd, rmsnorm_fwd
 from .nvfp4 import dequantize_nvfp4, quantize_nvfp4
 from .recipe import delayed_scaling_update
 from .transpose import transpose
@@ -40,12 +40,14 @@ __all__ = [
     "gemm_accumulate",
     "gemm_block",
     "gemm_block_accumulate",
-    "norm_bwd",
-    "norm_fwd",
+    "layernorm_bwd",
+    "layernorm_fwd",
     "quantize_fp8",
     "quantize_fp8_block",
     "quantize_fp8_current_scaling",
     "quantize_mxfp8",
     "quantize_nvfp4",
+    "rmsnorm_bwd",
+    "rmsnorm_fwd",
     "transpose",
 ]

@@ -25,6 +25,11 @@ a descriptor is a raw pointer, so whoever builds one must keep the tensor
 
 from __future__ import annotations
 
+import functools
+import inspect
+import types
+import typing
+
 import torch
 
 from transformer_engine.core import DType, lib
@@ -140,9 +145,167 @@ def workspace(nbytes: int, like: torch.Tensor, stream: int) -> lib.TensorDesc | 
     return _WORKSPACES[key][1]
 
 
-def compiling() -> bool:
-    """True while torch.compile traces: then the registered torch.ops.te.* ops
-    must be called (the tracer cannot look into nanobind calls); in eager mode
-    the wrappers call the implementations directly, which skips the custom-op
-    dispatcher (tens of microseconds per call)."""
-    return torch.compiler.is_compiling()
+# True while torch.compile traces: the one place te-pytorch decides it. Then
+# the registered torch.ops.te.* ops must be called (the tracer cannot look into
+# nanobind calls) and the eager fast paths (cached descriptors, direct
+# implementation calls) are skipped. (torch's function itself, not a wrapper:
+# every eager op call asks.)
+compiling = torch.compiler.is_compiling
+
+
+# --------------------------------------------------------------------------- one definition per op
+#
+# An op is written once: its implementation, with annotated parameters (they
+# give the schema, defaults and keyword-only markers included) and an annotated
+# return, plus a shape rule for torch.compile. `te_op` derives from them the
+# registered torch.ops.te.<name>, its fake kernel and the public function.
+#
+# Return annotations: `Tensor` (always produced), `Tensor | None` (an output
+# that may not be asked for) and anything else (Python-side information of the
+# eager call, such as the block GEMM's path: not an op output). Ops cannot
+# return None, so an output not produced is a placeholder inside the op: a
+# zero-element torch.bool tensor on the op's device (no te op produces bool
+# tensors, and a dtype is static while tracing, so the public function turns
+# placeholders back into None without knowing why they are absent).
+
+_TENSOR, _OPTIONAL, _INFO = "tensor", "optional", "info"
+PLACEHOLDER_DTYPE = torch.bool
+
+
+def placeholder(like: torch.Tensor) -> torch.Tensor:
+    return like.new_empty((0,), dtype=PLACEHOLDER_DTYPE)
+
+
+def _kind(annotation) -> str:
+    if annotation is torch.Tensor:
+        return _TENSOR
+    return _OPTIONAL if torch.Tensor in typing.get_args(annotation) else _INFO
+
+
+def _output_kinds(annotation):
+    """None (no outputs), one kind (one output) or a tuple of kinds."""
+    if annotation is None or annotation is type(None):
+        return None
+    if typing.get_origin(annotation) is tuple:
+        return tuple(_kind(a) for a in typing.get_args(annotation))
+    return _kind(annotation)
+
+
+def _op_return(kinds):
+    """The registered op's return annotation: the tensor outputs only."""
+    if kinds is None or kinds == _INFO:
+        return None
+    if isinstance(kinds, str):
+        return torch.Tensor
+    return tuple[tuple(torch.Tensor for k in kinds if k != _INFO)]
+
+
+def _to_op(result, kinds, like):
+    """The implementation's result as the op returns it (placeholders, no info)."""
+    if kinds is None or kinds == _INFO:
+        return None
+    if isinstance(kinds, str):
+        return placeholder(like) if result is None else result
+    return tuple(placeholder(like) if r is None else r for r, k in zip(result, kinds) if k != _INFO)
+
+
+def _from_op(result, kinds):
+    """The op's result as the public function returns it (None for placeholders and info)."""
+    if kinds is None or kinds == _INFO:
+        return None
+    if isinstance(kinds, str):
+        return None if kinds == _OPTIONAL and result.dtype == PLACEHOLDER_DTYPE else result
+    out, i = [], 0
+    for k in kinds:
+        if k == _INFO:
+            out.append(None)
+            continue
+        r = result[i]
+        i += 1
+        out.append(None if k == _OPTIONAL and r.dtype == PLACEHOLDER_DTYPE else r)
+    return tuple(out)
+
+
+def _make(spec, like):
+    """A fake output from a shape rule's (shape, dtype) or None."""
+    return None if spec is None else like.new_empty(tuple(spec[0]), dtype=spec[1])
+
+
+def _op_signature(sig: inspect.Signature) -> inspect.Signature:
+    """impl's signature as the op's: torch.library takes no keyword-only tensors,
+    so keyword-only parameters become positional ones after the others (the
+    required ones first). The public function keeps impl's signature."""
+    P = inspect.Parameter
+    params = list(sig.parameters.values())
+    positional = [p for p in params if p.kind != P.KEYWORD_ONLY]
+    keyword = [p for p in params if p.kind == P.KEYWORD_ONLY]
+    keyword.sort(key=lambda p: p.default is not P.empty)
+    ordered = positional + [p.replace(kind=P.POSITIONAL_OR_KEYWORD) for p in keyword]
+    return sig.replace(parameters=ordered, return_annotation=_op_return(_output_kinds(sig.return_annotation)))
+
+
+def te_op(name: str, *, mutates_args: tuple[str, ...] = (), shapes=None):
+    """Decorator: the implementation `impl` becomes the public function of op
+    torch.ops.te.<name>.
+
+    The op's schema is inferred from impl's signature (torch.library.custom_op;
+    keyword-only parameters become positional ones at the end, see
+    _op_signature); `mutates_args` names the tensors it writes in place.
+    `shapes(a)` is the shape rule of the fake kernel: `a` has the op's arguments
+    as attributes (defaults applied) and the rule returns what impl returns,
+    each tensor as (shape, dtype) (on the first tensor argument's device) and
+    None where impl returns None or information. The public function calls impl
+    directly in eager mode (no dispatcher: tens of microseconds less per call)
+    and the registered op while torch.compile traces.
+    """
+
+    def define(impl):
+        sig = inspect.signature(impl, eval_str=True)
+        kinds = _output_kinds(sig.return_annotation)
+        op_sig = _op_signature(sig)
+        names = list(op_sig.parameters)
+        n_positional = sum(p.kind != inspect.Parameter.KEYWORD_ONLY for p in sig.parameters.values())
+        keyword_names = names[n_positional:]
+        tensors = [i for i, p in enumerate(op_sig.parameters.values()) if p.annotation is torch.Tensor]
+        like_index = tensors[0] if tensors else None
+        like_name = names[like_index] if tensors else None
+
+        def like_of(args, kwargs):
+            if like_index is None:
+                return None
+            return args[like_index] if like_index < len(args) else kwargs[like_name]
+
+        def body(*args, **kwargs):
+            like = like_of(args, kwargs)
+            if len(args) > n_positional:  # (the dispatcher passes impl's keyword-only ones positionally)
+                kwargs.update(zip(keyword_names, args[n_positional:]))
+                args = args[:n_positional]
+            return _to_op(impl(*args, **kwargs), kinds, like)
+
+        def fake(*args, **kwargs):
+            if kinds is None or kinds == _INFO:
+                return None
+            bound = op_sig.bind(*args, **kwargs)
+            bound.apply_defaults()
+            specs = shapes(types.SimpleNamespace(**bound.arguments))
+            like = like_of(args, kwargs)
+            made = _make(specs, like) if isinstance(kinds, str) else tuple(_make(s, like) for s in specs)
+            return _to_op(made, kinds, like)
+
+        body.__signature__ = op_sig
+        body.__name__ = body.__qualname__ = f"te_{name}"
+        body.__module__ = impl.__module__
+        registered = torch.library.custom_op(f"te::{name}", body, mutates_args=mutates_args)
+        registered.register_fake(fake)
+        op = getattr(torch.ops.te, name)
+
+        @functools.wraps(impl)
+        def public(*args, **kwargs):
+            if compiling():
+                return _from_op(op(*args, **kwargs), kinds)
+            return impl(*args, **kwargs)
+
+        public.op = op
+        return public
+
+    return define
