@@ -38,9 +38,25 @@ def visible(i, j, lq, lkv, mask_type, window, bottom_right):
     return True
 
 
-def attention(q, k, v, lq, lkv, *, mask_type="no_mask", window=(-1, -1), bottom_right=True, scale=None,
-              softmax_type="vanilla", sink=None, bias_type="no_bias", bias=None, slopes=None,
-              arbitrary=None, softcap=0.0):
+def attention(
+    q,
+    k,
+    v,
+    lq,
+    lkv,
+    *,
+    mask_type="no_mask",
+    window=(-1, -1),
+    bottom_right=True,
+    scale=None,
+    softmax_type="vanilla",
+    sink=None,
+    bias_type="no_bias",
+    bias=None,
+    slopes=None,
+    arbitrary=None,
+    softcap=0.0,
+):
     """q [b, sq, h, d], k/v [b, skv, hk, d] (float64, padded bshd) with real
     lengths lq[b], lkv[b]; returns o [b, sq, h, dv] (padded rows 0).
     bias [1|b, 1|h, sq, skv]; slopes [h] or [b, h]; arbitrary [1|b, 1|h, sq, skv] True = masked;
@@ -67,14 +83,21 @@ def attention(q, k, v, lq, lkv, *, mask_type="no_mask", window=(-1, -1), bottom_
             for i in range(nq):
                 keep = [
                     visible(i, j, nq, nk, mask_type, window, bottom_right)
-                    and not (arbitrary is not None and bool(arbitrary[bi % arbitrary.shape[0], hi % arbitrary.shape[1], i, j]))
+                    and not (
+                        arbitrary is not None
+                        and bool(arbitrary[bi % arbitrary.shape[0], hi % arbitrary.shape[1], i, j])
+                    )
                     for j in range(nk)
                 ]
                 logits = []
                 for j in range(nk):
                     x = s[i, j]
                     if bias_type == "alibi":
-                        slope = alibi_slopes(h)[hi] if slopes is None else float(slopes.reshape(-1, h)[bi % slopes.reshape(-1, h).shape[0], hi])
+                        slope = (
+                            alibi_slopes(h)[hi]
+                            if slopes is None
+                            else float(slopes.reshape(-1, h)[bi % slopes.reshape(-1, h).shape[0], hi])
+                        )
                         off = nk - nq if bottom_right else 0
                         x = x - slope * abs(i + off - j)
                     logits.append(x)

@@ -69,8 +69,14 @@ def mha64(x, p, c, *, prefix="", encoder=None, cross=False, angles=None, lq=None
     h, g, d = c["heads"], c["groups"], c["d"]
     ln = None
     if cross:
-        ln = norm64(x, p[f"{pre}layernorm_query.layer_norm_weight"], p.get(f"{pre}layernorm_query.layer_norm_bias"),
-                    c["eps"], c["zc"], c["rms"])
+        ln = norm64(
+            x,
+            p[f"{pre}layernorm_query.layer_norm_weight"],
+            p.get(f"{pre}layernorm_query.layer_norm_bias"),
+            c["eps"],
+            c["zc"],
+            c["rms"],
+        )
         q = _linear(ln, p, f"{pre}layernorm_query").reshape(*x.shape[:2], h, d)
         kv = _linear(encoder, p, f"{pre}key_value")
         if c["interleaved"]:
@@ -82,17 +88,25 @@ def mha64(x, p, c, *, prefix="", encoder=None, cross=False, angles=None, lq=None
         name = f"{pre}layernorm_qkv" if c["input_ln"] else f"{pre}qkv"
         inp = x
         if c["input_ln"]:
-            ln = inp = norm64(x, p[f"{name}.layer_norm_weight"], p.get(f"{name}.layer_norm_bias"), c["eps"], c["zc"], c["rms"])
+            ln = inp = norm64(
+                x, p[f"{name}.layer_norm_weight"], p.get(f"{name}.layer_norm_bias"), c["eps"], c["zc"], c["rms"]
+            )
         y = _linear(inp, p, name)
         rq, rk, rv = qkv_rows(h, g, d, c["interleaved"])
         q, k, v = _heads(y, rq, d), _heads(y, rk, d), _heads(y, rv, d)
     before = c.get("qk_norm_before_rope", False)
     if before:
-        q, k = _qk_norm(q, p, f"{pre}q_norm", c.get("qk_norm"), 1e-6), _qk_norm(k, p, f"{pre}k_norm", c.get("qk_norm"), 1e-6)
+        q, k = (
+            _qk_norm(q, p, f"{pre}q_norm", c.get("qk_norm"), 1e-6),
+            _qk_norm(k, p, f"{pre}k_norm", c.get("qk_norm"), 1e-6),
+        )
     if angles is not None:
         q, k = rope(q, angles), rope(k, angles)
     if not before:
-        q, k = _qk_norm(q, p, f"{pre}q_norm", c.get("qk_norm"), 1e-6), _qk_norm(k, p, f"{pre}k_norm", c.get("qk_norm"), 1e-6)
+        q, k = (
+            _qk_norm(q, p, f"{pre}q_norm", c.get("qk_norm"), 1e-6),
+            _qk_norm(k, p, f"{pre}k_norm", c.get("qk_norm"), 1e-6),
+        )
     b, sq, skv = q.shape[0], q.shape[1], k.shape[1]
     lq = torch.full((b,), sq) if lq is None else lq
     lkv = torch.full((b,), skv) if lkv is None else lkv
@@ -114,7 +128,9 @@ def transformer64(x, p, c, encoder=None):
     if c["decoder"]:
         cr, cb, cln = mha64(h, p, dict(c, mask_type="no_mask"), prefix="inter_attention.", encoder=encoder, cross=True)
         h = add(cr, cb, cln if c["post_ln"] else h)
-    mln = norm64(h, p["layernorm_mlp.layer_norm_weight"], p.get("layernorm_mlp.layer_norm_bias"), c["eps"], c["zc"], c["rms"])
+    mln = norm64(
+        h, p["layernorm_mlp.layer_norm_weight"], p.get("layernorm_mlp.layer_norm_bias"), c["eps"], c["zc"], c["rms"]
+    )
     f1 = mln @ p["layernorm_mlp.fc1_weight"].T + p.get("layernorm_mlp.fc1_bias", 0)
     mlp = act64(f1, c["act"]) @ p["layernorm_mlp.fc2_weight"].T
     mb = p.get("layernorm_mlp.fc2_bias")

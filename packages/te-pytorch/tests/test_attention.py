@@ -18,8 +18,15 @@ pytest_plugins = ["pt_fixtures"]
 pytestmark = pytest.mark.usefixtures("te_state")
 
 BACKENDS = ["unfused", "fused"]
-MASKS = ["no_mask", "padding", "causal", "padding_causal", "causal_bottom_right",
-         "padding_causal_bottom_right", "arbitrary"]
+MASKS = [
+    "no_mask",
+    "padding",
+    "causal",
+    "padding_causal",
+    "causal_bottom_right",
+    "padding_causal_bottom_right",
+    "arbitrary",
+]
 
 
 @pytest.fixture(params=BACKENDS)
@@ -130,8 +137,14 @@ def test_sliding_window(backend, mask_type, window, bottom_right_diagonal):
     g = torch.randn(b, sq, h * d, dtype=torch.float64)
     kw = dict(cu_seqlens_q=_cu(lq), cu_seqlens_kv=_cu(lkv)) if "padding" in mask_type else {}
     with pytest.warns(UserWarning) if "causal" in mask_type and window[1] != 0 else _nothing():
-        dpa = te.DotProductAttention(h, d, attn_mask_type=mask_type, window_size=window, qkv_format="bshd",
-                                     bottom_right_diagonal=bottom_right_diagonal)
+        dpa = te.DotProductAttention(
+            h,
+            d,
+            attn_mask_type=mask_type,
+            window_size=window,
+            qkv_format="bshd",
+            bottom_right_diagonal=bottom_right_diagonal,
+        )
     eff = (window[0], 0) if "causal" in mask_type else window
     br = (mask_type != "causal") if bottom_right_diagonal is None else bottom_right_diagonal
     windowed = eff[0] >= 0 or (eff[1] >= 0 and "causal" not in mask_type)
@@ -153,9 +166,14 @@ class _nothing:
         return False
 
 
-@pytest.mark.parametrize("bias_type,bias_shape", [
-    ("pre_scale_bias", (1, 3, 5, 6)), ("post_scale_bias", (1, 3, 5, 6)), ("post_scale_bias", (2, 1, 5, 6)),
-])
+@pytest.mark.parametrize(
+    "bias_type,bias_shape",
+    [
+        ("pre_scale_bias", (1, 3, 5, 6)),
+        ("post_scale_bias", (1, 3, 5, 6)),
+        ("post_scale_bias", (2, 1, 5, 6)),
+    ],
+)
 def test_bias(backend, bias_type, bias_shape):
     b, sq, skv, h, d = 2, 5, 6, 3, 4
     q, k, v, lq, lkv = _case(b, sq, skv, h, h, d, d, False)
@@ -187,8 +205,9 @@ def test_alibi(backend, h, slopes, mask_type):
             _run(dpa, q, k, v, "bshd", g, core_attention_bias_type="alibi", alibi_slopes=given, **kw)
         return
     got = _run(dpa, q, k, v, "bshd", g, core_attention_bias_type="alibi", alibi_slopes=given, **kw)
-    want = _oracle(q, k, v, lq, lkv, g, mask_type=mask_type, bias_type="alibi", slopes=given,
-                   bottom_right=mask_type != "causal")
+    want = _oracle(
+        q, k, v, lq, lkv, g, mask_type=mask_type, bias_type="alibi", slopes=given, bottom_right=mask_type != "causal"
+    )
     _close(got, want, f"alibi {slopes}")
 
 
@@ -197,16 +216,18 @@ def test_softmax_types(backend, softmax_type):
     b, s, h, hk, d = 2, 5, 4, 2, 8
     q, k, v, lq, lkv = _case(b, s, s, h, hk, d, d, True)
     g = torch.randn(b, s, h * d, dtype=torch.float64)
-    dpa = te.DotProductAttention(h, d, num_gqa_groups=hk, attn_mask_type="padding_causal", qkv_format="sbhd",
-                                 softmax_type=softmax_type)
+    dpa = te.DotProductAttention(
+        h, d, num_gqa_groups=hk, attn_mask_type="padding_causal", qkv_format="sbhd", softmax_type=softmax_type
+    )
     sink = None
     if softmax_type == "learnable":
         with torch.no_grad():
             dpa.softmax_offset.copy_(torch.randn(h))
         sink = dpa.softmax_offset.detach().double().clone().requires_grad_()
     got = _run(dpa, q, k, v, "sbhd", g, cu_seqlens_q=_cu(lq), cu_seqlens_kv=_cu(lkv))
-    want = _oracle(q, k, v, lq, lkv, g, mask_type="padding_causal", bottom_right=False,
-                   softmax_type=softmax_type, sink=sink)
+    want = _oracle(
+        q, k, v, lq, lkv, g, mask_type="padding_causal", bottom_right=False, softmax_type=softmax_type, sink=sink
+    )
     _close(got, want, softmax_type)
     if sink is not None:
         _close([dpa.softmax_offset.grad.double()], [sink.grad], "dsoftmax_offset")
@@ -251,8 +272,16 @@ def test_thd_equals_padded(backend, mask_type, gaps):
         gt[int(cu_pad[i]) : int(cu_pad[i]) + int(lq[i])] = g[i, : int(lq[i])].float()
     out.backward(gt)
     mt = "padding_" + mask_type if "padding" not in mask_type else mask_type
-    want = _oracle(q, k, v, lq, lkv, g * (torch.arange(s)[None, :, None] < lq[:, None, None]),
-                   mask_type=mt, bottom_right=mt not in ("causal", "padding_causal"))
+    want = _oracle(
+        q,
+        k,
+        v,
+        lq,
+        lkv,
+        g * (torch.arange(s)[None, :, None] < lq[:, None, None]),
+        mask_type=mt,
+        bottom_right=mt not in ("causal", "padding_causal"),
+    )
 
     def unpack(x):
         rows = torch.zeros(b, s, *x.shape[1:], dtype=torch.float64)
@@ -273,8 +302,15 @@ def test_bf16_forward(backend):
     dpa = te.DotProductAttention(h, d, qkv_format="bshd")
     out = dpa(q.bfloat16(), k.bfloat16(), v.bfloat16())
     assert out.dtype == torch.bfloat16
-    want = oracle(q.bfloat16().double(), k.bfloat16().double(), v.bfloat16().double(), lq, lkv,
-                  mask_type="causal", bottom_right=False).reshape(b, s, -1)
+    want = oracle(
+        q.bfloat16().double(),
+        k.bfloat16().double(),
+        v.bfloat16().double(),
+        lq,
+        lkv,
+        mask_type="causal",
+        bottom_right=False,
+    ).reshape(b, s, -1)
     # inputs exact in bf16; FP32 arithmetic; one bf16 rounding of the output (2^-8 relative)
     assert (out.double() - want).abs().max() <= 2**-8 * want.abs().max() + 1e-6
 

@@ -53,8 +53,16 @@ def _rows(out, fmt, lens):
 
 @pytest.mark.parametrize("fmt", ["bshd", "sbhd"])
 def test_decoding_equals_full_attention(backend, fmt):
-    layer = te.TransformerLayer(H, F, HEADS, num_gqa_groups=GROUPS, hidden_dropout=0.0, attention_dropout=0.0,
-                                attn_input_format=fmt, device="cpu").eval()
+    layer = te.TransformerLayer(
+        H,
+        F,
+        HEADS,
+        num_gqa_groups=GROUPS,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        attn_input_format=fmt,
+        device="cpu",
+    ).eval()
     freqs = te.RotaryPositionEmbedding(H // HEADS)(L)
     seqs = {0: torch.randn(L, H), 1: torch.randn(L, H), 2: torch.randn(L, H)}
     with torch.no_grad():
@@ -62,8 +70,12 @@ def test_decoding_equals_full_attention(backend, fmt):
         params = InferenceParamsFor(fmt)
         pos = {0: 3, 1: 5, 2: 2}  # prompt lengths
         params.pre_step(OrderedDict(pos))
-        out = layer(_batch([seqs[i][: pos[i]] for i in pos], fmt), self_attn_mask_type="padding_causal",
-                    inference_params=params, rotary_pos_emb=freqs)
+        out = layer(
+            _batch([seqs[i][: pos[i]] for i in pos], fmt),
+            self_attn_mask_type="padding_causal",
+            inference_params=params,
+            rotary_pos_emb=freqs,
+        )
         for i, got in zip(pos, _rows(out, fmt, list(pos.values()))):
             torch.testing.assert_close(got, want[i][: pos[i]], atol=2e-5, rtol=2e-5)
         alive = [0, 1, 2]
@@ -71,8 +83,12 @@ def test_decoding_equals_full_attention(backend, fmt):
             if step == 2:
                 alive = [0, 2]  # sequence 1 finishes: the cache rows of the others move up
             params.pre_step(OrderedDict((i, 1) for i in alive))
-            out = layer(_batch([seqs[i][pos[i] : pos[i] + 1] for i in alive], fmt),
-                        self_attn_mask_type="padding_causal", inference_params=params, rotary_pos_emb=freqs)
+            out = layer(
+                _batch([seqs[i][pos[i] : pos[i] + 1] for i in alive], fmt),
+                self_attn_mask_type="padding_causal",
+                inference_params=params,
+                rotary_pos_emb=freqs,
+            )
             for i, got in zip(alive, _rows(out, fmt, [1] * len(alive))):
                 torch.testing.assert_close(got[0], want[i][pos[i]], atol=2e-5, rtol=2e-5)
                 pos[i] += 1
@@ -86,8 +102,9 @@ def test_inference_params_errors():
     with pytest.raises(ValueError, match="num_heads_kv"):
         te.InferenceParams(2, 8)
     with pytest.raises(NotImplementedError, match="paged"):
-        te.InferenceParams(2, 8, num_heads_kv=1, head_dim_k=4, dtype=torch.float32, is_paged=True, page_size=4,
-                           total_num_pages=4)
+        te.InferenceParams(
+            2, 8, num_heads_kv=1, head_dim_k=4, dtype=torch.float32, is_paged=True, page_size=4, total_num_pages=4
+        )
     params = te.InferenceParams(1, 4, num_heads_kv=1, head_dim_k=4, dtype=torch.float32)
     with pytest.raises(ValueError, match="max_sequence_length"):
         params.pre_step(OrderedDict({0: 5}))

@@ -19,8 +19,18 @@ HIDDEN, HEADS = 24, 4
 
 
 def _settings(groups, interleaved, fuse, rms=False, qk_norm=None, input_ln=True, mask_type="causal"):
-    return dict(heads=HEADS, groups=groups, d=HIDDEN // HEADS, eps=1e-5, zc=False, rms=rms,
-                interleaved=interleaved and fuse, input_ln=input_ln, qk_norm=qk_norm, mask_type=mask_type)
+    return dict(
+        heads=HEADS,
+        groups=groups,
+        d=HIDDEN // HEADS,
+        eps=1e-5,
+        zc=False,
+        rms=rms,
+        interleaved=interleaved and fuse,
+        input_ln=input_ln,
+        qk_norm=qk_norm,
+        mask_type=mask_type,
+    )
 
 
 def _perturb(module):
@@ -54,8 +64,17 @@ def _compare(module, x, want_fn, names, tol=3e-5, **kw):
 @pytest.mark.parametrize("groups", [4, 2, 1])
 @pytest.mark.parametrize("fuse,interleaved", [(True, True), (True, False), (False, True)])
 def test_self_attention(fmt, groups, fuse, interleaved):
-    m = te.MultiheadAttention(HIDDEN, HEADS, num_gqa_groups=groups, attention_dropout=0.0, input_layernorm=True,
-                              fuse_qkv_params=fuse, qkv_weight_interleaved=interleaved, qkv_format=fmt, device="cpu")
+    m = te.MultiheadAttention(
+        HIDDEN,
+        HEADS,
+        num_gqa_groups=groups,
+        attention_dropout=0.0,
+        input_layernorm=True,
+        fuse_qkv_params=fuse,
+        qkv_weight_interleaved=interleaved,
+        qkv_format=fmt,
+        device="cpu",
+    )
     _perturb(m)
     c = _settings(groups, interleaved, fuse)
     x = torch.randn(3, 5, HIDDEN, dtype=torch.float64)  # bshd
@@ -74,9 +93,20 @@ def test_self_attention(fmt, groups, fuse, interleaved):
 @pytest.mark.parametrize("qk_norm", ["RMSNorm", "LayerNorm", "L2Normalization"])
 @pytest.mark.parametrize("before_rope", [False, True])
 def test_qk_norm_rope_return_layernorm_output(qk_norm, before_rope):
-    m = te.MultiheadAttention(HIDDEN, HEADS, num_gqa_groups=2, attention_dropout=0.0, input_layernorm=True,
-                              normalization="RMSNorm", return_layernorm_output=True, return_bias=True,
-                              qk_norm_type=qk_norm, qk_norm_before_rope=before_rope, qkv_format="bshd", device="cpu")
+    m = te.MultiheadAttention(
+        HIDDEN,
+        HEADS,
+        num_gqa_groups=2,
+        attention_dropout=0.0,
+        input_layernorm=True,
+        normalization="RMSNorm",
+        return_layernorm_output=True,
+        return_bias=True,
+        qk_norm_type=qk_norm,
+        qk_norm_before_rope=before_rope,
+        qkv_format="bshd",
+        device="cpu",
+    )
     _perturb(m)
     c = dict(_settings(2, True, False, rms=True, qk_norm=qk_norm), qk_norm_before_rope=before_rope)
     s, d = 6, HIDDEN // HEADS
@@ -98,9 +128,18 @@ def test_qk_norm_rope_return_layernorm_output(qk_norm, before_rope):
 
 @pytest.mark.parametrize("fuse", [True, False])
 def test_cross_attention(fuse):
-    m = te.MultiheadAttention(HIDDEN, HEADS, num_gqa_groups=2, attention_dropout=0.0, input_layernorm=True,
-                              attention_type="cross", attn_mask_type="no_mask", fuse_qkv_params=fuse,
-                              qkv_format="bshd", device="cpu")
+    m = te.MultiheadAttention(
+        HIDDEN,
+        HEADS,
+        num_gqa_groups=2,
+        attention_dropout=0.0,
+        input_layernorm=True,
+        attention_type="cross",
+        attn_mask_type="no_mask",
+        fuse_qkv_params=fuse,
+        qkv_format="bshd",
+        device="cpu",
+    )
     _perturb(m)
     c = _settings(2, True, fuse, mask_type="no_mask")
     enc = torch.randn(2, 7, HIDDEN, dtype=torch.float64)
@@ -109,17 +148,35 @@ def test_cross_attention(fuse):
         out, bias, _ = mha64(x64, p, c, encoder=enc, cross=True)
         return out + bias
 
-    names = ["key_value.weight" if fuse else "key_value.value_weight", "layernorm_query." + ("weight" if fuse else "query_weight")]
+    names = [
+        "key_value.weight" if fuse else "key_value.value_weight",
+        "layernorm_query." + ("weight" if fuse else "query_weight"),
+    ]
     _compare(m, torch.randn(2, 4, HIDDEN, dtype=torch.float64), want, names, encoder_output=enc.float())
 
 
 def test_state_dict_names_and_errors():
-    m = te.MultiheadAttention(HIDDEN, HEADS, num_gqa_groups=2, input_layernorm=True, qk_norm_type="LayerNorm",
-                              softmax_type="learnable", device="cpu")
+    m = te.MultiheadAttention(
+        HIDDEN,
+        HEADS,
+        num_gqa_groups=2,
+        input_layernorm=True,
+        qk_norm_type="LayerNorm",
+        softmax_type="learnable",
+        device="cpu",
+    )
     keys = set(m.state_dict())
-    for k in ("layernorm_qkv.query_weight", "layernorm_qkv.key_weight", "layernorm_qkv.value_weight",
-              "q_norm.weight", "q_norm.bias", "k_norm.weight", "core_attention.softmax_offset",
-              "core_attention._extra_state", "proj.weight"):
+    for k in (
+        "layernorm_qkv.query_weight",
+        "layernorm_qkv.key_weight",
+        "layernorm_qkv.value_weight",
+        "q_norm.weight",
+        "q_norm.bias",
+        "k_norm.weight",
+        "core_attention.softmax_offset",
+        "core_attention._extra_state",
+        "proj.weight",
+    ):
         assert k in keys, k
     assert m.layernorm_qkv.key_weight.shape == (2 * HIDDEN // HEADS, HIDDEN)
     with pytest.raises(NotImplementedError, match="tp_size"):

@@ -32,9 +32,22 @@ def _layer(**kw):
 
 
 def _settings(layer, **kw):
-    c = dict(heads=HEADS, groups=HEADS, d=H // HEADS, eps=1e-5, zc=False, rms=False, interleaved=False,
-             input_ln=True, mask_type="causal", act="gelu", post_ln=False, output_ln=False, parallel=False,
-             decoder=False)
+    c = dict(
+        heads=HEADS,
+        groups=HEADS,
+        d=H // HEADS,
+        eps=1e-5,
+        zc=False,
+        rms=False,
+        interleaved=False,
+        input_ln=True,
+        mask_type="causal",
+        act="gelu",
+        post_ln=False,
+        output_ln=False,
+        parallel=False,
+        decoder=False,
+    )
     c.update(kw)
     return c
 
@@ -45,10 +58,17 @@ CASES = {
     "output_ln": dict(output_layernorm=True),
     "parallel": dict(parallel_attention_mlp=True),
     "decoder": dict(layer_type="decoder"),
-    "llama": dict(normalization="RMSNorm", activation="swiglu", num_gqa_groups=2, bias=False,
-                  zero_centered_gamma=True, fuse_qkv_params=True),
-    "interleaved_qkv_bshd": dict(fuse_qkv_params=True, attn_input_format="bshd", activation="relu",
-                                 self_attn_mask_type="no_mask"),
+    "llama": dict(
+        normalization="RMSNorm",
+        activation="swiglu",
+        num_gqa_groups=2,
+        bias=False,
+        zero_centered_gamma=True,
+        fuse_qkv_params=True,
+    ),
+    "interleaved_qkv_bshd": dict(
+        fuse_qkv_params=True, attn_input_format="bshd", activation="relu", self_attn_mask_type="no_mask"
+    ),
 }
 
 
@@ -146,8 +166,12 @@ def test_state_dict_keys_are_the_reference_ones():
     assert gqa.self_attention.proj.weight.shape == (H, H)
     dec = te.TransformerLayer(H, F, HEADS, layer_type="decoder", device="cpu")
     keys = set(dec.state_dict())
-    for k in ("inter_attention.layernorm_query.query_weight", "inter_attention.key_value.key_weight",
-              "inter_attention.key_value.value_weight", "inter_attention.proj.weight"):
+    for k in (
+        "inter_attention.layernorm_query.query_weight",
+        "inter_attention.key_value.key_weight",
+        "inter_attention.key_value.value_weight",
+        "inter_attention.proj.weight",
+    ):
         assert k in keys
 
 
@@ -169,8 +193,9 @@ def test_checkpoint_round_trip():
         assert torch.equal(a(x), b(x))  # same scales from the loaded state
 
 
-@pytest.mark.parametrize("fp8_recipe", [recipe.DelayedScaling(), recipe.Float8CurrentScaling()],
-                         ids=["delayed", "current"])
+@pytest.mark.parametrize(
+    "fp8_recipe", [recipe.DelayedScaling(), recipe.Float8CurrentScaling()], ids=["delayed", "current"]
+)
 def test_fp8_autocast(fp8_recipe):
     """The QKV/proj/MLP GEMMs run in FP8, the attention in high precision. The
     bound: E4M3 perturbs each GEMM operand by at most 2^-4 relative; the 4

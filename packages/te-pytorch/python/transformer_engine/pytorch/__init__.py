@@ -63,7 +63,6 @@ from .quantization import (
     get_default_recipe,
     quantized_model_init,
 )
-from .transformer import TransformerLayer
 from .tensor import (
     Float8BlockQuantizer,
     Float8BlockwiseQTensor,
@@ -77,6 +76,7 @@ from .tensor import (
     QuantizedTensor,
     Quantizer,
 )
+from .transformer import TransformerLayer
 
 __version__ = "0.1.0"
 

@@ -206,8 +206,11 @@ class TransformerLayer(torch.nn.Module):
         if output_layernorm:
             cls = LayerNorm if normalization == "LayerNorm" else RMSNorm
             self.layernorm = cls(
-                hidden_size, eps=layernorm_epsilon, zero_centered_gamma=zero_centered_gamma,
-                device=device, dtype=params_dtype,
+                hidden_size,
+                eps=layernorm_epsilon,
+                zero_centered_gamma=zero_centered_gamma,
+                device=device,
+                dtype=params_dtype,
             )
 
     def set_tensor_parallel_group(self, tp_group) -> None:
@@ -215,7 +218,9 @@ class TransformerLayer(torch.nn.Module):
 
     def set_context_parallel_group(self, cp_group, cp_global_ranks, cp_stream, cp_comm_type="p2p") -> None:
         if cp_group is not None:
-            raise NotImplementedError(f"{_OWNER}: context parallelism is not yet supported by transformer_engine.pytorch")
+            raise NotImplementedError(
+                f"{_OWNER}: context parallelism is not yet supported by transformer_engine.pytorch"
+            )
 
     def _residual(self, out, bias, residual):
         """residual + drop_path(dropout(out + bias))."""
@@ -263,7 +268,9 @@ class TransformerLayer(torch.nn.Module):
             attention_mask=attention_mask,
             attn_mask_type=self.self_attn_mask_type if self_attn_mask_type is None else self_attn_mask_type,
             window_size=self.window_size if window_size is None else window_size,
-            bottom_right_diagonal=self.bottom_right_diagonal if bottom_right_diagonal is None else bottom_right_diagonal,
+            bottom_right_diagonal=self.bottom_right_diagonal
+            if bottom_right_diagonal is None
+            else bottom_right_diagonal,
             is_first_microbatch=is_first_microbatch,
             checkpoint_core_attention=checkpoint_core_attention,
             inference_params=inference_params,
@@ -292,7 +299,9 @@ class TransformerLayer(torch.nn.Module):
                 x,
                 attention_mask=enc_dec_attn_mask,
                 encoder_output=encoder_output,
-                attn_mask_type=self.enc_dec_attn_mask_type if enc_dec_attn_mask_type is None else enc_dec_attn_mask_type,
+                attn_mask_type=self.enc_dec_attn_mask_type
+                if enc_dec_attn_mask_type is None
+                else enc_dec_attn_mask_type,
                 window_size=self.enc_dec_window_size if enc_dec_window_size is None else enc_dec_window_size,
                 bottom_right_diagonal=(
                     self.enc_dec_bottom_right_diagonal

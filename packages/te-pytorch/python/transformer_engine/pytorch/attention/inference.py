@@ -89,7 +89,9 @@ class NonPagedKVCacheManager(KVCacheManager):
                 self.sequences[s] = n
         total = max(self.sequences.values(), default=0)
         if total > self.max_seqlen:
-            raise ValueError(f"InferenceParams: a sequence grows to {total} tokens, max_sequence_length is {self.max_seqlen}")
+            raise ValueError(
+                f"InferenceParams: a sequence grows to {total} tokens, max_sequence_length is {self.max_seqlen}"
+            )
         # The cache rows of the kept sequences move to the front, in order.
         order = [old.index(s) for s in kept]
         self._order = None if order == list(range(len(order))) else order

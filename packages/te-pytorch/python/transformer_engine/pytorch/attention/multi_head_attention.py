@@ -143,7 +143,8 @@ class MultiheadAttention(torch.nn.Module):
         self.num_gqa_groups = num_attention_heads if num_gqa_groups is None else num_gqa_groups
         if num_attention_heads % self.num_gqa_groups:
             raise ValueError(
-                f"{_OWNER}: num_attention_heads={num_attention_heads} must be divisible by num_gqa_groups={self.num_gqa_groups}"
+                f"{_OWNER}: num_attention_heads={num_attention_heads} must be divisible by "
+                f"num_gqa_groups={self.num_gqa_groups}"
             )
         kv_channels = kv_channels if kv_channels else hidden_size // num_attention_heads
         self.hidden_size_per_attention_head = kv_channels
@@ -157,8 +158,12 @@ class MultiheadAttention(torch.nn.Module):
         self.cp_size, self.cp_rank = 1, 0
         gemm = dict(fuse_wgrad_accumulation=fuse_wgrad_accumulation, params_dtype=self.params_dtype, device=device)
         self.q_norm, self.k_norm = _qk_norms(qk_norm_type, qk_norm_eps, kv_channels, device, self.params_dtype)
-        norm = dict(eps=layernorm_epsilon, normalization=normalization, zero_centered_gamma=zero_centered_gamma,
-                    return_layernorm_output=return_layernorm_output)
+        norm = dict(
+            eps=layernorm_epsilon,
+            normalization=normalization,
+            zero_centered_gamma=zero_centered_gamma,
+            return_layernorm_output=return_layernorm_output,
+        )
         if attention_type == "self":
             split = None
             if not fuse_qkv_params:
@@ -167,21 +172,33 @@ class MultiheadAttention(torch.nn.Module):
                 )
             width = self.hidden_size_q + 2 * self.hidden_size_kv
             if input_layernorm:
-                self.layernorm_qkv = LayerNormLinear(hidden_size, width, init_method=init_method, bias=bias,
-                                                     parameters_split=split, **norm, **gemm)
+                self.layernorm_qkv = LayerNormLinear(
+                    hidden_size, width, init_method=init_method, bias=bias, parameters_split=split, **norm, **gemm
+                )
             else:
-                self.qkv = Linear(hidden_size, width, init_method=init_method, bias=bias, parameters_split=split, **gemm)
+                self.qkv = Linear(
+                    hidden_size, width, init_method=init_method, bias=bias, parameters_split=split, **gemm
+                )
         else:
             if input_layernorm:
                 self.layernorm_query = LayerNormLinear(
-                    hidden_size, self.hidden_size_q, init_method=init_method, bias=bias,
-                    parameters_split=None if fuse_qkv_params else ("query",), **norm, **gemm,
+                    hidden_size,
+                    self.hidden_size_q,
+                    init_method=init_method,
+                    bias=bias,
+                    parameters_split=None if fuse_qkv_params else ("query",),
+                    **norm,
+                    **gemm,
                 )
             else:
                 self.query_layer = Linear(hidden_size, self.hidden_size_q, init_method=init_method, bias=bias, **gemm)
             self.key_value = Linear(
-                hidden_size, 2 * self.hidden_size_kv, init_method=init_method, bias=bias,
-                parameters_split=None if fuse_qkv_params else ("key", "value"), **gemm,
+                hidden_size,
+                2 * self.hidden_size_kv,
+                init_method=init_method,
+                bias=bias,
+                parameters_split=None if fuse_qkv_params else ("key", "value"),
+                **gemm,
             )
         self.core_attention = DotProductAttention(
             num_attention_heads,
@@ -198,15 +215,23 @@ class MultiheadAttention(torch.nn.Module):
             softmax_type=softmax_type,
             get_rng_state_tracker=get_rng_state_tracker,
         )
-        self.proj = Linear(self.hidden_size_q, hidden_size, init_method=output_layer_init_method, bias=bias,
-                           return_bias=return_bias, **gemm)
+        self.proj = Linear(
+            self.hidden_size_q,
+            hidden_size,
+            init_method=output_layer_init_method,
+            bias=bias,
+            return_bias=return_bias,
+            **gemm,
+        )
 
     def set_tensor_parallel_group(self, tp_group) -> None:
         reject_tp_group(_OWNER, tp_group)
 
     def set_context_parallel_group(self, cp_group, cp_global_ranks, cp_stream, cp_comm_type="p2p") -> None:
         if cp_group is not None:
-            raise NotImplementedError(f"{_OWNER}: context parallelism is not yet supported by transformer_engine.pytorch")
+            raise NotImplementedError(
+                f"{_OWNER}: context parallelism is not yet supported by transformer_engine.pytorch"
+            )
 
     def _heads(self, x, heads):
         """[..., heads * d] -> [..., heads, d] (sbhd/bshd keep two leading dims, thd one)."""
@@ -250,8 +275,14 @@ class MultiheadAttention(torch.nn.Module):
     def _rope(self, q, k, rotary_pos_emb, inference_params, cu_q, cu_kv):
         q_emb, k_emb = rotary_pos_emb if isinstance(rotary_pos_emb, tuple) else (rotary_pos_emb,) * 2
         start = inference_params.get_seqlens_pre_step() if inference_params is not None else None
-        common = dict(tensor_format=self.qkv_format, fused=True, start_positions=start,
-                      interleaved=self.rotary_pos_interleaved, cp_size=self.cp_size, cp_rank=self.cp_rank)
+        common = dict(
+            tensor_format=self.qkv_format,
+            fused=True,
+            start_positions=start,
+            interleaved=self.rotary_pos_interleaved,
+            cp_size=self.cp_size,
+            cp_rank=self.cp_rank,
+        )
         q = apply_rotary_pos_emb(q, q_emb, cu_seqlens=cu_q, **common)
         k = apply_rotary_pos_emb(k, k_emb, cu_seqlens=cu_kv, **common)
         return q, k

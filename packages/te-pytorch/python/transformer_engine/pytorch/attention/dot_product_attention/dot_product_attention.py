@@ -116,7 +116,10 @@ class DotProductAttention(TransformerEngineBaseModule):
         self.get_rng_state_tracker = get_rng_state_tracker
         self.tp_size, self.tp_group = tp_size, tp_group
         self.cp_group, self.cp_global_ranks, self.cp_stream, self.cp_comm_type = (
-            cp_group, cp_global_ranks, cp_stream, cp_comm_type
+            cp_group,
+            cp_global_ranks,
+            cp_stream,
+            cp_comm_type,
         )
         self.softmax_type = softmax_type
         self.return_max_logit = return_max_logit
@@ -144,8 +147,16 @@ class DotProductAttention(TransformerEngineBaseModule):
     def get_extra_state(self):
         return torch.empty(0, dtype=torch.uint8)
 
-    def _config(self, qkv_format, attn_mask_type, window_size, bottom_right_diagonal, softcap,
-                core_attention_bias_type, inference_params):
+    def _config(
+        self,
+        qkv_format,
+        attn_mask_type,
+        window_size,
+        bottom_right_diagonal,
+        softcap,
+        core_attention_bias_type,
+        inference_params,
+    ):
         mask_type = utils.normalize_mask_type(self.attn_mask_type if attn_mask_type is None else attn_mask_type)
         if qkv_format.startswith("thd") and "padding" not in mask_type and mask_type != "arbitrary":
             # Packed sequences are padded by construction (the reference does the same).
@@ -158,7 +169,8 @@ class DotProductAttention(TransformerEngineBaseModule):
         bottom_right = self.bottom_right_diagonal if bottom_right_diagonal is None else bottom_right_diagonal
         if core_attention_bias_type not in utils.BIAS_TYPES:
             raise ValueError(
-                f"{_OWNER}: core_attention_bias_type must be one of {utils.BIAS_TYPES}, got {core_attention_bias_type!r}"
+                f"{_OWNER}: core_attention_bias_type must be one of {utils.BIAS_TYPES}, "
+                f"got {core_attention_bias_type!r}"
             )
         return AttnConfig(
             qkv_format=qkv_format,
@@ -242,11 +254,22 @@ class DotProductAttention(TransformerEngineBaseModule):
                 self.layer_number, k, v, qkv_format
             )
             cu_seqlens_q_padded = cu_seqlens_kv_padded = None
-        cfg = self._config(qkv_format, attn_mask_type, window_size, bottom_right_diagonal, softcap,
-                           core_attention_bias_type, inference_params)
+        cfg = self._config(
+            qkv_format,
+            attn_mask_type,
+            window_size,
+            bottom_right_diagonal,
+            softcap,
+            core_attention_bias_type,
+            inference_params,
+        )
         _check_bias(cfg, core_attention_bias, alibi_slopes, self.num_attention_heads)
-        for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_kv", cu_seqlens_kv),
-                         ("cu_seqlens_q_padded", cu_seqlens_q_padded), ("cu_seqlens_kv_padded", cu_seqlens_kv_padded)):
+        for name, cu in (
+            ("cu_seqlens_q", cu_seqlens_q),
+            ("cu_seqlens_kv", cu_seqlens_kv),
+            ("cu_seqlens_q_padded", cu_seqlens_q_padded),
+            ("cu_seqlens_kv_padded", cu_seqlens_kv_padded),
+        ):
             utils.check_cu_seqlens(name, cu)
         call = dict(
             attention_mask=attention_mask,
@@ -333,7 +356,9 @@ def _check_bias(cfg, bias, alibi_slopes, heads):
         )
     if alibi_slopes is not None:
         if cfg.bias_type != "alibi":
-            warnings.warn(f"{_OWNER}: alibi_slopes ignored: core_attention_bias_type is {cfg.bias_type!r}", stacklevel=3)
+            warnings.warn(
+                f"{_OWNER}: alibi_slopes ignored: core_attention_bias_type is {cfg.bias_type!r}", stacklevel=3
+            )
         elif alibi_slopes.dtype != torch.float32 or alibi_slopes.shape[-1] != heads or alibi_slopes.dim() > 2:
             raise ValueError(
                 f"{_OWNER}: alibi_slopes must be float32 [{heads}] or [b, {heads}], got "

@@ -136,9 +136,17 @@ def plan(cfg: AttnConfig, call) -> Plan | str:
         torch.are_deterministic_algorithms_enabled()
     )
     scalars = (
-        fmt, ops.MASK_TYPE[cfg.mask_type], ops.BIAS_TYPE[cfg.bias_type], ops.SOFTMAX_TYPE[cfg.softmax_type],
-        float(cfg.scale), float(cfg.dropout), int(cfg.window[0]), int(cfg.window[1]),
-        int(sq) if fmt == 2 else 0, int(skv) if fmt == 2 else 0, deterministic,
+        fmt,
+        ops.MASK_TYPE[cfg.mask_type],
+        ops.BIAS_TYPE[cfg.bias_type],
+        ops.SOFTMAX_TYPE[cfg.softmax_type],
+        float(cfg.scale),
+        float(cfg.dropout),
+        int(cfg.window[0]),
+        int(cfg.window[1]),
+        int(sq) if fmt == 2 else 0,
+        int(skv) if fmt == 2 else 0,
+        deterministic,
     )
     return Plan(q, k, v, bias, offset, extras, scalars, sbhd_queries)
 
@@ -158,7 +166,7 @@ class _FusedAttention(torch.autograd.Function):
         dq, dk, dv, dbias, dalpha = ops.attention_bwd(
             q, k, v, o, d_o, lse, bias, *e[:5], e[5], offset, e[6], *ctx.scalars
         )
-        return dq, dk, dv, (dbias if bias is not None else None), (dalpha if offset is not None else None), None, None
+        return dq, dk, dv, dbias, dalpha, None, None
 
 
 def run(p: Plan) -> torch.Tensor:

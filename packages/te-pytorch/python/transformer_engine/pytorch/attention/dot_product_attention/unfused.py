@@ -107,8 +107,15 @@ def _heads_first(t):
 class UnfusedDotProductAttention(torch.nn.Module):
     """softmax(scale * QK^T + bias + mask) V in torch, every layout and mask."""
 
-    def __init__(self, softmax_scale, attention_type="self", attention_dropout=0.0, layer_number=None,
-                 softmax_type="vanilla", return_max_logit=False):
+    def __init__(
+        self,
+        softmax_scale,
+        attention_type="self",
+        attention_dropout=0.0,
+        layer_number=None,
+        softmax_type="vanilla",
+        return_max_logit=False,
+    ):
         super().__init__()
         self.softmax_scale = softmax_scale
         self.attention_type = attention_type
@@ -117,9 +124,24 @@ class UnfusedDotProductAttention(torch.nn.Module):
         self.softmax_type = softmax_type
         self.return_max_logit = return_max_logit
 
-    def forward(self, cfg: AttnConfig, q, k, v, *, attention_mask=None, cu_seqlens_q=None, cu_seqlens_kv=None,
-                cu_seqlens_q_padded=None, cu_seqlens_kv_padded=None, max_seqlen_q=None, max_seqlen_kv=None,
-                bias=None, alibi_slopes=None, softmax_offset=None):
+    def forward(
+        self,
+        cfg: AttnConfig,
+        q,
+        k,
+        v,
+        *,
+        attention_mask=None,
+        cu_seqlens_q=None,
+        cu_seqlens_kv=None,
+        cu_seqlens_q_padded=None,
+        cu_seqlens_kv_padded=None,
+        max_seqlen_q=None,
+        max_seqlen_kv=None,
+        bias=None,
+        alibi_slopes=None,
+        softmax_offset=None,
+    ):
         from .utils import split_format
 
         q_fmt, kv_fmt = split_format(cfg.qkv_format)

@@ -142,7 +142,7 @@ class Padded:
 
 
 def split_format(qkv_format: str):
-    """"sbhd_2bshd" -> ("sbhd", "bshd") (queries, keys/values); "bshd" -> ("bshd", "bshd")."""
+    """ "sbhd_2bshd" -> ("sbhd", "bshd") (queries, keys/values); "bshd" -> ("bshd", "bshd")."""
     if "_2" in qkv_format:
         q_fmt, kv_fmt = qkv_format.split("_2")
         return q_fmt, kv_fmt
