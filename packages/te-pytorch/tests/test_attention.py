@@ -385,3 +385,38 @@ def test_default_backend_is_fused_with_fallback():
     capped = te.DotProductAttention(2, 8, qkv_format="bshd", softcap=5.0)
     capped(q, q, q)
     assert capped.last_backend == "unfused"
+
+
+def test_dropout_forward_backward_agree(backend):
+    """O is linear in V for a fixed dropout mask, so <g, O> = <dV, V> holds
+    exactly when backward applies the forward's mask; seeded calls repeat."""
+    b, s, h, d = 2, 6, 2, 8
+    q, k, v = (torch.randn(b, s, h, d) for _ in range(3))
+    dpa = te.DotProductAttention(h, d, attention_dropout=0.4, qkv_format="bshd")
+    vs = v.clone().requires_grad_()
+    torch.manual_seed(7)
+    out = dpa(q, k, vs)
+    g = torch.randn_like(out)
+    out.backward(g)
+    lhs, rhs = (g.double() * out.double()).sum(), (vs.grad.double() * v.double()).sum()
+    assert abs(lhs - rhs) <= 1e-4 * (1 + abs(lhs))
+    torch.manual_seed(7)
+    assert torch.equal(dpa(q, k, v), out.detach())
+    dpa.eval()
+    want = oracle(q.double(), k.double(), v.double(), [s] * b, [s] * b, mask_type="causal", bottom_right=False)
+    assert (dpa(q, k, v).double() - want.reshape(b, s, -1)).abs().max() < 1e-5
+    assert (out.double() - want.reshape(b, s, -1)).abs().max() > 1e-3  # dropout acted in training
+
+
+def test_fused_ops_opcheck():
+    """The registered ops' schemas and fake kernels (torch.library.opcheck)."""
+    if not fused_kernels.available():
+        pytest.skip("this te-core build has no attention op")
+    q, k, v = torch.randn(2, 5, 4, 8), torch.randn(2, 5, 2, 8), torch.randn(2, 5, 2, 6)
+    bias = torch.randn(1, 4, 5, 5)
+    scalars = (0, 2, 2, 0, 0.35, 0.0, -1, 0, 0, 0, False)
+    args = (q, k, v, bias, None, None, None, None, None, None, None, None, *scalars)
+    torch.library.opcheck(torch.ops.te.attention_fwd, args)
+    o, lse = torch.ops.te.attention_fwd(*args)
+    bargs = (q, k, v, o, torch.randn_like(o), lse, bias, None, None, None, None, None, None, None, None, *scalars)
+    torch.library.opcheck(torch.ops.te.attention_bwd, bargs)

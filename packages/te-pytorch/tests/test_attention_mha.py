@@ -187,3 +187,21 @@ def test_state_dict_names_and_errors():
         te.MultiheadAttention(HIDDEN, HEADS, qk_norm_type="BatchNorm", device="cpu")
     with pytest.raises(ValueError, match="encoder_output"):
         te.MultiheadAttention(HIDDEN, HEADS, attention_type="cross", device="cpu")(torch.randn(3, 2, HIDDEN))
+
+
+def test_thd_equals_each_sequence_alone():
+    """qkv_format='thd' (packed tokens, cu_seqlens) with RoPE = each sequence run alone in bshd."""
+    kw = dict(num_gqa_groups=2, attention_dropout=0.0, input_layernorm=True, fuse_qkv_params=True, device="cpu")
+    packed = te.MultiheadAttention(HIDDEN, HEADS, qkv_format="thd", attn_mask_type="padding_causal", **kw)
+    single = te.MultiheadAttention(HIDDEN, HEADS, qkv_format="bshd", attn_mask_type="causal", **kw)
+    single.load_state_dict(packed.state_dict())
+    lens = [3, 6, 1]
+    cu = torch.tensor([0, 3, 9, 10], dtype=torch.int32)
+    x = torch.randn(10, HIDDEN)
+    freqs = te.RotaryPositionEmbedding(HIDDEN // HEADS)(8)
+    out = packed(x, cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=6, max_seqlen_kv=6, rotary_pos_emb=freqs)
+    assert out.shape == (10, HIDDEN)
+    for i, n in enumerate(lens):
+        piece = x[int(cu[i]) : int(cu[i]) + n][None]
+        want = single(piece, rotary_pos_emb=freqs)[0]
+        torch.testing.assert_close(out[int(cu[i]) : int(cu[i]) + n], want, atol=1e-5, rtol=1e-5)

@@ -283,3 +283,17 @@ def test_compile_fullgraph_matches_eager(attn_backend, fp8_recipe, monkeypatch):
         assert all(torch.equal(a, b) for a, b in zip(got, want))
     assert layer.self_attention.core_attention.last_backend == attn_backend
     torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("window", [None, (2, 0)])
+def test_padded_batch_equals_each_sequence_alone(window):
+    """A right-padded batch with a padding_causal attention_mask (True = padded):
+    the real tokens' outputs equal each sequence run alone with a causal mask."""
+    layer = _layer(attn_input_format="bshd", window_size=window)
+    lens = [5, 2, 4]
+    x = torch.randn(3, 5, H)
+    pad = torch.arange(5)[None, :] >= torch.tensor(lens)[:, None]
+    out = layer(x, attention_mask=pad[:, None, None, :], self_attn_mask_type="padding_causal")
+    for i, n in enumerate(lens):
+        want = layer(x[i : i + 1, :n], self_attn_mask_type="causal")
+        torch.testing.assert_close(out[i, :n], want[0], atol=1e-5, rtol=1e-5)
