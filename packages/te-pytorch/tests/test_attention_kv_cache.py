@@ -1,7 +1,7 @@
 """InferenceParams: decoding token by token with the KV cache equals the
 full-sequence causal attention, for a TransformerLayer with rotary
 embeddings, sequences of different prompt lengths, a sequence leaving the
-batch, both backends and both input layouts."""
+batch, contiguous and paged caches, both backends and both input layouts."""
 
 from __future__ import annotations
 
@@ -52,7 +52,8 @@ def _rows(out, fmt, lens):
 
 
 @pytest.mark.parametrize("fmt", ["bshd", "sbhd"])
-def test_decoding_equals_full_attention(backend, fmt):
+@pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
+def test_decoding_equals_full_attention(backend, fmt, paged):
     layer = te.TransformerLayer(
         H,
         F,
@@ -67,7 +68,7 @@ def test_decoding_equals_full_attention(backend, fmt):
     seqs = {0: torch.randn(L, H), 1: torch.randn(L, H), 2: torch.randn(L, H)}
     with torch.no_grad():
         want = {i: _full(layer, x, freqs, fmt) for i, x in seqs.items()}
-        params = InferenceParamsFor(fmt)
+        params = InferenceParamsFor(fmt, paged)
         pos = {0: 3, 1: 5, 2: 2}  # prompt lengths
         params.pre_step(OrderedDict(pos))
         out = layer(
@@ -94,17 +95,21 @@ def test_decoding_equals_full_attention(backend, fmt):
                 pos[i] += 1
 
 
-def InferenceParamsFor(fmt):
-    return te.InferenceParams(3, L, num_heads_kv=GROUPS, head_dim_k=H // HEADS, dtype=torch.float32, qkv_format=fmt)
+def InferenceParamsFor(fmt, paged):
+    pages = dict(is_paged=True, page_size=3, total_num_pages=9) if paged else {}
+    return te.InferenceParams(
+        3, L, num_heads_kv=GROUPS, head_dim_k=H // HEADS, dtype=torch.float32, qkv_format=fmt, **pages
+    )
 
 
 def test_inference_params_errors():
     with pytest.raises(ValueError, match="num_heads_kv"):
         te.InferenceParams(2, 8)
-    with pytest.raises(NotImplementedError, match="paged"):
-        te.InferenceParams(
-            2, 8, num_heads_kv=1, head_dim_k=4, dtype=torch.float32, is_paged=True, page_size=4, total_num_pages=4
-        )
+    paged = dict(num_heads_kv=1, head_dim_k=4, dtype=torch.float32, is_paged=True)
+    with pytest.raises(ValueError, match="total_num_pages"):
+        te.InferenceParams(2, 8, page_size=4, total_num_pages=3, **paged)
+    with pytest.raises(ValueError, match="page_size"):
+        te.InferenceParams(2, 8, page_size=3, total_num_pages=4, **paged)
     params = te.InferenceParams(1, 4, num_heads_kv=1, head_dim_k=4, dtype=torch.float32)
     with pytest.raises(ValueError, match="max_sequence_length"):
         params.pre_step(OrderedDict({0: 5}))

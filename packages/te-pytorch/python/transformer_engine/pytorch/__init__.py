@@ -17,7 +17,7 @@ gelu, relu, silu, qgelu, srelu and the gated geglu, reglu, swiglu, qgeglu,
 sreglu, glu, clamped_swiglu), LayerNorm, RMSNorm; DotProductAttention (te-core's fused attention op or
 an unfused torch backend), MultiheadAttention, TransformerLayer,
 RotaryPositionEmbedding / attention.rope.apply_rotary_pos_emb and
-InferenceParams (KV cache); autocast (and the deprecated
+InferenceParams (KV cache, contiguous or paged); autocast (and the deprecated
 fp8_autocast) and quantized_model_init (te.Linear weights held only in a
 quantized format; the deprecated fp8_model_init) with DelayedScaling,
 Float8CurrentScaling and the block-scaled recipes MXFP8BlockScaling,

@@ -15,7 +15,7 @@ of those queries. The cache is [max_batch_size, max_sequence_length, hk, d]
 per layer ("bshd"), allocated on the first keys' device. When a sequence
 leaves the batch (missing from step_dict) the cache rows of the remaining
 ones are moved up so that batch index i is the i-th sequence of step_dict.
-A paged cache (is_paged=True) is not yet supported.
+With is_paged=True the cache is a pool of pages per layer (PagedKVCacheManager).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from collections import OrderedDict
 
 import torch
 
-__all__ = ["InferenceParams", "KVCacheManager", "NonPagedKVCacheManager"]
+__all__ = ["InferenceParams", "KVCacheManager", "NonPagedKVCacheManager", "PagedKVCacheManager"]
 
 _FORMATS = ("bshd", "sbhd", "thd")
 
@@ -118,16 +118,103 @@ class NonPagedKVCacheManager(KVCacheManager):
         batch = len(self.sequences)
         for i in range(batch):
             n, end = new_lens[i], total_lens[i]
-            if qkv_format == "bshd":
-                nk, nv = new_k[i, :n], new_v[i, :n]
-            elif qkv_format == "sbhd":
-                nk, nv = new_k[:n, i], new_v[:n, i]
-            else:
-                start = int(cu_new_seqlens[i])
-                nk, nv = new_k[start : start + n], new_v[start : start + n]
+            nk, nv = _new_tokens(new_k, new_v, i, n, cu_new_seqlens, qkv_format)
             k[i, end - n : end] = nk.to(k.dtype)
             v[i, end - n : end] = nv.to(v.dtype)
         return k[:batch], v[:batch]
+
+
+class PagedKVCacheManager(KVCacheManager):
+    """A pool of total_num_pages pages of page_size tokens per layer
+    ([pages, page_size, heads, head_dim]); each sequence holds the pages of
+    its page_table row, taken from the pool as it grows and returned when it
+    leaves the batch. The backends have no paged kernels, so step() returns
+    the batch's pages gathered into [batch, max_pages * page_size, heads, d]
+    (what the reference does for backends without paged support)."""
+
+    def __init__(
+        self, total_num_pages, page_size, num_heads, head_dim_k, dtype, max_batch_size, max_seqlen, head_dim_v=None
+    ):
+        super().__init__()
+        self.total_num_pages = total_num_pages
+        self.page_size = page_size
+        self.num_heads = num_heads
+        self.head_dim_k = head_dim_k
+        self.head_dim_v = head_dim_k if head_dim_v is None else head_dim_v
+        self.dtype = dtype
+        self.max_batch_size = max_batch_size
+        self.max_seqlen = max_seqlen
+        self.max_pages_per_seq = max_seqlen // page_size
+        self.reset()
+
+    def reset(self):
+        super().reset()
+        self.free_pages = list(range(self.total_num_pages))
+        self.allocated_pages = {}
+        self.page_table = torch.zeros(self.max_batch_size, self.max_pages_per_seq, dtype=torch.int32)
+
+    def allocate_memory(self, layer_number, device=None):
+        if device is None:
+            device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        shape = (self.total_num_pages, self.page_size, self.num_heads)
+        k = torch.zeros(*shape, self.head_dim_k, dtype=self.dtype, device=device)
+        v = torch.zeros(*shape, self.head_dim_v, dtype=self.dtype, device=device)
+        self.cache[layer_number] = (k, v)
+
+    def _grow(self, seq, length):
+        pages = self.allocated_pages.setdefault(seq, [])
+        need = -(-length // self.page_size)
+        if need > self.max_pages_per_seq:
+            raise ValueError(
+                f"InferenceParams: a sequence grows to {length} tokens, max_sequence_length is {self.max_seqlen}"
+            )
+        while len(pages) < need:
+            if not self.free_pages:
+                raise RuntimeError("InferenceParams: the paged KV cache is full (no free page left)")
+            pages.append(self.free_pages.pop(0))
+
+    def pre_step(self, step_dict: OrderedDict):
+        for s in [s for s in self.sequences if s not in step_dict]:
+            self.sequences.pop(s)
+            self.free_pages.extend(self.allocated_pages.pop(s))
+        for s, n in step_dict.items():
+            self.sequences[s] = self.sequences.get(s, 0) + n
+            self._grow(s, self.sequences[s])
+        self.page_table.zero_()
+        for i, s in enumerate(self.sequences):
+            pages = self.allocated_pages[s]
+            self.page_table[i, : len(pages)] = torch.tensor(pages, dtype=torch.int32)
+        return self.sequences
+
+    def step(self, layer_number, new_k, new_v, cu_new_seqlens, cu_cached_seqlens, qkv_format):
+        k, v = self.cache.get(layer_number, (None, None))
+        if k is None or k.device != new_k.device:
+            self.allocate_memory(layer_number, new_k.device)
+            k, v = self.cache[layer_number]
+        new_lens = (cu_new_seqlens[1:] - cu_new_seqlens[:-1]).tolist()
+        total_lens = (cu_cached_seqlens[1:] - cu_cached_seqlens[:-1]).tolist()
+        batch = len(self.sequences)
+        table = self.page_table[:batch].to(torch.long)
+        for i in range(batch):
+            n, end = new_lens[i], total_lens[i]
+            nk, nv = _new_tokens(new_k, new_v, i, n, cu_new_seqlens, qkv_format)
+            pos = torch.arange(end - n, end)
+            pages, slots = table[i, pos // self.page_size].to(k.device), (pos % self.page_size).to(k.device)
+            k[pages, slots] = nk.to(k.dtype)
+            v[pages, slots] = nv.to(v.dtype)
+        index = table.to(k.device).flatten()
+        gathered = [c[index].reshape(batch, self.max_pages_per_seq * self.page_size, *c.shape[2:]) for c in (k, v)]
+        return gathered[0], gathered[1]
+
+
+def _new_tokens(new_k, new_v, i, n, cu_new_seqlens, qkv_format):
+    """Sequence i's n new keys and values, [n, heads, d]."""
+    if qkv_format == "bshd":
+        return new_k[i, :n], new_v[i, :n]
+    if qkv_format == "sbhd":
+        return new_k[:n, i], new_v[:n, i]
+    start = int(cu_new_seqlens[i])
+    return new_k[start : start + n], new_v[start : start + n]
 
 
 class InferenceParams:
@@ -157,10 +244,17 @@ class InferenceParams:
         if any(x is None for x in (num_heads_kv, head_dim_k, dtype)):
             raise ValueError("InferenceParams: num_heads_kv, head_dim_k and dtype are required")
         if is_paged:
-            raise NotImplementedError(
-                "InferenceParams: is_paged=True (a paged KV cache) is not yet supported by "
-                "transformer_engine.pytorch; use the default non-paged cache"
-            )
+            if page_size is None or max_sequence_length % page_size:
+                raise ValueError(
+                    f"InferenceParams: a paged cache needs page_size dividing max_sequence_length="
+                    f"{max_sequence_length}, got page_size={page_size}"
+                )
+            if total_num_pages != max_batch_size * (max_sequence_length // page_size):
+                raise ValueError(
+                    "InferenceParams: a paged cache needs total_num_pages = max_batch_size * "
+                    f"max_sequence_length / page_size = {max_batch_size * (max_sequence_length // page_size)}, "
+                    f"got {total_num_pages}"
+                )
         if qkv_format not in _FORMATS:
             raise ValueError(f"InferenceParams: qkv_format must be one of {_FORMATS}, got {qkv_format!r}")
         if qkv_format == "thd" and max_ctx_len is None:
@@ -171,17 +265,23 @@ class InferenceParams:
         self.head_dim_k = head_dim_k
         self.head_dim_v = head_dim_k if head_dim_v is None else head_dim_v
         self.dtype = dtype
-        self.is_paged = False
+        self.is_paged = is_paged
         self.max_ctx_len = max_ctx_len
-        manager = NonPagedKVCacheManager if custom_cache_manager is None else custom_cache_manager
-        self.cache_manager = manager(
-            max_batch_size=max_batch_size,
-            max_seqlen=max_sequence_length,
+        common = dict(
             num_heads=num_heads_kv,
             head_dim_k=head_dim_k,
             dtype=dtype,
             head_dim_v=self.head_dim_v,
+            max_batch_size=max_batch_size,
+            max_seqlen=max_sequence_length,
         )
+        if is_paged:
+            self.page_size, self.total_num_pages = page_size, total_num_pages
+            manager = PagedKVCacheManager if custom_cache_manager is None else custom_cache_manager
+            self.cache_manager = manager(total_num_pages=total_num_pages, page_size=page_size, **common)
+        else:
+            manager = NonPagedKVCacheManager if custom_cache_manager is None else custom_cache_manager
+            self.cache_manager = manager(**common)
         self.cache_qkv_format = "bshd"
         self.input_qkv_format = qkv_format
         self.output_qkv_format = self._output_format(qkv_format)
