@@ -24,7 +24,7 @@ import collections
 import torch
 
 from ..module import LayerNorm, LayerNormLinear, Linear, RMSNorm
-from ..module.base import not_yet_supported, reject_tp_group
+from ..module.base import not_yet_supported, reject_tp_group, resolve_device
 from .dot_product_attention import DotProductAttention
 from .rope import apply_rotary_pos_emb
 
@@ -215,6 +215,8 @@ class MultiheadAttention(torch.nn.Module):
             softmax_type=softmax_type,
             get_rng_state_tracker=get_rng_state_tracker,
         )
+        if self.core_attention.softmax_offset is not None:  # (learnable softmax: on this module's device)
+            self.core_attention.to(torch.device("meta") if device == "meta" else resolve_device(device))
         self.proj = Linear(
             self.hidden_size_q,
             hidden_size,
