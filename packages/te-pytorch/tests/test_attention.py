@@ -420,3 +420,24 @@ def test_fused_ops_opcheck():
     o, lse = torch.ops.te.attention_fwd(*args)
     bargs = (q, k, v, o, torch.randn_like(o), lse, bias, None, None, None, None, None, None, None, None, *scalars)
     torch.library.opcheck(torch.ops.te.attention_bwd, bargs)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_16bit_forward_backward(backend, dtype):
+    """16-bit q/k/v/dO (exact in the oracle), FP32 arithmetic, each result rounded
+    once to the 16-bit type: within 2 units of its roundoff of the largest value
+    (one rounding plus FP32 accumulation, far below it at these sizes)."""
+    b, s, h, hk, d = 2, 7, 4, 2, 16
+    q, k, v, lq, lkv = _case(b, s, s, h, hk, d, d, True)
+    q, k, v = (t.to(dtype).double() for t in (q, k, v))
+    g = torch.randn(b, s, h * d, dtype=torch.float64).to(dtype).double()
+    qs, ks, vs = (t.to(dtype).requires_grad_() for t in (q, k, v))
+    dpa = te.DotProductAttention(h, d, num_gqa_groups=hk, attn_mask_type="padding_causal", qkv_format="bshd")
+    out = dpa(qs, ks, vs, cu_seqlens_q=_cu(lq), cu_seqlens_kv=_cu(lkv))
+    assert out.dtype == dtype
+    out.backward(g.to(dtype))
+    want = _oracle(q, k, v, lq, lkv, g, mask_type="padding_causal", bottom_right=False)
+    u = 2.0**-8 if dtype == torch.bfloat16 else 2.0**-11
+    for got, ref in zip((out, qs.grad, ks.grad, vs.grad), want):
+        assert got.dtype == dtype
+        assert (got.double() - ref).abs().max() <= 2 * u * ref.abs().max() + 1e-6
