@@ -18,7 +18,9 @@ import os
 
 from ...kernels import attention as kernels
 from . import fused
-from .unfused import AttnConfig
+from .unfused import AttnConfig, UnfusedDotProductAttention
+
+__all__ = ["UnfusedDotProductAttention", "select_backend"]  # (the reference defines the unfused class here)
 
 
 def _enabled(name: str) -> bool:
