@@ -264,8 +264,8 @@ class _Definition:
     """What te_op reads from one implementation: how its arguments map to the
     op's (groups flattened, keyword-only ones positional) and what it returns."""
 
-    def __init__(self, impl):
-        self.sig = inspect.signature(impl, eval_str=True)
+    def __init__(self, impl, signature=None):
+        self.sig = inspect.signature(impl, eval_str=True) if signature is None else signature
         self.kinds = _output_kinds(self.sig.return_annotation)
         self.op_sig = _op_signature(self.sig)
         P = inspect.Parameter
@@ -328,7 +328,17 @@ class _Definition:
         return impl(*args, **kwargs)
 
 
-def te_op(name: str, *, mutates_args: tuple[str, ...] = (), shapes=None):
+def signature_without(public, *names: str, returns=inspect.Parameter.empty) -> inspect.Signature:
+    """The signature of te_op's `public` function less the parameters `names`
+    (and with the return annotation `returns` if given): the schema of an op
+    that is another one with some arguments fixed (RMSNorm: LayerNorm without
+    beta), for te_op(signature=...)."""
+    sig = inspect.signature(public.__wrapped__, eval_str=True)
+    sig = sig.replace(parameters=[p for p in sig.parameters.values() if p.name not in names])
+    return sig if returns is inspect.Parameter.empty else sig.replace(return_annotation=returns)
+
+
+def te_op(name: str, *, mutates_args: tuple[str, ...] = (), shapes=None, signature=None):
     """Decorator: the implementation `impl` becomes the public function of op
     torch.ops.te.<name>.
 
@@ -341,11 +351,12 @@ def te_op(name: str, *, mutates_args: tuple[str, ...] = (), shapes=None):
     None where impl returns None or information (no rule: impl returns None or
     information only). The public function calls impl directly in eager mode
     (no dispatcher: tens of microseconds less per call) and the registered op
-    while torch.compile traces.
+    while torch.compile traces. `signature` (see signature_without) replaces
+    impl's own, for an impl that takes **kwargs on to another op's.
     """
 
     def define(impl):
-        d = _Definition(impl)
+        d = _Definition(impl, signature)
         kinds = d.kinds
 
         def body(*args, **kwargs):
@@ -375,6 +386,8 @@ def te_op(name: str, *, mutates_args: tuple[str, ...] = (), shapes=None):
             return impl(*args, **kwargs)
 
         public.op = op
+        if signature is not None:
+            public.__signature__ = signature
         return public
 
     return define

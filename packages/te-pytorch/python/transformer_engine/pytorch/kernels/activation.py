@@ -29,7 +29,18 @@ from torch import Tensor
 from transformer_engine.core import lib
 from transformer_engine.core.activation import ACTIVATIONS
 
-from ._common import FLOAT32, TORCH_TO_CODE, contiguous, desc, hp_desc, matrix_t_shape, stream_of, te_op, workspace
+from ._common import (
+    FLOAT32,
+    TORCH_TO_CODE,
+    contiguous,
+    desc,
+    hp_desc,
+    matrix_t_shape,
+    signature_without,
+    stream_of,
+    te_op,
+    workspace,
+)
 from .cast import _check_fp8, fp8_shapes
 
 _GATED_FIRST = 5  # te_activation codes >= 5 are the gated kinds
@@ -133,68 +144,9 @@ def activation_fwd(
     return row, col, scale_inv
 
 
-def _activation_bwd(dy, x, kind, out_dtype, fp8_dtype, scale, amax, rowwise, columnwise, dbias, params, fwd=None):
-    """params: (limit, alpha, glu_linear_offset); fwd: None, or (fwd_fp8_dtype,
-    fwd_scale, fwd_values_dtype) for the forward output's FP8 columnwise copy
-    written in the same pass; then also returns (its bytes, its scale_inv)."""
-    code = _code(kind)
-    dy, x = contiguous(dy), contiguous(x)
-    x_desc, dy_desc = hp_desc(x, "x"), hp_desc(dy, "dy")
-    if tuple(dy.shape) != _out_shape(x, code):
-        raise ValueError(
-            f"argument 'dy' must have the forward output's shape {_out_shape(x, code)}, got {tuple(dy.shape)}"
-        )
-    out_dtype = x.dtype if out_dtype is None else out_dtype
-    row, col, scale_inv, descs = _outputs(x.shape, x, out_dtype, fp8_dtype, scale, rowwise, columnwise)
-    bias = torch.empty((x.shape[-1],), dtype=torch.float32, device=x.device) if dbias else None
-    stream = stream_of(x)
-    ws = workspace(lib.activation_bwd_workspace_size(x_desc, dbias), x, stream) if (dbias and x.is_cuda) else None
-    args = (
-        code,
-        dy_desc,
-        x_desc,
-        *descs,
-        None if amax is None else desc(amax, FLOAT32),
-        None if bias is None else desc(bias, FLOAT32),
-        ws,
-    )
-    if fwd is None:
-        lib.activation_bwd(*args, *params, stream)
-        return row, col, scale_inv, bias
-    if fwd[0] < 0 or fwd[1] is None:
-        raise ValueError("the forward columnwise copy needs an FP8 'fwd_fp8_dtype' and 'fwd_scale'")
-    _, fwd_col, fwd_scale_inv, fwd_descs = _outputs(_out_shape(x, code), x, None, fwd[0], fwd[1], False, True)
-    values = TORCH_TO_CODE.get(fwd[2])
-    if values is None:
-        raise TypeError(f"argument 'fwd_values_dtype' must be float32, bfloat16 or float16, got {fwd[2]}")
-    lib.activation_bwd_with_fwd_columnwise(*args, *fwd_descs[1:], values, *params, stream)
-    return row, col, scale_inv, bias, fwd_col, fwd_scale_inv
-
-
-@te_op("activation_bwd", mutates_args=("amax",), shapes=_bwd_shapes)
-def activation_bwd(
-    dy: Tensor,
-    x: Tensor,
-    kind: str,
-    *,
-    out_dtype: torch.dtype | None = None,
-    fp8_dtype: int = -1,
-    scale: Tensor | None = None,
-    amax: Tensor | None = None,
-    rowwise: bool = True,
-    columnwise: bool = False,
-    dbias: bool = False,
-    limit: float = 7.0,
-    alpha: float = 1.702,
-    glu_linear_offset: float = 1.0,
-) -> _Grads:
-    """dL/dx = dy * f'(x) (gated kinds: both halves), see the module docstring.
-
-    Returns (rowwise | None, columnwise | None, scale_inv | None, dbias | None);
-    the outputs are described as in `activation_fwd`, dbias is FP32 [K].
-    """
-    params = (limit, alpha, glu_linear_offset)
-    return _activation_bwd(dy, x, kind, out_dtype, fp8_dtype, scale, amax, rowwise, columnwise, dbias, params)
+# fwd_fp8_dtype of activation_bwd's call of the fused implementation: no
+# forward copy (a private value: a caller's -1 or None is refused).
+_NO_FORWARD_COPY = object()
 
 
 @te_op("activation_bwd_fwd_columnwise", mutates_args=("amax",), shapes=_bwd_shapes)
@@ -227,6 +179,58 @@ def activation_bwd_fwd_columnwise(
     Returns (rowwise | None, columnwise | None, scale_inv | None, dbias | None,
     fwd_columnwise, fwd_scale_inv).
     """
+    plain = fwd_fp8_dtype is _NO_FORWARD_COPY
+    if not plain and (fwd_fp8_dtype is None or fwd_fp8_dtype < 0 or fwd_scale is None):
+        raise ValueError("the forward columnwise copy needs an FP8 'fwd_fp8_dtype' and 'fwd_scale'")
+    code = _code(kind)
+    dy, x = contiguous(dy), contiguous(x)
+    x_desc, dy_desc = hp_desc(x, "x"), hp_desc(dy, "dy")
+    if tuple(dy.shape) != _out_shape(x, code):
+        raise ValueError(
+            f"argument 'dy' must have the forward output's shape {_out_shape(x, code)}, got {tuple(dy.shape)}"
+        )
+    out_dtype = x.dtype if out_dtype is None else out_dtype
+    row, col, scale_inv, descs = _outputs(x.shape, x, out_dtype, fp8_dtype, scale, rowwise, columnwise)
+    bias = torch.empty((x.shape[-1],), dtype=torch.float32, device=x.device) if dbias else None
+    stream = stream_of(x)
+    ws = workspace(lib.activation_bwd_workspace_size(x_desc, dbias), x, stream) if (dbias and x.is_cuda) else None
+    args = (
+        code,
+        dy_desc,
+        x_desc,
+        *descs,
+        None if amax is None else desc(amax, FLOAT32),
+        None if bias is None else desc(bias, FLOAT32),
+        ws,
+    )
     params = (limit, alpha, glu_linear_offset)
-    fwd = (fwd_fp8_dtype, fwd_scale, fwd_values_dtype)
-    return _activation_bwd(dy, x, kind, out_dtype, fp8_dtype, scale, amax, rowwise, columnwise, dbias, params, fwd)
+    if plain:
+        lib.activation_bwd(*args, *params, stream)
+        return row, col, scale_inv, bias
+    out_shape = _out_shape(x, code)
+    _, fwd_col, fwd_scale_inv, fwd_descs = _outputs(out_shape, x, None, fwd_fp8_dtype, fwd_scale, False, True)
+    values = TORCH_TO_CODE.get(fwd_values_dtype)
+    if values is None:
+        raise TypeError(f"argument 'fwd_values_dtype' must be float32, bfloat16 or float16, got {fwd_values_dtype}")
+    lib.activation_bwd_with_fwd_columnwise(*args, *fwd_descs[1:], values, *params, stream)
+    return row, col, scale_inv, bias, fwd_col, fwd_scale_inv
+
+
+@te_op(
+    "activation_bwd",
+    mutates_args=("amax",),
+    shapes=_bwd_shapes,
+    signature=signature_without(
+        activation_bwd_fwd_columnwise, "fwd_fp8_dtype", "fwd_scale", "fwd_values_dtype", returns=_Grads
+    ),
+)
+def activation_bwd(dy, x, kind, **kwargs):
+    """dL/dx = dy * f'(x) (gated kinds: both halves), see the module docstring;
+    the keyword arguments are activation_bwd_fwd_columnwise's but the fwd_* ones.
+
+    Returns (rowwise | None, columnwise | None, scale_inv | None, dbias | None);
+    the outputs are described as in `activation_fwd`, dbias is FP32 [K].
+    """
+    return activation_bwd_fwd_columnwise.__wrapped__(
+        dy, x, kind, fwd_fp8_dtype=_NO_FORWARD_COPY, fwd_scale=None, **kwargs
+    )

@@ -88,51 +88,19 @@ _WORKSPACE_BYTES: dict[tuple, int] = {}
 _MAX_CACHED_SIZES = 4096
 
 
-def _workspace_bytes(key, descs, alpha, beta, transa, transb, split) -> int:
+def _workspace_bytes(key, descs, flags) -> int:
     nbytes = _WORKSPACE_BYTES.get(key)
     if nbytes is None:
-        a_desc, b_desc, d_desc, a_sdesc, b_sdesc, c_desc, bias_desc, pre_desc, grad_desc = descs
-        nbytes = lib.gemm_workspace_size(
-            a_desc,
-            b_desc,
-            d_desc,
-            a_sdesc,
-            b_sdesc,
-            c_desc,
-            None,
-            None,
-            bias_desc,
-            pre_desc,
-            grad_desc,
-            alpha,
-            beta,
-            transa,
-            transb,
-            split,
-        )
+        nbytes = lib.gemm_workspace_size(*descs, *flags)
         if len(_WORKSPACE_BYTES) >= _MAX_CACHED_SIZES:  # (many distinct shapes: start over)
             _WORKSPACE_BYTES.clear()
         _WORKSPACE_BYTES[key] = nbytes
     return nbytes
 
 
-def _run(
-    a,
-    b,
-    d,
-    a_dtype,
-    a_scale_inv,
-    b_dtype,
-    b_scale_inv,
-    transa,
-    transb,
-    bias,
-    pre_gelu,
-    bias_grad,
-    alpha,
-    beta,
-    use_split_accumulator,
-):
+def _run(a, b, d, operands, bias, pre_gelu, bias_grad, alpha, beta, use_split_accumulator):
+    """te_gemm into d; operands = (a_dtype, a_scale_inv, b_dtype, b_scale_inv, transa, transb)."""
+    a_dtype, a_scale_inv, b_dtype, b_scale_inv, transa, transb = operands
     if not a.is_contiguous():
         a = a.contiguous()
     if not b.is_contiguous():
@@ -146,12 +114,14 @@ def _run(
     bias_desc = None if bias is None else desc(bias, TORCH_TO_CODE[bias.dtype])
     pre_desc = None if pre_gelu is None else desc(pre_gelu, TORCH_TO_CODE[pre_gelu.dtype])
     grad_desc = None if bias_grad is None else desc(bias_grad, TORCH_TO_CODE[bias_grad.dtype])
+    # te_gemm's arguments: the descriptors (C, then no D scale / amax), then the flags.
+    descs = (a_desc, b_desc, d_desc, a_sdesc, b_sdesc, c_desc, None, None, bias_desc, pre_desc, grad_desc)
+    flags = (alpha, beta, transa, transb, use_split_accumulator)
     ws = None
     stream = 0
     device = a.get_device()  # (-1 on the CPU; an int, cheaper than a.device.index)
     if device >= 0:
         stream = torch._C._cuda_getCurrentRawStream(device)
-        descs = (a_desc, b_desc, d_desc, a_sdesc, b_sdesc, c_desc, bias_desc, pre_desc, grad_desc)
         key = (
             a.shape,
             b.shape,
@@ -167,28 +137,8 @@ def _run(
             use_split_accumulator,
             device,
         )
-        nbytes = _workspace_bytes(key, descs, alpha, beta, transa, transb, use_split_accumulator)
-        ws = workspace(nbytes, a, stream)
-    lib.gemm(
-        a_desc,
-        b_desc,
-        d_desc,
-        a_sdesc,
-        b_sdesc,
-        c_desc,
-        None,
-        None,
-        bias_desc,
-        pre_desc,
-        grad_desc,
-        ws,
-        alpha,
-        beta,
-        transa,
-        transb,
-        use_split_accumulator,
-        stream,
-    )
+        ws = workspace(_workspace_bytes(key, descs, flags), a, stream)
+    lib.gemm(*descs, ws, *flags, stream)
 
 
 def _gemm_shapes(a):
@@ -230,23 +180,8 @@ def gemm(
     d = torch.empty(*shape, dtype=out_dtype, device=device)
     pre = torch.empty(m, n, dtype=out_dtype, device=device) if gelu else None
     grad = torch.empty(m, dtype=out_dtype, device=device) if bias_grad else None
-    _run(
-        a,
-        b,
-        d,
-        a_dtype,
-        a_scale_inv,
-        b_dtype,
-        b_scale_inv,
-        transa,
-        transb,
-        bias,
-        pre,
-        grad,
-        alpha,
-        0.0,
-        use_split_accumulator,
-    )
+    operands = (a_dtype, a_scale_inv, b_dtype, b_scale_inv, transa, transb)
+    _run(a, b, d, operands, bias, pre, grad, alpha, 0.0, use_split_accumulator)
     return d, pre, grad
 
 
@@ -273,21 +208,6 @@ def gemm_accumulate(
     _, m, n = _out_shape(a, b, transa, transb)
     check_accumulate_out(out, m, n)
     grad = torch.empty(m, dtype=out.dtype, device=a.device) if bias_grad else None
-    _run(
-        a,
-        b,
-        out,
-        a_dtype,
-        a_scale_inv,
-        b_dtype,
-        b_scale_inv,
-        transa,
-        transb,
-        None,
-        None,
-        grad,
-        1.0,
-        beta,
-        use_split_accumulator,
-    )
+    operands = (a_dtype, a_scale_inv, b_dtype, b_scale_inv, transa, transb)
+    _run(a, b, out, operands, None, None, grad, 1.0, beta, use_split_accumulator)
     return grad
