@@ -156,3 +156,9 @@ def test_cuda_tensors_need_a_cuda_build():
     dv = lib.TensorDesc(v.ctypes.data, 4, list(v.shape), 1, 0)
     with pytest.raises(NotImplementedError, match="no CUDA backend"):
         lib.attention_backend(dq, dk, dv, qkv_format=0, mask_type=0, scale=1.0)
+
+
+def test_bias_keeps_its_type():
+    q, k, v = qkv(dtype=ml_dtypes.bfloat16)
+    with pytest.raises(TypeError, match="argument 'bias' must have the type of 'q' \\(bfloat16\\), got float32"):
+        tec.attention_fwd(q, k, v, attn_bias_type="post_scale_bias", attn_bias=np.zeros((1, 4, 4, 5), np.float32))

@@ -195,9 +195,8 @@ def _op_return(kinds):
     """The registered op's return annotation: the tensor outputs only."""
     if kinds is None or kinds == _INFO:
         return None
-    if isinstance(kinds, str):
-        return torch.Tensor
-    return tuple[tuple(torch.Tensor for k in kinds if k != _INFO)]
+    n = 1 if isinstance(kinds, str) else sum(k != _INFO for k in kinds)
+    return torch.Tensor if n == 1 else tuple[(torch.Tensor,) * n]
 
 
 def _to_op(result, kinds, like):
@@ -206,7 +205,8 @@ def _to_op(result, kinds, like):
         return None
     if isinstance(kinds, str):
         return placeholder(like) if result is None else result
-    return tuple(placeholder(like) if r is None else r for r, k in zip(result, kinds) if k != _INFO)
+    out = tuple(placeholder(like) if r is None else r for r, k in zip(result, kinds) if k != _INFO)
+    return out[0] if len(out) == 1 else out
 
 
 def _from_op(result, kinds):
@@ -215,6 +215,8 @@ def _from_op(result, kinds):
         return None
     if isinstance(kinds, str):
         return None if kinds == _OPTIONAL and result.dtype == PLACEHOLDER_DTYPE else result
+    if sum(k != _INFO for k in kinds) == 1:
+        result = (result,)
     out, i = [], 0
     for k in kinds:
         if k == _INFO:
@@ -231,68 +233,145 @@ def _make(spec, like):
     return None if spec is None else like.new_empty(tuple(spec[0]), dtype=spec[1])
 
 
+def _group_fields(annotation):
+    """[(field, annotation)] of a NamedTuple parameter type (a group of op
+    arguments such as a block GEMM operand), else None."""
+    if isinstance(annotation, type) and issubclass(annotation, tuple) and hasattr(annotation, "_fields"):
+        hints = typing.get_type_hints(annotation)
+        return [(f, hints[f]) for f in annotation._fields]
+    return None
+
+
 def _op_signature(sig: inspect.Signature) -> inspect.Signature:
-    """impl's signature as the op's: torch.library takes no keyword-only tensors,
+    """impl's signature as the op's. A NamedTuple parameter `a` becomes one
+    parameter a_<field> per field. torch.library takes no keyword-only tensors,
     so keyword-only parameters become positional ones after the others (the
     required ones first). The public function keeps impl's signature."""
     P = inspect.Parameter
-    params = list(sig.parameters.values())
-    positional = [p for p in params if p.kind != P.KEYWORD_ONLY]
-    keyword = [p for p in params if p.kind == P.KEYWORD_ONLY]
+    positional, keyword = [], []
+    for p in sig.parameters.values():
+        fields = _group_fields(p.annotation)
+        if fields is None:
+            (keyword if p.kind == P.KEYWORD_ONLY else positional).append(p)
+        else:
+            positional += [P(f"{p.name}_{f}", P.POSITIONAL_OR_KEYWORD, annotation=t) for f, t in fields]
     keyword.sort(key=lambda p: p.default is not P.empty)
     ordered = positional + [p.replace(kind=P.POSITIONAL_OR_KEYWORD) for p in keyword]
     return sig.replace(parameters=ordered, return_annotation=_op_return(_output_kinds(sig.return_annotation)))
 
 
-def te_op(name: str, *, mutates_args: tuple[str, ...] = (), shapes=None):
+class _Definition:
+    """What te_op reads from one implementation: how its arguments map to the
+    op's (groups flattened, keyword-only ones positional) and what it returns."""
+
+    def __init__(self, impl, signature=None):
+        self.sig = inspect.signature(impl, eval_str=True) if signature is None else signature
+        self.kinds = _output_kinds(self.sig.return_annotation)
+        self.op_sig = _op_signature(self.sig)
+        P = inspect.Parameter
+        params = list(self.sig.parameters.values())
+        self.n_positional = sum(p.kind != P.KEYWORD_ONLY for p in params)
+        self.groups = {i: p.name for i, p in enumerate(params) if _group_fields(p.annotation) is not None}
+        op_params = list(self.op_sig.parameters.values())
+        n_keyword = len(params) - self.n_positional  # (impl's keyword-only ones: the op's last, reordered)
+        self.keyword_names = [p.name for p in op_params[len(op_params) - n_keyword :]]
+        tensors = [i for i, p in enumerate(op_params) if p.annotation is torch.Tensor]
+        self.like = (tensors[0], op_params[tensors[0]].name) if tensors else None
+
+    def like_of(self, args, kwargs):
+        """The first tensor argument of an op call: where outputs and placeholders go."""
+        if self.like is None:
+            return None
+        index, name = self.like
+        return args[index] if index < len(args) else kwargs[name]
+
+    def flatten(self, args, kwargs):
+        """A public call's arguments as the op's (groups spread into their fields)."""
+        if not self.groups:
+            return args, kwargs
+        flat = []
+        for i, value in enumerate(args):
+            if i in self.groups:
+                flat.extend(value)
+            else:
+                flat.append(value)
+        for name in self.groups.values():
+            if name in kwargs:
+                group = kwargs.pop(name)
+                kwargs.update((f"{name}_{f}", v) for (f, _), v in zip(_group_fields(self._ann(name)), group))
+        return tuple(flat), kwargs
+
+    def _ann(self, name):
+        return self.sig.parameters[name].annotation
+
+    def impl_arguments(self, args, kwargs) -> dict:
+        """An op call's arguments as impl's, by name (defaults applied, groups rebuilt)."""
+        bound = self.op_sig.bind(*args, **kwargs)
+        bound.apply_defaults()
+        values = bound.arguments
+        out = {}
+        for name, p in self.sig.parameters.items():
+            fields = _group_fields(p.annotation)
+            if fields is None:
+                out[name] = values[name]
+            else:
+                out[name] = p.annotation(*(values[f"{name}_{f}"] for f, _ in fields))
+        return out
+
+    def impl_call(self, impl, args, kwargs):
+        """impl called with an op call's arguments."""
+        if self.groups:
+            return impl(**self.impl_arguments(args, kwargs))
+        if len(args) > self.n_positional:  # (the dispatcher passes impl's keyword-only ones positionally)
+            kwargs.update(zip(self.keyword_names, args[self.n_positional :]))
+            args = args[: self.n_positional]
+        return impl(*args, **kwargs)
+
+
+def signature_without(public, *names: str, returns=inspect.Parameter.empty) -> inspect.Signature:
+    """The signature of te_op's `public` function less the parameters `names`
+    (and with the return annotation `returns` if given): the schema of an op
+    that is another one with some arguments fixed (RMSNorm: LayerNorm without
+    beta), for te_op(signature=...)."""
+    sig = inspect.signature(public.__wrapped__, eval_str=True)
+    sig = sig.replace(parameters=[p for p in sig.parameters.values() if p.name not in names])
+    return sig if returns is inspect.Parameter.empty else sig.replace(return_annotation=returns)
+
+
+def te_op(name: str, *, mutates_args: tuple[str, ...] = (), shapes=None, signature=None):
     """Decorator: the implementation `impl` becomes the public function of op
     torch.ops.te.<name>.
 
     The op's schema is inferred from impl's signature (torch.library.custom_op;
-    keyword-only parameters become positional ones at the end, see
-    _op_signature); `mutates_args` names the tensors it writes in place.
-    `shapes(a)` is the shape rule of the fake kernel: `a` has the op's arguments
+    see _op_signature for NamedTuple groups and keyword-only parameters);
+    `mutates_args` names the tensors it writes in place (op-level names).
+    `shapes(a)` is the shape rule of the fake kernel: `a` has impl's arguments
     as attributes (defaults applied) and the rule returns what impl returns,
     each tensor as (shape, dtype) (on the first tensor argument's device) and
-    None where impl returns None or information. The public function calls impl
-    directly in eager mode (no dispatcher: tens of microseconds less per call)
-    and the registered op while torch.compile traces.
+    None where impl returns None or information (no rule: impl returns None or
+    information only). The public function calls impl directly in eager mode
+    (no dispatcher: tens of microseconds less per call) and the registered op
+    while torch.compile traces. `signature` (see signature_without) replaces
+    impl's own, for an impl that takes **kwargs on to another op's.
     """
 
     def define(impl):
-        sig = inspect.signature(impl, eval_str=True)
-        kinds = _output_kinds(sig.return_annotation)
-        op_sig = _op_signature(sig)
-        names = list(op_sig.parameters)
-        n_positional = sum(p.kind != inspect.Parameter.KEYWORD_ONLY for p in sig.parameters.values())
-        keyword_names = names[n_positional:]
-        tensors = [i for i, p in enumerate(op_sig.parameters.values()) if p.annotation is torch.Tensor]
-        like_index = tensors[0] if tensors else None
-        like_name = names[like_index] if tensors else None
-
-        def like_of(args, kwargs):
-            if like_index is None:
-                return None
-            return args[like_index] if like_index < len(args) else kwargs[like_name]
+        d = _Definition(impl, signature)
+        kinds = d.kinds
 
         def body(*args, **kwargs):
-            like = like_of(args, kwargs)
-            if len(args) > n_positional:  # (the dispatcher passes impl's keyword-only ones positionally)
-                kwargs.update(zip(keyword_names, args[n_positional:]))
-                args = args[:n_positional]
-            return _to_op(impl(*args, **kwargs), kinds, like)
+            like = d.like_of(args, kwargs)
+            return _to_op(d.impl_call(impl, args, kwargs), kinds, like)
 
         def fake(*args, **kwargs):
             if kinds is None or kinds == _INFO:
                 return None
-            bound = op_sig.bind(*args, **kwargs)
-            bound.apply_defaults()
-            specs = shapes(types.SimpleNamespace(**bound.arguments))
-            like = like_of(args, kwargs)
+            specs = shapes(types.SimpleNamespace(**d.impl_arguments(args, kwargs)))
+            like = d.like_of(args, kwargs)
             made = _make(specs, like) if isinstance(kinds, str) else tuple(_make(s, like) for s in specs)
             return _to_op(made, kinds, like)
 
-        body.__signature__ = op_sig
+        body.__signature__ = d.op_sig
         body.__name__ = body.__qualname__ = f"te_{name}"
         body.__module__ = impl.__module__
         registered = torch.library.custom_op(f"te::{name}", body, mutates_args=mutates_args)
@@ -302,10 +381,13 @@ def te_op(name: str, *, mutates_args: tuple[str, ...] = (), shapes=None):
         @functools.wraps(impl)
         def public(*args, **kwargs):
             if compiling():
+                args, kwargs = d.flatten(args, kwargs)
                 return _from_op(op(*args, **kwargs), kinds)
             return impl(*args, **kwargs)
 
         public.op = op
+        if signature is not None:
+            public.__signature__ = signature
         return public
 
     return define

@@ -24,13 +24,40 @@ from torch import Tensor
 
 from transformer_engine.core import lib
 
-from ._common import FLOAT32, contiguous, desc, hp_desc, stream_of, te_op, workspace
+from ._common import FLOAT32, contiguous, desc, hp_desc, signature_without, stream_of, te_op, workspace
 from .cast import _check_fp8
 
 _Forward = tuple[Tensor, Tensor | None, Tensor, Tensor | None]
 
 
-def _norm_fwd(x, gamma, beta, eps, zero_centered_gamma, out_dtype, fp8_dtype, scale, amax):
+def _fwd_shapes(a):
+    rows = a.x.shape[:-1]
+    fp8 = a.fp8_dtype >= 0
+    y = (a.x.shape, torch.uint8 if fp8 else (a.x.dtype if a.out_dtype is None else a.out_dtype))
+    mu = (rows, torch.float32) if getattr(a, "beta", None) is not None else None
+    return y, mu, (rows, torch.float32), ((1,), torch.float32) if fp8 else None
+
+
+@te_op("layernorm_fwd", mutates_args=("amax",), shapes=_fwd_shapes)
+def layernorm_fwd(
+    x: Tensor,
+    gamma: Tensor,
+    beta: Tensor,
+    eps: float,
+    zero_centered_gamma: bool = False,
+    *,
+    out_dtype: torch.dtype | None = None,
+    fp8_dtype: int = -1,
+    scale: Tensor | None = None,
+    amax: Tensor | None = None,
+) -> _Forward:
+    """LayerNorm over the last dim of x: (y, mu, rsigma, scale_inv | None).
+
+    y has out_dtype (default x's), or is uint8 FP8 bytes when fp8_dtype >= 0
+    (then `scale` is required and scale_inv is returned). `amax`, if given
+    (FP32, one element), is max-accumulated in place: with max|y_fp32| for an
+    FP8 y, with max|y| of the stored y for a high-precision one.
+    """
     x, gamma = contiguous(x), contiguous(gamma)
     out_dtype = x.dtype if out_dtype is None else out_dtype
     rows = x.shape[:-1]
@@ -77,52 +104,16 @@ def _norm_fwd(x, gamma, beta, eps, zero_centered_gamma, out_dtype, fp8_dtype, sc
     return y, mu, rsigma, scale_inv
 
 
-def _fwd_shapes(a):
-    rows = a.x.shape[:-1]
-    fp8 = a.fp8_dtype >= 0
-    y = (a.x.shape, torch.uint8 if fp8 else (a.x.dtype if a.out_dtype is None else a.out_dtype))
-    mu = (rows, torch.float32) if getattr(a, "beta", None) is not None else None
-    return y, mu, (rows, torch.float32), ((1,), torch.float32) if fp8 else None
-
-
-@te_op("layernorm_fwd", mutates_args=("amax",), shapes=_fwd_shapes)
-def layernorm_fwd(
-    x: Tensor,
-    gamma: Tensor,
-    beta: Tensor,
-    eps: float,
-    zero_centered_gamma: bool = False,
-    *,
-    out_dtype: torch.dtype | None = None,
-    fp8_dtype: int = -1,
-    scale: Tensor | None = None,
-    amax: Tensor | None = None,
-) -> _Forward:
-    """LayerNorm over the last dim of x: (y, mu, rsigma, scale_inv | None).
-
-    y has out_dtype (default x's), or is uint8 FP8 bytes when fp8_dtype >= 0
-    (then `scale` is required and scale_inv is returned). `amax`, if given
-    (FP32, one element), is max-accumulated in place: with max|y_fp32| for an
-    FP8 y, with max|y| of the stored y for a high-precision one.
-    """
-    return _norm_fwd(x, gamma, beta, eps, zero_centered_gamma, out_dtype, fp8_dtype, scale, amax)
-
-
-@te_op("rmsnorm_fwd", mutates_args=("amax",), shapes=_fwd_shapes)
-def rmsnorm_fwd(
-    x: Tensor,
-    gamma: Tensor,
-    eps: float,
-    zero_centered_gamma: bool = False,
-    *,
-    out_dtype: torch.dtype | None = None,
-    fp8_dtype: int = -1,
-    scale: Tensor | None = None,
-    amax: Tensor | None = None,
-) -> _Forward:
-    """RMSNorm over the last dim of x: (y, None, rsigma, scale_inv | None), the
-    arguments as layernorm_fwd's (RMSNorm has no beta and no mu)."""
-    return _norm_fwd(x, gamma, None, eps, zero_centered_gamma, out_dtype, fp8_dtype, scale, amax)
+@te_op(
+    "rmsnorm_fwd",
+    mutates_args=("amax",),
+    shapes=_fwd_shapes,
+    signature=signature_without(layernorm_fwd, "beta"),
+)
+def rmsnorm_fwd(x, gamma, eps, zero_centered_gamma=False, **kwargs):
+    """RMSNorm over the last dim of x: (y, None, rsigma, scale_inv | None); the
+    arguments are layernorm_fwd's but beta (RMSNorm has no beta and no mu)."""
+    return layernorm_fwd.__wrapped__(x, gamma, None, eps, zero_centered_gamma, **kwargs)
 
 
 def _norm_bwd(dz, x, mu, rsigma, gamma, zero_centered_gamma):
