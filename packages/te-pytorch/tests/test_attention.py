@@ -408,20 +408,6 @@ def test_dropout_forward_backward_agree(backend):
     assert (out.double() - want.reshape(b, s, -1)).abs().max() > 1e-3  # dropout acted in training
 
 
-def test_fused_ops_opcheck():
-    """The registered ops' schemas and fake kernels (torch.library.opcheck)."""
-    if not fused_kernels.available():
-        pytest.skip("this te-core build has no attention op")
-    q, k, v = torch.randn(2, 5, 4, 8), torch.randn(2, 5, 2, 8), torch.randn(2, 5, 2, 6)
-    bias = torch.randn(1, 4, 5, 5)
-    scalars = (0, 2, 2, 0, 0.35, 0.0, -1, 0, 0, 0, False)
-    args = (q, k, v, bias, None, None, None, None, None, None, None, None, *scalars)
-    torch.library.opcheck(torch.ops.te.attention_fwd, args)
-    o, lse = torch.ops.te.attention_fwd(*args)
-    bargs = (q, k, v, o, torch.randn_like(o), lse, bias, None, None, None, None, None, None, None, None, *scalars)
-    torch.library.opcheck(torch.ops.te.attention_bwd, bargs)
-
-
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_16bit_forward_backward(backend, dtype):
     """16-bit q/k/v/dO (exact in the oracle), FP32 arithmetic, each result rounded

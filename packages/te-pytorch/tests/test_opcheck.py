@@ -112,9 +112,31 @@ def _block_cases():
     ]
 
 
+def _attention_cases():
+    """GQA with a post-scale bias (causal) and thd with a learnable softmax and dropout."""
+    q, k, v = torch.randn(2, 5, 4, 8), torch.randn(2, 5, 2, 8), torch.randn(2, 5, 2, 6)
+    bias = torch.randn(1, 4, 5, 5)
+    none8 = (None,) * 8
+    causal = (0, 2, 2, 0, 0.35, 0.0, -1, 0, 0, 0, False)
+    o, lse = kernels.attention_fwd(q, k, v, bias, *none8, *causal)
+    cu = torch.tensor([0, 2, 7], dtype=torch.int32)
+    tq, tk, tv = torch.randn(7, 4, 8), torch.randn(7, 2, 8), torch.randn(7, 2, 8)
+    offset, rng = torch.randn(4), torch.tensor([5, 0], dtype=torch.int64)
+    thd = (2, 1, 0, 2, 0.35, 0.2, -1, -1, 5, 5, False)
+    packed = (None, None, cu, cu, None, None, None, offset, rng)
+    to, tlse = kernels.attention_fwd(tq, tk, tv, *packed, *thd)
+    return [
+        ("attention_fwd", (q, k, v, bias, *none8, *causal), {}),
+        ("attention_bwd", (q, k, v, o, torch.randn_like(o), lse, bias, *none8, *causal), {}),
+        ("attention_fwd", (tq, tk, tv, *packed, *thd), {}),
+        ("attention_bwd", (tq, tk, tv, to, torch.randn_like(to), tlse, *packed, *thd), {}),
+    ]
+
+
 def _cases():
     x = torch.randn(5, 7) * 3
-    return _cast_cases(x) + _gemm_cases() + _norm_cases(x) + _activation_cases() + _block_cases()
+    cases = _cast_cases(x) + _gemm_cases() + _norm_cases(x) + _activation_cases() + _block_cases()
+    return cases + _attention_cases()
 
 
 _CASES = _cases()

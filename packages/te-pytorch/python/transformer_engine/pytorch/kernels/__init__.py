@@ -9,6 +9,7 @@ in these ops.
 """
 
 from .activation import activation_bwd, activation_bwd_fwd_columnwise, activation_fwd
+from .attention import attention_bwd, attention_fwd
 from .cast import (
     compute_amax,
     compute_scale_from_amax,
@@ -29,6 +30,8 @@ __all__ = [
     "activation_bwd",
     "activation_bwd_fwd_columnwise",
     "activation_fwd",
+    "attention_bwd",
+    "attention_fwd",
     "compute_amax",
     "compute_scale_from_amax",
     "delayed_scaling_update",
