@@ -204,28 +204,6 @@ def test_bad_arguments_are_named():
         kernels.quantize_mxfp8(torch.randn(32, 32), E4M3, False, False)
 
 
-def test_ops_pass_opcheck():
-    x = torch.randn(64, 128)
-    rng = torch.tensor([7, 0], dtype=torch.int64)
-    opcheck = torch.library.opcheck
-    opcheck(torch.ops.te.quantize_mxfp8, (x, E4M3, True, True, False, False))
-    row, row_s, _, _ = kernels.quantize_mxfp8(x, E4M3, True, False)
-    opcheck(torch.ops.te.dequantize_mxfp8, (row, row_s, E4M3, False, False, torch.float32))
-    opcheck(torch.ops.te.quantize_fp8_block, (x, E4M3, 1, True, True, True, 0.0))
-    b = kernels.quantize_fp8_block(x, E4M3, 2, True, False)
-    opcheck(torch.ops.te.dequantize_fp8_block, (b[0], b[1], E4M3, 2, False, torch.bfloat16))
-    opcheck(torch.ops.te.quantize_nvfp4, (x, True, True, False, True, True, RHT_SIGN_MASK, rng, None))
-    f = kernels.quantize_nvfp4(x)
-    opcheck(torch.ops.te.dequantize_nvfp4, (f[0], f[1], f[4][0:1], torch.float32))
-    m = kernels.quantize_mxfp8(x, E4M3, True, True)
-    w = kernels.quantize_mxfp8(torch.randn(32, 128), E4M3, True, True)
-    a_args = (m[0], 4, E4M3, m[1], None, False)
-    b_args = (w[0], 4, E4M3, w[1], None, False)
-    opcheck(torch.ops.te.gemm_block, (*a_args, *b_args, False, True, torch.float32, None, True, False))
-    out = torch.zeros(64, 32)
-    opcheck(torch.ops.te.gemm_block_accumulate, (*a_args, *b_args, False, True, out, 1.0, True, False))
-
-
 @pytest.mark.gpu
 @pytest.mark.skipif(not cuda_ready(), reason="needs a CUDA device and a te-core build with the CUDA backend")
 @pytest.mark.parametrize("kind", ["mxfp8", "fp8_block_1d", "fp8_block_2d", "nvfp4", "nvfp4_2d", "nvfp4_rht_sr"])

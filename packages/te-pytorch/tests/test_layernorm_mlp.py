@@ -36,7 +36,7 @@ from pt_norm_mlp_ref import (
 
 import transformer_engine.pytorch as te
 from transformer_engine.common import recipe
-from transformer_engine.core.activation import ACTIVATIONS, GATED_ACTIVATIONS, activation_code
+from transformer_engine.core.activation import ACTIVATIONS, GATED_ACTIVATIONS
 from transformer_engine.pytorch import kernels
 from transformer_engine.pytorch.module._operand import quantize_operand
 
@@ -352,15 +352,15 @@ class _Activation(torch.autograd.Function):
     """te-core's activation alone (high precision), for the composition below."""
 
     @staticmethod
-    def forward(ctx, h, code):
+    def forward(ctx, h, kind):
         ctx.save_for_backward(h)
-        ctx.code = code
-        return kernels.activation_fwd(h, code)[0]
+        ctx.kind = kind
+        return kernels.activation_fwd(h, kind)[0]
 
     @staticmethod
-    def backward(ctx, grad):
+    def backward(ctx, dy):
         (h,) = ctx.saved_tensors
-        return kernels.activation_bwd(grad, h, ctx.code)[0], None
+        return kernels.activation_bwd(dy, h, ctx.kind)[0], None
 
 
 @BLOCK_AND_CURRENT
@@ -385,7 +385,6 @@ def test_recipes_equal_norm_linear_activation_linear(device, fp8_recipe, kind, n
         for theirs, ours in pairs:
             ours.normal_(0.5 if ours is layer.layer_norm_weight else 0.0, 0.3)
             theirs.copy_(ours)
-    code = activation_code(kind)
     x = torch.randn(2, tokens // 2, hidden, device=device)
     dy = torch.randn(2, tokens // 2, hidden, device=device)
     results, d1 = [], []
@@ -393,7 +392,7 @@ def test_recipes_equal_norm_linear_activation_linear(device, fp8_recipe, kind, n
     def composition(t):
         h = fc1(norm(t))
         h.register_hook(d1.append)  # dL/dh, for fc1's bias gradient below
-        return fc2(_Activation.apply(h, code))
+        return fc2(_Activation.apply(h, kind))
 
     for run in (layer, composition):
         xi = x.clone().requires_grad_()

@@ -14,7 +14,10 @@ backend then runs every op and emulates the FP8 numerics bit-exactly).
 
 Implemented: Linear, LayerNormLinear, LayerNormMLP (LayerNorm or RMSNorm;
 gelu, relu, silu, qgelu, srelu and the gated geglu, reglu, swiglu, qgeglu,
-sreglu, glu, clamped_swiglu), LayerNorm, RMSNorm; autocast (and the deprecated
+sreglu, glu, clamped_swiglu), LayerNorm, RMSNorm; DotProductAttention (te-core's fused attention op or
+an unfused torch backend), MultiheadAttention, TransformerLayer,
+RotaryPositionEmbedding / attention.rope.apply_rotary_pos_emb and
+InferenceParams (KV cache, contiguous or paged); autocast (and the deprecated
 fp8_autocast) and quantized_model_init (te.Linear weights held only in a
 quantized format; the deprecated fp8_model_init) with DelayedScaling,
 Float8CurrentScaling and the block-scaled recipes MXFP8BlockScaling,
@@ -43,7 +46,13 @@ def _check_torch_version() -> None:
 
 _check_torch_version()
 
-from . import kernels
+from . import attention, kernels
+from .attention import (
+    DotProductAttention,
+    InferenceParams,
+    MultiheadAttention,
+    RotaryPositionEmbedding,
+)
 from .device import get_device_compute_capability, is_fp8_available
 from .module import LayerNorm, LayerNormLinear, LayerNormMLP, Linear, RMSNorm
 from .quantization import (
@@ -67,12 +76,15 @@ from .tensor import (
     QuantizedTensor,
     Quantizer,
 )
+from .transformer import TransformerLayer
 
 __version__ = "0.1.0"
 
 __all__ = [
     "DType",
+    "DotProductAttention",
     "FP8GlobalStateManager",
+    "InferenceParams",
     "Float8BlockQuantizer",
     "Float8BlockwiseQTensor",
     "Float8CurrentScalingQuantizer",
@@ -83,6 +95,7 @@ __all__ = [
     "LayerNormMLP",
     "Linear",
     "MXFP8Quantizer",
+    "MultiheadAttention",
     "MXFP8Tensor",
     "NVFP4Quantizer",
     "NVFP4Tensor",
@@ -90,6 +103,9 @@ __all__ = [
     "Quantizer",
     "QuantizerRole",
     "RMSNorm",
+    "RotaryPositionEmbedding",
+    "TransformerLayer",
+    "attention",
     "autocast",
     "fp8_autocast",
     "fp8_model_init",

@@ -29,7 +29,7 @@ from transformer_engine.common.recipe import DelayedScaling, Float8CurrentScalin
 from transformer_engine.core import DType, lib
 
 from . import kernels
-from .kernels._common import stream_of
+from .kernels._common import compiling, stream_of
 from .recipe_state import check_recipe_support
 
 FLT_MAX = torch.finfo(torch.float32).max
@@ -152,7 +152,7 @@ class autocast:
         s = FP8GlobalStateManager
         self._saved = (s.fp8_enabled, s.fp8_calibration, s.fp8_recipe, s.fp8_group)
         if s.autocast_depth == 0:
-            if torch.compiler.is_compiling():
+            if compiling():
                 # Only current scaling compiles (no queued states), so clearing in
                 # place is equivalent here and keeps the traced graph free of new
                 # Python objects.
@@ -205,7 +205,7 @@ def _reduce_and_update(recipe, group, states: list) -> None:
     algo = recipe.amax_compute_algo
     fused = not (callable(algo) or recipe.scaling_factor_compute_algo is not None)
     reduce = recipe.reduce_amax and _world_size(group) > 1
-    if fused and not reduce and not torch.compiler.is_compiling():
+    if fused and not reduce and not compiling():
         # Eager fast path (every step of a single-process run): the states'
         # tensors were made float32 and contiguous by recipe_state, and their
         # descriptors are cached there.

@@ -9,6 +9,7 @@ in these ops.
 """
 
 from .activation import activation_bwd, activation_bwd_fwd_columnwise, activation_fwd
+from .attention import attention_bwd, attention_fwd
 from .cast import (
     compute_amax,
     compute_scale_from_amax,
@@ -20,7 +21,7 @@ from .fp8_block import dequantize_fp8_block, quantize_fp8_block
 from .gemm import gemm, gemm_accumulate
 from .gemm_block import gemm_block, gemm_block_accumulate
 from .mxfp8 import dequantize_mxfp8, quantize_mxfp8
-from .norm import norm_bwd, norm_fwd
+from .norm import layernorm_bwd, layernorm_fwd, rmsnorm_bwd, rmsnorm_fwd
 from .nvfp4 import dequantize_nvfp4, quantize_nvfp4
 from .recipe import delayed_scaling_update
 from .transpose import transpose
@@ -29,6 +30,8 @@ __all__ = [
     "activation_bwd",
     "activation_bwd_fwd_columnwise",
     "activation_fwd",
+    "attention_bwd",
+    "attention_fwd",
     "compute_amax",
     "compute_scale_from_amax",
     "delayed_scaling_update",
@@ -40,12 +43,14 @@ __all__ = [
     "gemm_accumulate",
     "gemm_block",
     "gemm_block_accumulate",
-    "norm_bwd",
-    "norm_fwd",
+    "layernorm_bwd",
+    "layernorm_fwd",
     "quantize_fp8",
     "quantize_fp8_block",
     "quantize_fp8_current_scaling",
     "quantize_mxfp8",
     "quantize_nvfp4",
+    "rmsnorm_bwd",
+    "rmsnorm_fwd",
     "transpose",
 ]

@@ -25,6 +25,11 @@ a descriptor is a raw pointer, so whoever builds one must keep the tensor
 
 from __future__ import annotations
 
+import functools
+import inspect
+import types
+import typing
+
 import torch
 
 from transformer_engine.core import DType, lib
@@ -140,9 +145,249 @@ def workspace(nbytes: int, like: torch.Tensor, stream: int) -> lib.TensorDesc | 
     return _WORKSPACES[key][1]
 
 
-def compiling() -> bool:
-    """True while torch.compile traces: then the registered torch.ops.te.* ops
-    must be called (the tracer cannot look into nanobind calls); in eager mode
-    the wrappers call the implementations directly, which skips the custom-op
-    dispatcher (tens of microseconds per call)."""
-    return torch.compiler.is_compiling()
+# True while torch.compile traces: the one place te-pytorch decides it. Then
+# the registered torch.ops.te.* ops must be called (the tracer cannot look into
+# nanobind calls) and the eager fast paths (cached descriptors, direct
+# implementation calls) are skipped. (torch's function itself, not a wrapper:
+# every eager op call asks.)
+compiling = torch.compiler.is_compiling
+
+
+# --------------------------------------------------------------------------- one definition per op
+#
+# An op is written once: its implementation, with annotated parameters (they
+# give the schema, defaults and keyword-only markers included) and an annotated
+# return, plus a shape rule for torch.compile. `te_op` derives from them the
+# registered torch.ops.te.<name>, its fake kernel and the public function.
+#
+# Return annotations: `Tensor` (always produced), `Tensor | None` (an output
+# that may not be asked for) and anything else (Python-side information of the
+# eager call, such as the block GEMM's path: not an op output). Ops cannot
+# return None, so an output not produced is a placeholder inside the op: a
+# zero-element torch.bool tensor on the op's device (no te op produces bool
+# tensors, and a dtype is static while tracing, so the public function turns
+# placeholders back into None without knowing why they are absent).
+
+_TENSOR, _OPTIONAL, _INFO = "tensor", "optional", "info"
+PLACEHOLDER_DTYPE = torch.bool
+
+
+def placeholder(like: torch.Tensor) -> torch.Tensor:
+    return like.new_empty((0,), dtype=PLACEHOLDER_DTYPE)
+
+
+def _kind(annotation) -> str:
+    if annotation is torch.Tensor:
+        return _TENSOR
+    return _OPTIONAL if torch.Tensor in typing.get_args(annotation) else _INFO
+
+
+def _output_kinds(annotation):
+    """None (no outputs), one kind (one output) or a tuple of kinds."""
+    if annotation is None or annotation is type(None):
+        return None
+    if typing.get_origin(annotation) is tuple:
+        return tuple(_kind(a) for a in typing.get_args(annotation))
+    return _kind(annotation)
+
+
+def _op_return(kinds):
+    """The registered op's return annotation: the tensor outputs only."""
+    if kinds is None or kinds == _INFO:
+        return None
+    n = 1 if isinstance(kinds, str) else sum(k != _INFO for k in kinds)
+    return torch.Tensor if n == 1 else tuple[(torch.Tensor,) * n]
+
+
+def _to_op(result, kinds, like):
+    """The implementation's result as the op returns it (placeholders, no info)."""
+    if kinds is None or kinds == _INFO:
+        return None
+    if isinstance(kinds, str):
+        return placeholder(like) if result is None else result
+    out = tuple(placeholder(like) if r is None else r for r, k in zip(result, kinds) if k != _INFO)
+    return out[0] if len(out) == 1 else out
+
+
+def _from_op(result, kinds):
+    """The op's result as the public function returns it (None for placeholders and info)."""
+    if kinds is None or kinds == _INFO:
+        return None
+    if isinstance(kinds, str):
+        return None if kinds == _OPTIONAL and result.dtype == PLACEHOLDER_DTYPE else result
+    if sum(k != _INFO for k in kinds) == 1:
+        result = (result,)
+    out, i = [], 0
+    for k in kinds:
+        if k == _INFO:
+            out.append(None)
+            continue
+        r = result[i]
+        i += 1
+        out.append(None if k == _OPTIONAL and r.dtype == PLACEHOLDER_DTYPE else r)
+    return tuple(out)
+
+
+def _make(spec, like):
+    """A fake output from a shape rule's (shape, dtype) or None."""
+    return None if spec is None else like.new_empty(tuple(spec[0]), dtype=spec[1])
+
+
+def _group_fields(annotation):
+    """[(field, annotation)] of a NamedTuple parameter type (a group of op
+    arguments such as a block GEMM operand), else None."""
+    if isinstance(annotation, type) and issubclass(annotation, tuple) and hasattr(annotation, "_fields"):
+        hints = typing.get_type_hints(annotation)
+        return [(f, hints[f]) for f in annotation._fields]
+    return None
+
+
+def _op_signature(sig: inspect.Signature) -> inspect.Signature:
+    """impl's signature as the op's. A NamedTuple parameter `a` becomes one
+    parameter a_<field> per field. torch.library takes no keyword-only tensors,
+    so keyword-only parameters become positional ones after the others (the
+    required ones first). The public function keeps impl's signature."""
+    P = inspect.Parameter
+    positional, keyword = [], []
+    for p in sig.parameters.values():
+        fields = _group_fields(p.annotation)
+        if fields is None:
+            (keyword if p.kind == P.KEYWORD_ONLY else positional).append(p)
+        else:
+            positional += [P(f"{p.name}_{f}", P.POSITIONAL_OR_KEYWORD, annotation=t) for f, t in fields]
+    keyword.sort(key=lambda p: p.default is not P.empty)
+    ordered = positional + [p.replace(kind=P.POSITIONAL_OR_KEYWORD) for p in keyword]
+    return sig.replace(parameters=ordered, return_annotation=_op_return(_output_kinds(sig.return_annotation)))
+
+
+class _Definition:
+    """What te_op reads from one implementation: how its arguments map to the
+    op's (groups flattened, keyword-only ones positional) and what it returns."""
+
+    def __init__(self, impl, signature=None):
+        self.sig = inspect.signature(impl, eval_str=True) if signature is None else signature
+        self.kinds = _output_kinds(self.sig.return_annotation)
+        self.op_sig = _op_signature(self.sig)
+        P = inspect.Parameter
+        params = list(self.sig.parameters.values())
+        self.n_positional = sum(p.kind != P.KEYWORD_ONLY for p in params)
+        self.groups = {i: p.name for i, p in enumerate(params) if _group_fields(p.annotation) is not None}
+        op_params = list(self.op_sig.parameters.values())
+        n_keyword = len(params) - self.n_positional  # (impl's keyword-only ones: the op's last, reordered)
+        self.keyword_names = [p.name for p in op_params[len(op_params) - n_keyword :]]
+        tensors = [i for i, p in enumerate(op_params) if p.annotation is torch.Tensor]
+        self.like = (tensors[0], op_params[tensors[0]].name) if tensors else None
+
+    def like_of(self, args, kwargs):
+        """The first tensor argument of an op call: where outputs and placeholders go."""
+        if self.like is None:
+            return None
+        index, name = self.like
+        return args[index] if index < len(args) else kwargs[name]
+
+    def flatten(self, args, kwargs):
+        """A public call's arguments as the op's (groups spread into their fields)."""
+        if not self.groups:
+            return args, kwargs
+        flat = []
+        for i, value in enumerate(args):
+            if i in self.groups:
+                flat.extend(value)
+            else:
+                flat.append(value)
+        for name in self.groups.values():
+            if name in kwargs:
+                group = kwargs.pop(name)
+                kwargs.update((f"{name}_{f}", v) for (f, _), v in zip(_group_fields(self._ann(name)), group))
+        return tuple(flat), kwargs
+
+    def _ann(self, name):
+        return self.sig.parameters[name].annotation
+
+    def impl_arguments(self, args, kwargs) -> dict:
+        """An op call's arguments as impl's, by name (defaults applied, groups rebuilt)."""
+        bound = self.op_sig.bind(*args, **kwargs)
+        bound.apply_defaults()
+        values = bound.arguments
+        out = {}
+        for name, p in self.sig.parameters.items():
+            fields = _group_fields(p.annotation)
+            if fields is None:
+                out[name] = values[name]
+            else:
+                out[name] = p.annotation(*(values[f"{name}_{f}"] for f, _ in fields))
+        return out
+
+    def impl_call(self, impl, args, kwargs):
+        """impl called with an op call's arguments."""
+        if self.groups:
+            return impl(**self.impl_arguments(args, kwargs))
+        if len(args) > self.n_positional:  # (the dispatcher passes impl's keyword-only ones positionally)
+            kwargs.update(zip(self.keyword_names, args[self.n_positional :]))
+            args = args[: self.n_positional]
+        return impl(*args, **kwargs)
+
+
+def signature_without(public, *names: str, returns=inspect.Parameter.empty) -> inspect.Signature:
+    """The signature of te_op's `public` function less the parameters `names`
+    (and with the return annotation `returns` if given): the schema of an op
+    that is another one with some arguments fixed (RMSNorm: LayerNorm without
+    beta), for te_op(signature=...)."""
+    sig = inspect.signature(public.__wrapped__, eval_str=True)
+    sig = sig.replace(parameters=[p for p in sig.parameters.values() if p.name not in names])
+    return sig if returns is inspect.Parameter.empty else sig.replace(return_annotation=returns)
+
+
+def te_op(name: str, *, mutates_args: tuple[str, ...] = (), shapes=None, signature=None):
+    """Decorator: the implementation `impl` becomes the public function of op
+    torch.ops.te.<name>.
+
+    The op's schema is inferred from impl's signature (torch.library.custom_op;
+    see _op_signature for NamedTuple groups and keyword-only parameters);
+    `mutates_args` names the tensors it writes in place (op-level names).
+    `shapes(a)` is the shape rule of the fake kernel: `a` has impl's arguments
+    as attributes (defaults applied) and the rule returns what impl returns,
+    each tensor as (shape, dtype) (on the first tensor argument's device) and
+    None where impl returns None or information (no rule: impl returns None or
+    information only). The public function calls impl directly in eager mode
+    (no dispatcher: tens of microseconds less per call) and the registered op
+    while torch.compile traces. `signature` (see signature_without) replaces
+    impl's own, for an impl that takes **kwargs on to another op's.
+    """
+
+    def define(impl):
+        d = _Definition(impl, signature)
+        kinds = d.kinds
+
+        def body(*args, **kwargs):
+            like = d.like_of(args, kwargs)
+            return _to_op(d.impl_call(impl, args, kwargs), kinds, like)
+
+        def fake(*args, **kwargs):
+            if kinds is None or kinds == _INFO:
+                return None
+            specs = shapes(types.SimpleNamespace(**d.impl_arguments(args, kwargs)))
+            like = d.like_of(args, kwargs)
+            made = _make(specs, like) if isinstance(kinds, str) else tuple(_make(s, like) for s in specs)
+            return _to_op(made, kinds, like)
+
+        body.__signature__ = d.op_sig
+        body.__name__ = body.__qualname__ = f"te_{name}"
+        body.__module__ = impl.__module__
+        registered = torch.library.custom_op(f"te::{name}", body, mutates_args=mutates_args)
+        registered.register_fake(fake)
+        op = getattr(torch.ops.te, name)
+
+        @functools.wraps(impl)
+        def public(*args, **kwargs):
+            if compiling():
+                args, kwargs = d.flatten(args, kwargs)
+                return _from_op(op(*args, **kwargs), kinds)
+            return impl(*args, **kwargs)
+
+        public.op = op
+        if signature is not None:
+            public.__signature__ = signature
+        return public
+
+    return define

@@ -8,20 +8,18 @@ its transpose [K, M], written in the same pass (what Hopper FP8 GEMMs need for
 the wgrad/dgrad operands). FP8 bytes are torch.uint8 tensors; `fp8_dtype` is
 the core's code (DType.kFloat8E4M3 = 7, DType.kFloat8E5M2 = 8).
 
-Each op has an implementation (`_quantize_fp8`, ...) that allocates the
-outputs with torch and calls te-core on the tensors' device and current
-stream; a torch.library registration of it with a fake kernel (what
-torch.compile traces); and a public wrapper that calls the implementation
-directly in eager mode (no dispatcher overhead) and the registered op while
-compiling. The quantizers use `quantize_fp8_prepared` /
+Each op is one implementation (it allocates the outputs with torch and calls
+te-core on the tensors' device and current stream) and a shape rule, made an
+op by _common.te_op. The quantizers use `quantize_fp8_prepared` /
 `quantize_fp8_current_scaling_prepared` instead: the same core calls with the
-descriptors of their persistent scale/amax made once. Ops cannot return None, so an output that was not requested is an
-empty tensor inside the op and None from the public wrappers.
+descriptors of their persistent scale/amax made once. An output that was not
+requested is None.
 """
 
 from __future__ import annotations
 
 import torch
+from torch import Tensor
 
 from transformer_engine.core import lib
 
@@ -31,13 +29,13 @@ from ._common import (
     FP8_CODES,
     TORCH_TO_CODE,
     code_of,
-    compiling,
     contiguous,
     desc,
     hp_desc,
     matrix_t_shape,
     scalar_desc,
     stream_of,
+    te_op,
 )
 
 
@@ -54,20 +52,34 @@ def _fp8_outputs(x: torch.Tensor, rowwise: bool, columnwise: bool):
     return row, col
 
 
-def _fake_fp8_outputs(x: torch.Tensor, rowwise: bool, columnwise: bool):
-    row = x.new_empty(x.shape if rowwise else (0,), dtype=torch.uint8)
-    col = x.new_empty(matrix_t_shape(x.shape) if columnwise else (0,), dtype=torch.uint8)
-    return row, col
-
-
-def _or_empty(t: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
-    return like.new_empty((0,), dtype=torch.uint8) if t is None else t
+def fp8_shapes(shape, rowwise: bool, columnwise: bool):
+    """Shape-rule entries of FP8 rowwise bytes of `shape` and their [K, M] columnwise copy."""
+    return (
+        (shape, torch.uint8) if rowwise else None,
+        (matrix_t_shape(shape), torch.uint8) if columnwise else None,
+    )
 
 
 # --------------------------------------------------------------------------- delayed scaling
 
 
-def _quantize_fp8(x, scale, amax, fp8_dtype, rowwise, columnwise):
+_FP8 = tuple[Tensor | None, Tensor | None, Tensor]
+
+
+@te_op(
+    "quantize_fp8",
+    mutates_args=("amax",),
+    shapes=lambda a: (*fp8_shapes(a.x.shape, a.rowwise, a.columnwise), ((1,), torch.float32)),
+)
+def quantize_fp8(
+    x: Tensor, scale: Tensor, amax: Tensor | None, fp8_dtype: int, rowwise: bool = True, columnwise: bool = False
+) -> _FP8:
+    """Delayed-scaling quantize with a given FP32 one-element `scale`.
+
+    `amax` (FP32, one element, or None) is max-accumulated in place with
+    max|x|. Returns (rowwise uint8 | None, columnwise uint8 [K, M] | None,
+    scale_inv FP32 [1]).
+    """
     _check_fp8(fp8_dtype)
     if not (rowwise or columnwise):
         raise ValueError("at least one of 'rowwise' and 'columnwise' must be True")
@@ -135,37 +147,26 @@ def quantize_fp8_current_scaling_prepared(
     return outs
 
 
-@torch.library.custom_op("te::quantize_fp8", mutates_args=("amax",))
-def _quantize_fp8_op(
-    x: torch.Tensor, scale: torch.Tensor, amax: torch.Tensor | None, fp8_dtype: int, rowwise: bool, columnwise: bool
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    row, col, scale_inv = _quantize_fp8(x, scale, amax, fp8_dtype, rowwise, columnwise)
-    return _or_empty(row, x), _or_empty(col, x), scale_inv
-
-
-@_quantize_fp8_op.register_fake
-def _(x, scale, amax, fp8_dtype, rowwise, columnwise):
-    row, col = _fake_fp8_outputs(x, rowwise, columnwise)
-    return row, col, x.new_empty((1,), dtype=torch.float32)
-
-
-def quantize_fp8(x, scale, amax, fp8_dtype: int, rowwise: bool = True, columnwise: bool = False):
-    """Delayed-scaling quantize with a given FP32 one-element `scale`.
-
-    `amax` (FP32, one element, or None) is max-accumulated in place with
-    max|x|. Returns (rowwise uint8 | None, columnwise uint8 [K, M] | None,
-    scale_inv FP32 [1]).
-    """
-    if compiling():
-        row, col, scale_inv = torch.ops.te.quantize_fp8(x, scale, amax, fp8_dtype, rowwise, columnwise)
-        return (row if rowwise else None), (col if columnwise else None), scale_inv
-    return _quantize_fp8(x, scale, amax, fp8_dtype, rowwise, columnwise)
-
-
 # --------------------------------------------------------------------------- current scaling
 
 
-def _quantize_fp8_current_scaling(x, fp8_dtype, rowwise, columnwise, force_pow_2_scales, amax_epsilon):
+@te_op(
+    "quantize_fp8_current_scaling",
+    shapes=lambda a: (*fp8_shapes(a.x.shape, a.rowwise, a.columnwise), ((3,), torch.float32)),
+)
+def quantize_fp8_current_scaling(
+    x: Tensor,
+    fp8_dtype: int,
+    rowwise: bool = True,
+    columnwise: bool = False,
+    force_pow_2_scales: bool = False,
+    amax_epsilon: float = 0.0,
+) -> _FP8:
+    """amax(x) -> scale -> quantize, in one core call.
+
+    Returns (rowwise | None, columnwise | None, stats) with stats an FP32 [3]
+    tensor (scale, scale_inv, amax); stats[1:2] is the scale_inv to keep.
+    """
     _check_fp8(fp8_dtype)
     x = contiguous(x)
     row, col = _fp8_outputs(x, rowwise, columnwise)
@@ -185,67 +186,23 @@ def _quantize_fp8_current_scaling(x, fp8_dtype, rowwise, columnwise, force_pow_2
     return row, col, stats
 
 
-@torch.library.custom_op("te::quantize_fp8_current_scaling", mutates_args=())
-def _quantize_fp8_current_scaling_op(
-    x: torch.Tensor, fp8_dtype: int, rowwise: bool, columnwise: bool, force_pow_2_scales: bool, amax_epsilon: float
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    row, col, stats = _quantize_fp8_current_scaling(x, fp8_dtype, rowwise, columnwise, force_pow_2_scales, amax_epsilon)
-    return _or_empty(row, x), _or_empty(col, x), stats
-
-
-@_quantize_fp8_current_scaling_op.register_fake
-def _(x, fp8_dtype, rowwise, columnwise, force_pow_2_scales, amax_epsilon):
-    row, col = _fake_fp8_outputs(x, rowwise, columnwise)
-    return row, col, x.new_empty((3,), dtype=torch.float32)
-
-
-def quantize_fp8_current_scaling(
-    x,
-    fp8_dtype: int,
-    rowwise: bool = True,
-    columnwise: bool = False,
-    force_pow_2_scales: bool = False,
-    amax_epsilon: float = 0.0,
-):
-    """amax(x) -> scale -> quantize, in one core call.
-
-    Returns (rowwise | None, columnwise | None, stats) with stats an FP32 [3]
-    tensor (scale, scale_inv, amax); stats[1:2] is the scale_inv to keep.
-    """
-    if compiling():
-        row, col, stats = torch.ops.te.quantize_fp8_current_scaling(
-            x, fp8_dtype, rowwise, columnwise, force_pow_2_scales, float(amax_epsilon)
-        )
-        return (row if rowwise else None), (col if columnwise else None), stats
-    return _quantize_fp8_current_scaling(x, fp8_dtype, rowwise, columnwise, force_pow_2_scales, float(amax_epsilon))
-
-
 # --------------------------------------------------------------------------- amax and scale
 
 
-def _compute_amax(x):
+@te_op("compute_amax", shapes=lambda a: ((1,), torch.float32))
+def compute_amax(x: Tensor) -> Tensor:
+    """max |x| over the non-NaN elements, as an FP32 [1] tensor on x's device."""
     x = contiguous(x)
     amax = torch.empty((1,), dtype=torch.float32, device=x.device)
     lib.compute_amax(hp_desc(x, "x"), desc(amax, FLOAT32), stream_of(x))
     return amax
 
 
-@torch.library.custom_op("te::compute_amax", mutates_args=())
-def _compute_amax_op(x: torch.Tensor) -> torch.Tensor:
-    return _compute_amax(x)
-
-
-@_compute_amax_op.register_fake
-def _(x):
-    return x.new_empty((1,), dtype=torch.float32)
-
-
-def compute_amax(x) -> torch.Tensor:
-    """max |x| over the non-NaN elements, as an FP32 [1] tensor on x's device."""
-    return torch.ops.te.compute_amax(x) if compiling() else _compute_amax(x)
-
-
-def _compute_scale_from_amax(amax, fp8_dtype, force_pow_2_scales, amax_epsilon):
+@te_op("compute_scale_from_amax", shapes=lambda a: ((2,), torch.float32))
+def compute_scale_from_amax(
+    amax: Tensor, fp8_dtype: int, force_pow_2_scales: bool = False, amax_epsilon: float = 0.0
+) -> Tensor:
+    """FP32 [2] tensor (scale, scale_inv) from a one-element FP32 amax (cast.h rules)."""
     _check_fp8(fp8_dtype)
     out = torch.empty((2,), dtype=torch.float32, device=amax.device)
     lib.compute_scale_from_amax(
@@ -260,31 +217,12 @@ def _compute_scale_from_amax(amax, fp8_dtype, force_pow_2_scales, amax_epsilon):
     return out
 
 
-@torch.library.custom_op("te::compute_scale_from_amax", mutates_args=())
-def _compute_scale_from_amax_op(
-    amax: torch.Tensor, fp8_dtype: int, force_pow_2_scales: bool, amax_epsilon: float
-) -> torch.Tensor:
-    return _compute_scale_from_amax(amax, fp8_dtype, force_pow_2_scales, amax_epsilon)
-
-
-@_compute_scale_from_amax_op.register_fake
-def _(amax, fp8_dtype, force_pow_2_scales, amax_epsilon):
-    return amax.new_empty((2,), dtype=torch.float32)
-
-
-def compute_scale_from_amax(
-    amax, fp8_dtype: int, force_pow_2_scales: bool = False, amax_epsilon: float = 0.0
-) -> torch.Tensor:
-    """FP32 [2] tensor (scale, scale_inv) from a one-element FP32 amax (cast.h rules)."""
-    if compiling():
-        return torch.ops.te.compute_scale_from_amax(amax, fp8_dtype, force_pow_2_scales, float(amax_epsilon))
-    return _compute_scale_from_amax(amax, fp8_dtype, force_pow_2_scales, float(amax_epsilon))
-
-
 # --------------------------------------------------------------------------- dequantize
 
 
-def _dequantize_fp8(data, scale_inv, fp8_dtype, out_dtype):
+@te_op("dequantize_fp8", shapes=lambda a: (a.data.shape, a.out_dtype))
+def dequantize_fp8(data: Tensor, scale_inv: Tensor, fp8_dtype: int, out_dtype: torch.dtype = torch.float32) -> Tensor:
+    """float32(q) * scale_inv rounded to out_dtype (float32, bfloat16 or float16)."""
     _check_fp8(fp8_dtype)
     if data.dtype != torch.uint8:
         raise TypeError(f"argument 'data' must hold FP8 bytes as torch.uint8, got {data.dtype}")
@@ -292,22 +230,3 @@ def _dequantize_fp8(data, scale_inv, fp8_dtype, out_dtype):
     out = torch.empty(data.shape, dtype=out_dtype, device=data.device)
     lib.dequantize_fp8(desc(data, fp8_dtype), desc(scale_inv, FLOAT32), hp_desc(out, "out_dtype"), stream_of(data))
     return out
-
-
-@torch.library.custom_op("te::dequantize_fp8", mutates_args=())
-def _dequantize_fp8_op(
-    data: torch.Tensor, scale_inv: torch.Tensor, fp8_dtype: int, out_dtype: torch.dtype
-) -> torch.Tensor:
-    return _dequantize_fp8(data, scale_inv, fp8_dtype, out_dtype)
-
-
-@_dequantize_fp8_op.register_fake
-def _(data, scale_inv, fp8_dtype, out_dtype):
-    return data.new_empty(data.shape, dtype=out_dtype)
-
-
-def dequantize_fp8(data, scale_inv, fp8_dtype: int, out_dtype=torch.float32) -> torch.Tensor:
-    """float32(q) * scale_inv rounded to out_dtype (float32, bfloat16 or float16)."""
-    if compiling():
-        return torch.ops.te.dequantize_fp8(data, scale_inv, fp8_dtype, out_dtype)
-    return _dequantize_fp8(data, scale_inv, fp8_dtype, out_dtype)

@@ -7,17 +7,17 @@ view,
     s = scale_from_amax(block amax),  q = saturate(RNE(x * s)),  scale_inv = 1 / s
 Only the GEMM-ready layout is used here: columnwise data is the [K, M]
 transpose, scales FP32 in the shapes lib.fp8_block_scale_shape gives.
-Eager calls run the implementation directly, torch.compile the registered op.
 """
 
 from __future__ import annotations
 
 import torch
+from torch import Tensor
 
 from transformer_engine.core import lib
 
-from ._common import FLOAT32, compiling, contiguous, desc, hp_desc, matrix_t_shape, stream_of
-from .cast import _check_fp8, _or_empty
+from ._common import FLOAT32, contiguous, desc, hp_desc, matrix_t_shape, stream_of, te_op
+from .cast import _check_fp8
 
 GEMM_READY = 0
 
@@ -32,20 +32,31 @@ def _scale_shape(shape, block_dim: int, columnwise: bool) -> tuple:
     return tuple(lib.fp8_block_scale_shape(rows, cols, block_dim, GEMM_READY, columnwise))
 
 
-def _outputs(x, rowwise, columnwise, block_dim, alloc):
-    """(row, row_scale, col, col_scale); alloc(shape, dtype) allocates; None = not requested."""
-    row = (alloc(x.shape, torch.uint8), alloc(_scale_shape(x.shape, block_dim, False), torch.float32))
-    col = (alloc(matrix_t_shape(x.shape), torch.uint8), alloc(_scale_shape(x.shape, block_dim, True), torch.float32))
-    return [*(row if rowwise else (None, None)), *(col if columnwise else (None, None))]
+def _outputs(shape, rowwise, columnwise, block_dim):
+    """(shape, dtype) of (row, row_scale, col, col_scale); None = not requested."""
+    row = ((shape, torch.uint8), (_scale_shape(shape, block_dim, False), torch.float32))
+    col = ((matrix_t_shape(shape), torch.uint8), (_scale_shape(shape, block_dim, True), torch.float32))
+    return (*(row if rowwise else (None, None)), *(col if columnwise else (None, None)))
 
 
-def _quantize_fp8_block(x, fp8_dtype, block_dim, rowwise, columnwise, force_pow2_scales, amax_epsilon):
+@te_op("quantize_fp8_block", shapes=lambda a: _outputs(a.x.shape, a.rowwise, a.columnwise, a.block_dim))
+def quantize_fp8_block(
+    x: Tensor,
+    fp8_dtype: int,
+    block_dim: int = 1,
+    rowwise: bool = True,
+    columnwise: bool = False,
+    force_pow2_scales: bool = True,
+    amax_epsilon: float = 0.0,
+) -> tuple[Tensor | None, Tensor | None, Tensor | None, Tensor | None]:
+    """Returns (row uint8 | None, row_scale FP32 | None, col uint8 [K, M] | None, col_scale FP32 | None)."""
     _check_fp8(fp8_dtype)
     _check_block_dim(block_dim)
     if not (rowwise or columnwise):
         raise ValueError("at least one of 'rowwise' and 'columnwise' must be True")
     x = contiguous(x)
-    outs = _outputs(x, rowwise, columnwise, block_dim, lambda s, d: torch.empty(s, dtype=d, device=x.device))
+    specs = _outputs(x.shape, rowwise, columnwise, block_dim)
+    outs = tuple(None if s is None else torch.empty(s[0], dtype=s[1], device=x.device) for s in specs)
     codes = (fp8_dtype, FLOAT32, fp8_dtype, FLOAT32)
     lib.fp8_block_quantize(
         hp_desc(x, "x"),
@@ -59,45 +70,16 @@ def _quantize_fp8_block(x, fp8_dtype, block_dim, rowwise, columnwise, force_pow2
     return outs
 
 
-@torch.library.custom_op("te::quantize_fp8_block", mutates_args=())
-def _quantize_fp8_block_op(
-    x: torch.Tensor,
-    fp8_dtype: int,
-    block_dim: int,
-    rowwise: bool,
-    columnwise: bool,
-    force_pow2_scales: bool,
-    amax_epsilon: float,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    outs = _quantize_fp8_block(x, fp8_dtype, block_dim, rowwise, columnwise, force_pow2_scales, amax_epsilon)
-    return tuple(_or_empty(t, x) for t in outs)
-
-
-@_quantize_fp8_block_op.register_fake
-def _(x, fp8_dtype, block_dim, rowwise, columnwise, force_pow2_scales, amax_epsilon):
-    outs = _outputs(x, rowwise, columnwise, block_dim, lambda s, d: x.new_empty(s, dtype=d))
-    return tuple(_or_empty(t, x) for t in outs)
-
-
-def quantize_fp8_block(
-    x,
+@te_op("dequantize_fp8_block", shapes=lambda a: (a.data.shape, a.out_dtype))
+def dequantize_fp8_block(
+    data: Tensor,
+    scale_inv: Tensor,
     fp8_dtype: int,
     block_dim: int = 1,
-    rowwise: bool = True,
     columnwise: bool = False,
-    force_pow2_scales: bool = True,
-    amax_epsilon: float = 0.0,
-):
-    """Returns (row uint8 | None, row_scale FP32 | None, col uint8 [K, M] | None, col_scale FP32 | None)."""
-    args = (x, fp8_dtype, block_dim, rowwise, columnwise, force_pow2_scales, float(amax_epsilon))
-    if compiling():
-        outs = torch.ops.te.quantize_fp8_block(*args)
-        keep = (rowwise, rowwise, columnwise, columnwise)
-        return [t if k else None for t, k in zip(outs, keep)]
-    return _quantize_fp8_block(*args)
-
-
-def _dequantize_fp8_block(data, scale_inv, fp8_dtype, block_dim, columnwise, out_dtype):
+    out_dtype: torch.dtype = torch.float32,
+) -> Tensor:
+    """float32(q) * its block's scale_inv, rounded to out_dtype; data's stored shape ([K, M] when columnwise)."""
     _check_fp8(fp8_dtype)
     _check_block_dim(block_dim)
     data, scale_inv = contiguous(data), contiguous(scale_inv)
@@ -112,27 +94,3 @@ def _dequantize_fp8_block(data, scale_inv, fp8_dtype, block_dim, columnwise, out
         stream_of(data),
     )
     return out
-
-
-@torch.library.custom_op("te::dequantize_fp8_block", mutates_args=())
-def _dequantize_fp8_block_op(
-    data: torch.Tensor,
-    scale_inv: torch.Tensor,
-    fp8_dtype: int,
-    block_dim: int,
-    columnwise: bool,
-    out_dtype: torch.dtype,
-) -> torch.Tensor:
-    return _dequantize_fp8_block(data, scale_inv, fp8_dtype, block_dim, columnwise, out_dtype)
-
-
-@_dequantize_fp8_block_op.register_fake
-def _(data, scale_inv, fp8_dtype, block_dim, columnwise, out_dtype):
-    return data.new_empty(data.shape, dtype=out_dtype)
-
-
-def dequantize_fp8_block(data, scale_inv, fp8_dtype: int, block_dim=1, columnwise=False, out_dtype=torch.float32):
-    """float32(q) * its block's scale_inv, rounded to out_dtype; data's stored shape ([K, M] when columnwise)."""
-    if compiling():
-        return torch.ops.te.dequantize_fp8_block(data, scale_inv, fp8_dtype, block_dim, columnwise, out_dtype)
-    return _dequantize_fp8_block(data, scale_inv, fp8_dtype, block_dim, columnwise, out_dtype)

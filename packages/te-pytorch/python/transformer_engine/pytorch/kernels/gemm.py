@@ -20,6 +20,7 @@ fuse_wgrad_accumulation path into `main_grad`.
 from __future__ import annotations
 
 import torch
+from torch import Tensor
 
 from transformer_engine.core import lib
 
@@ -29,9 +30,9 @@ from ._common import (
     TORCH_TO_CODE,
     check_accumulate_out,
     check_out_dtype,
-    compiling,
     contiguous,
     desc,
+    te_op,
     workspace,
 )
 
@@ -80,61 +81,26 @@ def _out_shape(a, b, transa: bool, transb: bool) -> tuple:
     return (*a_shape[:-1], n), m, n
 
 
-# te_gemm_workspace_size answers, keyed by what the size depends on (shapes,
-# dtypes, transposes, which epilogue inputs are present): asking the core costs
-# a binding call and a plan per GEMM, a dict lookup costs far less. The size
-# can also depend on pointer alignment (an unfused fallback plan when cuBLASLt
-# rejects a fused one), so a "workspace too small" answer from te_gemm asks
-# the core again and retries once (te_gemm validates before it enqueues).
+# te_gemm_workspace_size answers, keyed by all the size depends on (te/gemm.h:
+# types, shapes and flags, never data pointers): asking the core costs a
+# binding call and a plan per GEMM, a dict lookup costs far less.
 _WORKSPACE_BYTES: dict[tuple, int] = {}
 _MAX_CACHED_SIZES = 4096
 
 
-def _workspace_bytes(key, descs, alpha, beta, transa, transb, split) -> int:
+def _workspace_bytes(key, descs, flags) -> int:
     nbytes = _WORKSPACE_BYTES.get(key)
     if nbytes is None:
-        a_desc, b_desc, d_desc, a_sdesc, b_sdesc, c_desc, bias_desc, pre_desc, grad_desc = descs
-        nbytes = lib.gemm_workspace_size(
-            a_desc,
-            b_desc,
-            d_desc,
-            a_sdesc,
-            b_sdesc,
-            c_desc,
-            None,
-            None,
-            bias_desc,
-            pre_desc,
-            grad_desc,
-            alpha,
-            beta,
-            transa,
-            transb,
-            split,
-        )
+        nbytes = lib.gemm_workspace_size(*descs, *flags)
         if len(_WORKSPACE_BYTES) >= _MAX_CACHED_SIZES:  # (many distinct shapes: start over)
             _WORKSPACE_BYTES.clear()
         _WORKSPACE_BYTES[key] = nbytes
     return nbytes
 
 
-def _run(
-    a,
-    b,
-    d,
-    a_dtype,
-    a_scale_inv,
-    b_dtype,
-    b_scale_inv,
-    transa,
-    transb,
-    bias,
-    pre_gelu,
-    bias_grad,
-    alpha,
-    beta,
-    use_split_accumulator,
-):
+def _run(a, b, d, operands, bias, pre_gelu, bias_grad, alpha, beta, use_split_accumulator):
+    """te_gemm into d; operands = (a_dtype, a_scale_inv, b_dtype, b_scale_inv, transa, transb)."""
+    a_dtype, a_scale_inv, b_dtype, b_scale_inv, transa, transb = operands
     if not a.is_contiguous():
         a = a.contiguous()
     if not b.is_contiguous():
@@ -148,12 +114,14 @@ def _run(
     bias_desc = None if bias is None else desc(bias, TORCH_TO_CODE[bias.dtype])
     pre_desc = None if pre_gelu is None else desc(pre_gelu, TORCH_TO_CODE[pre_gelu.dtype])
     grad_desc = None if bias_grad is None else desc(bias_grad, TORCH_TO_CODE[bias_grad.dtype])
+    # te_gemm's arguments: the descriptors (C, then no D scale / amax), then the flags.
+    descs = (a_desc, b_desc, d_desc, a_sdesc, b_sdesc, c_desc, None, None, bias_desc, pre_desc, grad_desc)
+    flags = (alpha, beta, transa, transb, use_split_accumulator)
     ws = None
     stream = 0
     device = a.get_device()  # (-1 on the CPU; an int, cheaper than a.device.index)
     if device >= 0:
         stream = torch._C._cuda_getCurrentRawStream(device)
-        descs = (a_desc, b_desc, d_desc, a_sdesc, b_sdesc, c_desc, bias_desc, pre_desc, grad_desc)
         key = (
             a.shape,
             b.shape,
@@ -169,52 +137,42 @@ def _run(
             use_split_accumulator,
             device,
         )
-        nbytes = _workspace_bytes(key, descs, alpha, beta, transa, transb, use_split_accumulator)
-        ws = workspace(nbytes, a, stream)
-    args = (c_desc, None, None, bias_desc, pre_desc, grad_desc)
-
-    def call(ws):
-        lib.gemm(
-            a_desc,
-            b_desc,
-            d_desc,
-            a_sdesc,
-            b_sdesc,
-            *args,
-            ws,
-            alpha,
-            beta,
-            transa,
-            transb,
-            use_split_accumulator,
-            stream,
-        )
-
-    try:
-        call(ws)
-    except ValueError as err:
-        if ws is None or "argument 'workspace'" not in str(err):
-            raise
-        _WORKSPACE_BYTES.pop(key)  # an alignment-dependent plan: ask the core, retry once
-        call(workspace(_workspace_bytes(key, descs, alpha, beta, transa, transb, use_split_accumulator), a, stream))
+        ws = workspace(_workspace_bytes(key, descs, flags), a, stream)
+    lib.gemm(*descs, ws, *flags, stream)
 
 
-def _gemm(
-    a,
-    b,
-    a_dtype,
-    a_scale_inv,
-    b_dtype,
-    b_scale_inv,
-    transa,
-    transb,
-    out_dtype,
-    bias,
-    gelu,
-    bias_grad,
-    use_split_accumulator,
-    alpha,
-):
+def _gemm_shapes(a):
+    shape, m, n = _out_shape(a.a, a.b, a.transa, a.transb)
+    if not hasattr(a, "out"):
+        pre = ((m, n), a.out_dtype) if a.gelu else None
+        return (shape, a.out_dtype), pre, (((m,), a.out_dtype) if a.bias_grad else None)
+    return ((m,), a.out.dtype) if a.bias_grad else None
+
+
+@te_op("gemm", shapes=_gemm_shapes)
+def gemm(
+    a: Tensor,
+    b: Tensor,
+    *,
+    a_dtype: int = -1,
+    a_scale_inv: Tensor | None = None,
+    b_dtype: int = -1,
+    b_scale_inv: Tensor | None = None,
+    transa: bool = False,
+    transb: bool = False,
+    out_dtype: torch.dtype = torch.float32,
+    bias: Tensor | None = None,
+    gelu: bool = False,
+    bias_grad: bool = False,
+    use_split_accumulator: bool = True,
+    alpha: float = 1.0,
+) -> tuple[Tensor, Tensor | None, Tensor | None]:
+    """D = alpha * op(a) @ op(b) (+ bias) (GELU), see the module docstring.
+
+    Returns (D, pre_gelu_out | None, bias_grad | None); the last two have
+    out_dtype. FP8 operands: uint8 bytes, their code in a_dtype/b_dtype and
+    their scale_inv.
+    """
     check_out_dtype(out_dtype)
     shape, m, n = _out_shape(a, b, transa, transb)
     # (sizes as separate ints: torch parses them faster than a tuple; see cast._prepared_outputs)
@@ -222,250 +180,34 @@ def _gemm(
     d = torch.empty(*shape, dtype=out_dtype, device=device)
     pre = torch.empty(m, n, dtype=out_dtype, device=device) if gelu else None
     grad = torch.empty(m, dtype=out_dtype, device=device) if bias_grad else None
-    _run(
-        a,
-        b,
-        d,
-        a_dtype,
-        a_scale_inv,
-        b_dtype,
-        b_scale_inv,
-        transa,
-        transb,
-        bias,
-        pre,
-        grad,
-        alpha,
-        0.0,
-        use_split_accumulator,
-    )
+    operands = (a_dtype, a_scale_inv, b_dtype, b_scale_inv, transa, transb)
+    _run(a, b, d, operands, bias, pre, grad, alpha, 0.0, use_split_accumulator)
     return d, pre, grad
 
 
-@torch.library.custom_op("te::gemm", mutates_args=())
-def _gemm_op(
-    a: torch.Tensor,
-    b: torch.Tensor,
-    a_dtype: int,
-    a_scale_inv: torch.Tensor | None,
-    b_dtype: int,
-    b_scale_inv: torch.Tensor | None,
-    transa: bool,
-    transb: bool,
-    out_dtype: torch.dtype,
-    bias: torch.Tensor | None,
-    gelu: bool,
-    bias_grad: bool,
-    use_split_accumulator: bool,
-    alpha: float,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    d, pre, grad = _gemm(
-        a,
-        b,
-        a_dtype,
-        a_scale_inv,
-        b_dtype,
-        b_scale_inv,
-        transa,
-        transb,
-        out_dtype,
-        bias,
-        gelu,
-        bias_grad,
-        use_split_accumulator,
-        alpha,
-    )
-    # Ops cannot return None, nor one tensor twice: separate empty placeholders.
-    if pre is None:
-        pre = a.new_empty((0,), dtype=out_dtype)
-    if grad is None:
-        grad = a.new_empty((0,), dtype=out_dtype)
-    return d, pre, grad
-
-
-@_gemm_op.register_fake
-def _(
-    a,
-    b,
-    a_dtype,
-    a_scale_inv,
-    b_dtype,
-    b_scale_inv,
-    transa,
-    transb,
-    out_dtype,
-    bias,
-    gelu,
-    bias_grad,
-    use_split_accumulator,
-    alpha,
-):
-    shape, m, n = _out_shape(a, b, transa, transb)
-    return (
-        a.new_empty(shape, dtype=out_dtype),
-        a.new_empty((m, n) if gelu else (0,), dtype=out_dtype),
-        a.new_empty((m,) if bias_grad else (0,), dtype=out_dtype),
-    )
-
-
-def gemm(
-    a,
-    b,
-    *,
-    a_dtype: int = -1,
-    a_scale_inv=None,
-    b_dtype: int = -1,
-    b_scale_inv=None,
-    transa: bool = False,
-    transb: bool = False,
-    out_dtype=torch.float32,
-    bias=None,
-    gelu: bool = False,
-    bias_grad: bool = False,
-    use_split_accumulator: bool = True,
-    alpha: float = 1.0,
-):
-    """D = alpha * op(a) @ op(b) (+ bias) (GELU), see the module docstring.
-
-    Returns (D, pre_gelu_out | None, bias_grad | None); the last two have
-    out_dtype. FP8 operands: uint8 bytes, their code in a_dtype/b_dtype and
-    their scale_inv.
-    """
-    if compiling():
-        d, pre, grad = torch.ops.te.gemm(
-            a,
-            b,
-            a_dtype,
-            a_scale_inv,
-            b_dtype,
-            b_scale_inv,
-            transa,
-            transb,
-            out_dtype,
-            bias,
-            gelu,
-            bias_grad,
-            use_split_accumulator,
-            float(alpha),
-        )
-        return d, (pre if gelu else None), (grad if bias_grad else None)
-    return _gemm(
-        a,
-        b,
-        a_dtype,
-        a_scale_inv,
-        b_dtype,
-        b_scale_inv,
-        transa,
-        transb,
-        out_dtype,
-        bias,
-        gelu,
-        bias_grad,
-        use_split_accumulator,
-        float(alpha),
-    )
-
-
-def _gemm_accumulate(
-    a, b, a_dtype, a_scale_inv, b_dtype, b_scale_inv, transa, transb, out, beta, bias_grad, use_split_accumulator
-):
-    _, m, n = _out_shape(a, b, transa, transb)
-    check_accumulate_out(out, m, n)
-    grad = torch.empty(m, dtype=out.dtype, device=a.device) if bias_grad else None
-    _run(
-        a,
-        b,
-        out,
-        a_dtype,
-        a_scale_inv,
-        b_dtype,
-        b_scale_inv,
-        transa,
-        transb,
-        None,
-        None,
-        grad,
-        1.0,
-        beta,
-        use_split_accumulator,
-    )
-    return grad
-
-
-@torch.library.custom_op("te::gemm_accumulate", mutates_args=("out",))
-def _gemm_accumulate_op(
-    a: torch.Tensor,
-    b: torch.Tensor,
-    a_dtype: int,
-    a_scale_inv: torch.Tensor | None,
-    b_dtype: int,
-    b_scale_inv: torch.Tensor | None,
-    transa: bool,
-    transb: bool,
-    out: torch.Tensor,
-    beta: float,
-    bias_grad: bool,
-    use_split_accumulator: bool,
-) -> torch.Tensor:
-    grad = _gemm_accumulate(
-        a, b, a_dtype, a_scale_inv, b_dtype, b_scale_inv, transa, transb, out, beta, bias_grad, use_split_accumulator
-    )
-    return a.new_empty((0,), dtype=out.dtype) if grad is None else grad
-
-
-@_gemm_accumulate_op.register_fake
-def _(a, b, a_dtype, a_scale_inv, b_dtype, b_scale_inv, transa, transb, out, beta, bias_grad, use_split_accumulator):
-    _, m, _ = _out_shape(a, b, transa, transb)
-    return a.new_empty((m,) if bias_grad else (0,), dtype=out.dtype)
-
-
+@te_op("gemm_accumulate", mutates_args=("out",), shapes=_gemm_shapes)
 def gemm_accumulate(
-    a,
-    b,
-    out,
+    a: Tensor,
+    b: Tensor,
+    out: Tensor,
     *,
     beta: float = 1.0,
     a_dtype: int = -1,
-    a_scale_inv=None,
+    a_scale_inv: Tensor | None = None,
     b_dtype: int = -1,
-    b_scale_inv=None,
+    b_scale_inv: Tensor | None = None,
     transa: bool = False,
     transb: bool = False,
     bias_grad: bool = False,
     use_split_accumulator: bool = True,
-):
+) -> Tensor | None:
     """out = op(a) @ op(b) + beta * out, in place (beta = 0 overwrites).
 
     Returns bias_grad (out's dtype) or None.
     """
-    if compiling():
-        grad = torch.ops.te.gemm_accumulate(
-            a,
-            b,
-            a_dtype,
-            a_scale_inv,
-            b_dtype,
-            b_scale_inv,
-            transa,
-            transb,
-            out,
-            float(beta),
-            bias_grad,
-            use_split_accumulator,
-        )
-        return grad if bias_grad else None
-    return _gemm_accumulate(
-        a,
-        b,
-        a_dtype,
-        a_scale_inv,
-        b_dtype,
-        b_scale_inv,
-        transa,
-        transb,
-        out,
-        float(beta),
-        bias_grad,
-        use_split_accumulator,
-    )
+    _, m, n = _out_shape(a, b, transa, transb)
+    check_accumulate_out(out, m, n)
+    grad = torch.empty(m, dtype=out.dtype, device=a.device) if bias_grad else None
+    operands = (a_dtype, a_scale_inv, b_dtype, b_scale_inv, transa, transb)
+    _run(a, b, out, operands, None, None, grad, 1.0, beta, use_split_accumulator)
+    return grad

@@ -18,7 +18,10 @@ and taken from the per-stream cache in _common.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
+from torch import Tensor
 
 from transformer_engine.core import DType, lib
 
@@ -27,11 +30,11 @@ from ._common import (
     TORCH_TO_CODE,
     check_accumulate_out,
     check_out_dtype,
-    compiling,
     contiguous,
     desc,
     scalar_desc,
     stream_of,
+    te_op,
     workspace,
 )
 from .nvfp4 import fp4_desc
@@ -39,6 +42,17 @@ from .nvfp4 import fp4_desc
 SCALING = {"none": 0, "tensor": 1, "fp8_block_1d": 2, "fp8_block_2d": 3, "mxfp8": 4, "nvfp4": 5}
 PATHS = ("native", "emulated")
 _SCALE_CODES = {1: FLOAT32, 2: FLOAT32, 3: FLOAT32, 4: int(DType.kFloat8E8M0), 5: int(DType.kFloat8E4M3)}
+
+
+class BlockOperand(NamedTuple):
+    """One operand of a block-scaled GEMM (a plain tuple in this order works too)."""
+
+    data: Tensor
+    scaling: int  # a value of SCALING
+    dtype: int  # the FP8 code for uint8 FP8 bytes; -1 for high precision and NVFP4
+    scale_inv: Tensor | None
+    amax: Tensor | None  # NVFP4: the FP32 global amax it was quantized with
+    swizzled: bool
 
 
 def _operand(data, scaling, code, scale, amax, swizzled, name):
@@ -106,124 +120,47 @@ def _run(a_args, b_args, transa, transb, d, beta, bias, split, force):
     return PATHS[path]
 
 
-def _gemm_block(a_args, b_args, transa, transb, out_dtype, bias, split, force):
-    check_out_dtype(out_dtype)
-    m, n = _out_mn(a_args[0], a_args[1], b_args[0], b_args[1], transa, transb)
-    d = torch.empty((m, n), dtype=out_dtype, device=a_args[0].device)
-    return d, _run(a_args, b_args, transa, transb, d, 0.0, bias, split, force)
+def _shapes(a):
+    m, n = _out_mn(a.a[0], a.a[1], a.b[0], a.b[1], a.transa, a.transb)
+    return ((m, n), a.out_dtype), None
 
 
-@torch.library.custom_op("te::gemm_block", mutates_args=())
-def _gemm_block_op(
-    a: torch.Tensor,
-    a_scaling: int,
-    a_dtype: int,
-    a_scale_inv: torch.Tensor | None,
-    a_amax: torch.Tensor | None,
-    a_swizzled: bool,
-    b: torch.Tensor,
-    b_scaling: int,
-    b_dtype: int,
-    b_scale_inv: torch.Tensor | None,
-    b_amax: torch.Tensor | None,
-    b_swizzled: bool,
-    transa: bool,
-    transb: bool,
-    out_dtype: torch.dtype,
-    bias: torch.Tensor | None,
-    use_split_accumulator: bool,
-    force_emulation: bool,
-) -> torch.Tensor:
-    a_args = (a, a_scaling, a_dtype, a_scale_inv, a_amax, a_swizzled)
-    b_args = (b, b_scaling, b_dtype, b_scale_inv, b_amax, b_swizzled)
-    return _gemm_block(a_args, b_args, transa, transb, out_dtype, bias, use_split_accumulator, force_emulation)[0]
-
-
-@_gemm_block_op.register_fake
-def _(a, a_scaling, a_dtype, a_scale_inv, a_amax, a_swizzled, b, b_scaling, *rest):
-    transa, transb, out_dtype = rest[4], rest[5], rest[6]
-    m, n = _out_mn(a, a_scaling, b, b_scaling, transa, transb)
-    return a.new_empty((m, n), dtype=out_dtype)
-
-
+@te_op("gemm_block", shapes=_shapes)
 def gemm_block(
-    a_args: tuple,
-    b_args: tuple,
+    a: BlockOperand,
+    b: BlockOperand,
     *,
     transa: bool = False,
     transb: bool = True,
-    out_dtype=torch.float32,
-    bias=None,
+    out_dtype: torch.dtype = torch.float32,
+    bias: Tensor | None = None,
     use_split_accumulator: bool = True,
     force_emulation: bool = False,
-):
-    """D (M, N) = op(A) @ op(B) (+ bias). a_args / b_args: (data, scaling, dtype
-    code, scale_inv | None, amax | None, swizzled_scales), scaling a value of SCALING.
+) -> tuple[Tensor, str | None]:
+    """D (M, N) = op(A) @ op(B) (+ bias). a / b: BlockOperand (data, scaling,
+    dtype code, scale_inv | None, amax | None, swizzled_scales) tuples.
 
     Returns (D, path): path is "native" or "emulated" (None under torch.compile).
     """
-    if compiling():
-        d = torch.ops.te.gemm_block(
-            *a_args, *b_args, transa, transb, out_dtype, bias, use_split_accumulator, force_emulation
-        )
-        return d, None
-    return _gemm_block(a_args, b_args, transa, transb, out_dtype, bias, use_split_accumulator, force_emulation)
+    check_out_dtype(out_dtype)
+    m, n = _out_mn(a[0], a[1], b[0], b[1], transa, transb)
+    d = torch.empty((m, n), dtype=out_dtype, device=a[0].device)
+    return d, _run(a, b, transa, transb, d, 0.0, bias, use_split_accumulator, force_emulation)
 
 
-def _gemm_block_accumulate(a_args, b_args, transa, transb, out, beta, split, force):
-    m, n = _out_mn(a_args[0], a_args[1], b_args[0], b_args[1], transa, transb)
-    check_accumulate_out(out, m, n)
-    return _run(a_args, b_args, transa, transb, out, beta, None, split, force)
-
-
-@torch.library.custom_op("te::gemm_block_accumulate", mutates_args=("out",))
-def _gemm_block_accumulate_op(
-    a: torch.Tensor,
-    a_scaling: int,
-    a_dtype: int,
-    a_scale_inv: torch.Tensor | None,
-    a_amax: torch.Tensor | None,
-    a_swizzled: bool,
-    b: torch.Tensor,
-    b_scaling: int,
-    b_dtype: int,
-    b_scale_inv: torch.Tensor | None,
-    b_amax: torch.Tensor | None,
-    b_swizzled: bool,
-    transa: bool,
-    transb: bool,
-    out: torch.Tensor,
-    beta: float,
-    use_split_accumulator: bool,
-    force_emulation: bool,
-) -> None:
-    a_args = (a, a_scaling, a_dtype, a_scale_inv, a_amax, a_swizzled)
-    b_args = (b, b_scaling, b_dtype, b_scale_inv, b_amax, b_swizzled)
-    _gemm_block_accumulate(a_args, b_args, transa, transb, out, beta, use_split_accumulator, force_emulation)
-
-
-@_gemm_block_accumulate_op.register_fake
-def _(*args):
-    return None
-
-
+@te_op("gemm_block_accumulate", mutates_args=("out",))
 def gemm_block_accumulate(
-    a_args: tuple,
-    b_args: tuple,
-    out,
+    a: BlockOperand,
+    b: BlockOperand,
+    out: Tensor,
     *,
     beta: float = 1.0,
     transa: bool = False,
     transb: bool = True,
     use_split_accumulator: bool = True,
     force_emulation: bool = False,
-):
+) -> str | None:
     """out = op(A) @ op(B) + beta * out in place; returns the path (None under torch.compile)."""
-    if compiling():
-        torch.ops.te.gemm_block_accumulate(
-            *a_args, *b_args, transa, transb, out, float(beta), use_split_accumulator, force_emulation
-        )
-        return None
-    return _gemm_block_accumulate(
-        a_args, b_args, transa, transb, out, float(beta), use_split_accumulator, force_emulation
-    )
+    m, n = _out_mn(a[0], a[1], b[0], b[1], transa, transb)
+    check_accumulate_out(out, m, n)
+    return _run(a, b, transa, transb, out, beta, None, use_split_accumulator, force_emulation)

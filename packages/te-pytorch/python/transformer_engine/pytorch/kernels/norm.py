@@ -1,4 +1,4 @@
-"""Normalization ops: torch.ops.te.layernorm_fwd / rmsnorm_fwd / layernorm_bwd / rmsnorm_bwd.
+"""Normalization ops: layernorm_fwd / rmsnorm_fwd / layernorm_bwd / rmsnorm_bwd (torch.ops.te.*).
 
 te-core's formulas (core/include/te/norm.h; x viewed as [N, H], FP32 math):
     LayerNorm:  mu = mean(x),  rsigma = 1 / sqrt(var(x) + eps),  y = (x - mu) * rsigma * g + beta
@@ -13,22 +13,53 @@ whole output first, so it is the norm to high precision, with `amax` given,
 followed by compute_scale_from_amax and quantize_fp8 with that scale: a
 high-precision y max-accumulates into `amax` the amax of y as stored, what a
 separate amax pass would compute.) Outputs not produced (mu of RMSNorm,
-scale_inv of a high-precision y) are empty tensors inside the ops and None
-from the public wrappers.
+scale_inv of a high-precision y) are None (placeholders inside the ops, see
+_common.te_op).
 """
 
 from __future__ import annotations
 
 import torch
+from torch import Tensor
 
 from transformer_engine.core import lib
 
-from ._common import FLOAT32, compiling, contiguous, desc, hp_desc, stream_of, workspace
+from ._common import FLOAT32, contiguous, desc, hp_desc, signature_without, stream_of, te_op, workspace
 from .cast import _check_fp8
 
+_Forward = tuple[Tensor, Tensor | None, Tensor, Tensor | None]
 
-def _norm_fwd(x, gamma, beta, eps, zero_centered_gamma, out_dtype, fp8_dtype, scale, amax):
+
+def _fwd_shapes(a):
+    rows = a.x.shape[:-1]
+    fp8 = a.fp8_dtype >= 0
+    y = (a.x.shape, torch.uint8 if fp8 else (a.x.dtype if a.out_dtype is None else a.out_dtype))
+    mu = (rows, torch.float32) if getattr(a, "beta", None) is not None else None
+    return y, mu, (rows, torch.float32), ((1,), torch.float32) if fp8 else None
+
+
+@te_op("layernorm_fwd", mutates_args=("amax",), shapes=_fwd_shapes)
+def layernorm_fwd(
+    x: Tensor,
+    gamma: Tensor,
+    beta: Tensor,
+    eps: float,
+    zero_centered_gamma: bool = False,
+    *,
+    out_dtype: torch.dtype | None = None,
+    fp8_dtype: int = -1,
+    scale: Tensor | None = None,
+    amax: Tensor | None = None,
+) -> _Forward:
+    """LayerNorm over the last dim of x: (y, mu, rsigma, scale_inv | None).
+
+    y has out_dtype (default x's), or is uint8 FP8 bytes when fp8_dtype >= 0
+    (then `scale` is required and scale_inv is returned). `amax`, if given
+    (FP32, one element), is max-accumulated in place: with max|y_fp32| for an
+    FP8 y, with max|y| of the stored y for a high-precision one.
+    """
     x, gamma = contiguous(x), contiguous(gamma)
+    out_dtype = x.dtype if out_dtype is None else out_dtype
     rows = x.shape[:-1]
     rsigma = torch.empty(rows, dtype=torch.float32, device=x.device)
     mu = None if beta is None else torch.empty(rows, dtype=torch.float32, device=x.device)
@@ -73,97 +104,16 @@ def _norm_fwd(x, gamma, beta, eps, zero_centered_gamma, out_dtype, fp8_dtype, sc
     return y, mu, rsigma, scale_inv
 
 
-def _fake_fwd(x, out_dtype, fp8_dtype, layernorm: bool):
-    rows = x.shape[:-1]
-    y = x.new_empty(x.shape, dtype=torch.uint8 if fp8_dtype >= 0 else out_dtype)
-    mu = x.new_empty(rows if layernorm else (0,), dtype=torch.float32)
-    rsigma = x.new_empty(rows, dtype=torch.float32)
-    scale_inv = x.new_empty((1,) if fp8_dtype >= 0 else (0,), dtype=torch.float32)
-    return y, mu, rsigma, scale_inv
-
-
-def _op_outputs(result, x):
-    y, mu, rsigma, scale_inv = result
-    # Ops cannot return None, nor one tensor twice: separate empty placeholders.
-    if mu is None:
-        mu = x.new_empty((0,), dtype=torch.float32)
-    if scale_inv is None:
-        scale_inv = x.new_empty((0,), dtype=torch.float32)
-    return y, mu, rsigma, scale_inv
-
-
-@torch.library.custom_op("te::layernorm_fwd", mutates_args=("amax",))
-def _layernorm_fwd_op(
-    x: torch.Tensor,
-    gamma: torch.Tensor,
-    beta: torch.Tensor,
-    eps: float,
-    zero_centered_gamma: bool,
-    out_dtype: torch.dtype,
-    fp8_dtype: int,
-    scale: torch.Tensor | None,
-    amax: torch.Tensor | None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    return _op_outputs(_norm_fwd(x, gamma, beta, eps, zero_centered_gamma, out_dtype, fp8_dtype, scale, amax), x)
-
-
-@_layernorm_fwd_op.register_fake
-def _(x, gamma, beta, eps, zero_centered_gamma, out_dtype, fp8_dtype, scale, amax):
-    return _fake_fwd(x, out_dtype, fp8_dtype, True)
-
-
-@torch.library.custom_op("te::rmsnorm_fwd", mutates_args=("amax",))
-def _rmsnorm_fwd_op(
-    x: torch.Tensor,
-    gamma: torch.Tensor,
-    eps: float,
-    zero_centered_gamma: bool,
-    out_dtype: torch.dtype,
-    fp8_dtype: int,
-    scale: torch.Tensor | None,
-    amax: torch.Tensor | None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    return _op_outputs(_norm_fwd(x, gamma, None, eps, zero_centered_gamma, out_dtype, fp8_dtype, scale, amax), x)
-
-
-@_rmsnorm_fwd_op.register_fake
-def _(x, gamma, eps, zero_centered_gamma, out_dtype, fp8_dtype, scale, amax):
-    return _fake_fwd(x, out_dtype, fp8_dtype, False)
-
-
-def norm_fwd(
-    x,
-    gamma,
-    beta,
-    eps: float,
-    zero_centered_gamma: bool = False,
-    *,
-    out_dtype=None,
-    fp8_dtype: int = -1,
-    scale=None,
-    amax=None,
-):
-    """LayerNorm (beta given) or RMSNorm (beta None) over the last dim of x.
-
-    Returns (y, mu | None, rsigma, scale_inv | None). y has out_dtype (default
-    x's), or is uint8 FP8 bytes when fp8_dtype >= 0 (then `scale` is required).
-    `amax`, if given (FP32, one element), is max-accumulated in place: with max|y_fp32|
-    for an FP8 y, with max|y| of the stored y for a high-precision one.
-    """
-    out_dtype = x.dtype if out_dtype is None else out_dtype
-    eps = float(eps)
-    if compiling():
-        if beta is None:
-            y, _, rsigma, scale_inv = torch.ops.te.rmsnorm_fwd(
-                x, gamma, eps, zero_centered_gamma, out_dtype, fp8_dtype, scale, amax
-            )
-            mu = None
-        else:
-            y, mu, rsigma, scale_inv = torch.ops.te.layernorm_fwd(
-                x, gamma, beta, eps, zero_centered_gamma, out_dtype, fp8_dtype, scale, amax
-            )
-        return y, mu, rsigma, (scale_inv if fp8_dtype >= 0 else None)
-    return _norm_fwd(x, gamma, beta, eps, zero_centered_gamma, out_dtype, fp8_dtype, scale, amax)
+@te_op(
+    "rmsnorm_fwd",
+    mutates_args=("amax",),
+    shapes=_fwd_shapes,
+    signature=signature_without(layernorm_fwd, "beta"),
+)
+def rmsnorm_fwd(x, gamma, eps, zero_centered_gamma=False, **kwargs):
+    """RMSNorm over the last dim of x: (y, None, rsigma, scale_inv | None); the
+    arguments are layernorm_fwd's but beta (RMSNorm has no beta and no mu)."""
+    return layernorm_fwd.__wrapped__(x, gamma, None, eps, zero_centered_gamma, **kwargs)
 
 
 def _norm_bwd(dz, x, mu, rsigma, gamma, zero_centered_gamma):
@@ -189,57 +139,38 @@ def _norm_bwd(dz, x, mu, rsigma, gamma, zero_centered_gamma):
             ws,
             stream,
         )
-    else:
-        lib.layernorm_bwd(
-            *common,
-            desc(contiguous(mu), FLOAT32),
-            desc(contiguous(rsigma), FLOAT32),
-            hp_desc(gamma, "gamma"),
-            zero_centered_gamma,
-            hp_desc(dx, "dx"),
-            hp_desc(dgamma, "dgamma"),
-            hp_desc(dbeta, "dbeta"),
-            ws,
-            stream,
-        )
+        return dx, dgamma
+    lib.layernorm_bwd(
+        *common,
+        desc(contiguous(mu), FLOAT32),
+        desc(contiguous(rsigma), FLOAT32),
+        hp_desc(gamma, "gamma"),
+        zero_centered_gamma,
+        hp_desc(dx, "dx"),
+        hp_desc(dgamma, "dgamma"),
+        hp_desc(dbeta, "dbeta"),
+        ws,
+        stream,
+    )
     return dx, dgamma, dbeta
 
 
-@torch.library.custom_op("te::layernorm_bwd", mutates_args=())
-def _layernorm_bwd_op(
-    dz: torch.Tensor,
-    x: torch.Tensor,
-    mu: torch.Tensor,
-    rsigma: torch.Tensor,
-    gamma: torch.Tensor,
-    zero_centered_gamma: bool,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _bwd_shapes(a):
+    weight = (a.gamma.shape, a.gamma.dtype)
+    return ((a.x.shape, a.x.dtype), weight, weight)[: 3 if hasattr(a, "mu") else 2]
+
+
+@te_op("layernorm_bwd", shapes=_bwd_shapes)
+def layernorm_bwd(
+    dz: Tensor, x: Tensor, mu: Tensor, rsigma: Tensor, gamma: Tensor, zero_centered_gamma: bool = False
+) -> tuple[Tensor, Tensor, Tensor]:
+    """(dx, dgamma, dbeta) of LayerNorm from the forward's mu and rsigma."""
     return _norm_bwd(dz, x, mu, rsigma, gamma, zero_centered_gamma)
 
 
-@_layernorm_bwd_op.register_fake
-def _(dz, x, mu, rsigma, gamma, zero_centered_gamma):
-    return torch.empty_like(x), torch.empty_like(gamma), torch.empty_like(gamma)
-
-
-@torch.library.custom_op("te::rmsnorm_bwd", mutates_args=())
-def _rmsnorm_bwd_op(
-    dz: torch.Tensor, x: torch.Tensor, rsigma: torch.Tensor, gamma: torch.Tensor, zero_centered_gamma: bool
-) -> tuple[torch.Tensor, torch.Tensor]:
-    dx, dgamma, _ = _norm_bwd(dz, x, None, rsigma, gamma, zero_centered_gamma)
-    return dx, dgamma
-
-
-@_rmsnorm_bwd_op.register_fake
-def _(dz, x, rsigma, gamma, zero_centered_gamma):
-    return torch.empty_like(x), torch.empty_like(gamma)
-
-
-def norm_bwd(dz, x, mu, rsigma, gamma, zero_centered_gamma: bool = False):
-    """(dx, dgamma, dbeta | None): LayerNorm backward when mu is given, else RMSNorm."""
-    if compiling():
-        if mu is None:
-            dx, dgamma = torch.ops.te.rmsnorm_bwd(dz, x, rsigma, gamma, zero_centered_gamma)
-            return dx, dgamma, None
-        return torch.ops.te.layernorm_bwd(dz, x, mu, rsigma, gamma, zero_centered_gamma)
-    return _norm_bwd(dz, x, mu, rsigma, gamma, zero_centered_gamma)
+@te_op("rmsnorm_bwd", shapes=_bwd_shapes)
+def rmsnorm_bwd(
+    dz: Tensor, x: Tensor, rsigma: Tensor, gamma: Tensor, zero_centered_gamma: bool = False
+) -> tuple[Tensor, Tensor]:
+    """(dx, dgamma) of RMSNorm from the forward's rsigma."""
+    return _norm_bwd(dz, x, None, rsigma, gamma, zero_centered_gamma)

@@ -15,12 +15,12 @@ rng_state, an int64 [2] tensor (seed, offset) on x's device.
 from __future__ import annotations
 
 import torch
+from torch import Tensor
 
 from transformer_engine.core import DType, lib
 from transformer_engine.core.nvfp4 import scale_shape
 
-from ._common import compiling, contiguous, desc, hp_desc, matrix_t_shape, scalar_desc, stream_of
-from .cast import _or_empty
+from ._common import contiguous, desc, hp_desc, matrix_t_shape, scalar_desc, stream_of, te_op
 
 FP4, E4M3, INT64 = int(DType.kFloat4E2M1), int(DType.kFloat8E4M3), int(DType.kInt64)
 
@@ -36,12 +36,12 @@ def _fp4(packed, shape):
     return lib.TensorDesc(packed.data_ptr(), FP4, shape, 0, 0)
 
 
-def _outputs(x, rowwise, columnwise, alloc):
-    """(row, row_scale, col, col_scale, amaxes FP32 [2]); None = not requested."""
-    cols, rows = matrix_t_shape(x.shape)
-    row = (alloc((*x.shape[:-1], cols // 2), torch.uint8), alloc(scale_shape(rows, cols), torch.uint8))
-    col = (alloc((cols, rows // 2), torch.uint8), alloc(scale_shape(cols, rows), torch.uint8))
-    return [*(row if rowwise else (None, None)), *(col if columnwise else (None, None)), alloc((2,), torch.float32)]
+def _outputs(shape, rowwise, columnwise):
+    """(shape, dtype) of (row, row_scale, col, col_scale, amaxes FP32 [2]); None = not requested."""
+    cols, rows = matrix_t_shape(shape)
+    row = (((*shape[:-1], cols // 2), torch.uint8), (scale_shape(rows, cols), torch.uint8))
+    col = (((cols, rows // 2), torch.uint8), (scale_shape(cols, rows), torch.uint8))
+    return (*(row if rowwise else (None, None)), *(col if columnwise else (None, None)), ((2,), torch.float32))
 
 
 def _check_mask(mask: int) -> None:
@@ -49,15 +49,33 @@ def _check_mask(mask: int) -> None:
         raise ValueError(f"rht_sign_mask must be a 16-bit mask (0..0xFFFF), got {mask:#x}")
 
 
-def _quantize_nvfp4(x, rowwise, columnwise, block_2d, stochastic_rounding, random_hadamard, rht_sign_mask, rng, amax):
+@te_op("quantize_nvfp4", shapes=lambda a: _outputs(a.x.shape, a.rowwise, a.columnwise))
+def quantize_nvfp4(
+    x: Tensor,
+    rowwise: bool = True,
+    columnwise: bool = False,
+    block_2d: bool = False,
+    stochastic_rounding: bool = False,
+    random_hadamard: bool = False,
+    rht_sign_mask: int = 0,
+    rng_state: Tensor | None = None,
+    amax: Tensor | None = None,
+) -> tuple[Tensor | None, Tensor | None, Tensor | None, Tensor | None, Tensor]:
+    """NVFP4-quantize x. amax: FP32 [2] (rowwise, columnwise global amax), or None
+    to use x's own (post-RHT for columnwise with random_hadamard).
+
+    Returns (row | None, row_scale | None, col | None, col_scale | None, amaxes FP32 [2]).
+    """
     if not (rowwise or columnwise):
         raise ValueError("at least one of 'rowwise' and 'columnwise' must be True")
+    rht_sign_mask = int(rht_sign_mask)
     _check_mask(rht_sign_mask)
-    if stochastic_rounding and (rng is None or rng.dtype != torch.int64 or rng.numel() != 2):
+    if stochastic_rounding and (rng_state is None or rng_state.dtype != torch.int64 or rng_state.numel() != 2):
         raise ValueError("stochastic_rounding needs 'rng_state': an int64 tensor of 2 elements (seed, offset)")
     x = contiguous(x)
-    row, row_s, col, col_s, amaxes = _outputs(
-        x, rowwise, columnwise, lambda s, d: torch.empty(s, dtype=d, device=x.device)
+    specs = _outputs(x.shape, rowwise, columnwise)
+    row, row_s, col, col_s, amaxes = (
+        None if s is None else torch.empty(s[0], dtype=s[1], device=x.device) for s in specs
     )
     stream = stream_of(x)
     rht = random_hadamard and columnwise
@@ -81,61 +99,15 @@ def _quantize_nvfp4(x, rowwise, columnwise, block_2d, stochastic_rounding, rando
         stochastic_rounding,
         rht,
         rht_sign_mask,
-        desc(contiguous(rng), INT64) if stochastic_rounding else None,
+        desc(contiguous(rng_state), INT64) if stochastic_rounding else None,
         stream,
     )
-    return [row, row_s, col, col_s, amaxes]
+    return row, row_s, col, col_s, amaxes
 
 
-@torch.library.custom_op("te::quantize_nvfp4", mutates_args=())
-def _quantize_nvfp4_op(
-    x: torch.Tensor,
-    rowwise: bool,
-    columnwise: bool,
-    block_2d: bool,
-    stochastic_rounding: bool,
-    random_hadamard: bool,
-    rht_sign_mask: int,
-    rng_state: torch.Tensor | None,
-    amax: torch.Tensor | None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    outs = _quantize_nvfp4(
-        x, rowwise, columnwise, block_2d, stochastic_rounding, random_hadamard, rht_sign_mask, rng_state, amax
-    )
-    return tuple(_or_empty(t, x) for t in outs)
-
-
-@_quantize_nvfp4_op.register_fake
-def _(x, rowwise, columnwise, block_2d, stochastic_rounding, random_hadamard, rht_sign_mask, rng_state, amax):
-    outs = _outputs(x, rowwise, columnwise, lambda s, d: x.new_empty(s, dtype=d))
-    return tuple(_or_empty(t, x) for t in outs)
-
-
-def quantize_nvfp4(
-    x,
-    rowwise: bool = True,
-    columnwise: bool = False,
-    block_2d: bool = False,
-    stochastic_rounding: bool = False,
-    random_hadamard: bool = False,
-    rht_sign_mask: int = 0,
-    rng_state=None,
-    amax=None,
-):
-    """NVFP4-quantize x. amax: FP32 [2] (rowwise, columnwise global amax), or None
-    to use x's own (post-RHT for columnwise with random_hadamard).
-
-    Returns [row | None, row_scale | None, col | None, col_scale | None, amaxes FP32 [2]].
-    """
-    args = (x, rowwise, columnwise, block_2d, stochastic_rounding, random_hadamard, int(rht_sign_mask), rng_state, amax)
-    if compiling():
-        outs = list(torch.ops.te.quantize_nvfp4(*args))
-        keep = (rowwise, rowwise, columnwise, columnwise, True)
-        return [t if k else None for t, k in zip(outs, keep)]
-    return _quantize_nvfp4(*args)
-
-
-def _dequantize_nvfp4(data, scale, amax, out_dtype):
+@te_op("dequantize_nvfp4", shapes=lambda a: ((*a.data.shape[:-1], 2 * a.data.shape[-1]), a.out_dtype))
+def dequantize_nvfp4(data: Tensor, scale: Tensor, amax: Tensor, out_dtype: torch.dtype = torch.float32) -> Tensor:
+    """Packed data [..., B/2] with its E4M3 scales and FP32 global amax (one element) -> [..., B]."""
     if data.dtype != torch.uint8 or scale.dtype != torch.uint8:
         raise TypeError("arguments 'data' and 'scale' must be uint8 (packed E2M1 codes and E4M3 bytes)")
     data, scale = contiguous(data), contiguous(scale)
@@ -148,22 +120,3 @@ def _dequantize_nvfp4(data, scale, amax, out_dtype):
         stream_of(data),
     )
     return out
-
-
-@torch.library.custom_op("te::dequantize_nvfp4", mutates_args=())
-def _dequantize_nvfp4_op(
-    data: torch.Tensor, scale: torch.Tensor, amax: torch.Tensor, out_dtype: torch.dtype
-) -> torch.Tensor:
-    return _dequantize_nvfp4(data, scale, amax, out_dtype)
-
-
-@_dequantize_nvfp4_op.register_fake
-def _(data, scale, amax, out_dtype):
-    return data.new_empty((*data.shape[:-1], 2 * data.shape[-1]), dtype=out_dtype)
-
-
-def dequantize_nvfp4(data, scale, amax, out_dtype=torch.float32) -> torch.Tensor:
-    """Packed data [..., B/2] with its E4M3 scales and FP32 global amax (one element) -> [..., B]."""
-    if compiling():
-        return torch.ops.te.dequantize_nvfp4(data, scale, amax, out_dtype)
-    return _dequantize_nvfp4(data, scale, amax, out_dtype)

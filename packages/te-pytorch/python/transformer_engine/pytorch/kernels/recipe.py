@@ -12,16 +12,31 @@ FLT_MAX. The tensors are updated in place.
 from __future__ import annotations
 
 import torch
+from torch import Tensor
 
 from transformer_engine.core import lib
 
-from ._common import FLOAT32, compiling, desc, stream_of
+from ._common import FLOAT32, desc, stream_of, te_op
 from .cast import _check_fp8
 
 ALGOS = {"max": lib.AmaxComputeAlgo.MAX, "most_recent": lib.AmaxComputeAlgo.MOST_RECENT}
 
 
-def _update(buffer, histories, scales, algo, fp8_dtype, margin):
+@te_op("delayed_scaling_update", mutates_args=("histories", "scales"))
+def delayed_scaling_update(
+    buffer: Tensor | None,
+    histories: list[Tensor],
+    scales: list[Tensor],
+    *,
+    algo: str = "max",
+    fp8_dtype: int,
+    margin: float = 0.0,
+) -> None:
+    """Roll each FP32 [L, n_k] history and recompute its FP32 [n_k] scales in place.
+
+    buffer: None, or the FP32 concatenation of every history's row 0 after an
+    all-reduce (MAX) across ranks.
+    """
     _check_fp8(fp8_dtype)
     if algo not in ALGOS:
         raise ValueError(f"amax_compute_algo must be 'max' or 'most_recent', got {algo!r}")
@@ -44,34 +59,3 @@ def _update(buffer, histories, scales, algo, fp8_dtype, margin):
         margin,
         stream_of(histories[0]),
     )
-
-
-@torch.library.custom_op("te::delayed_scaling_update", mutates_args=("histories", "scales"))
-def _update_op(
-    buffer: torch.Tensor | None,
-    histories: list[torch.Tensor],
-    scales: list[torch.Tensor],
-    algo: str,
-    fp8_dtype: int,
-    margin: float,
-) -> None:
-    _update(buffer, histories, scales, algo, fp8_dtype, margin)
-
-
-@_update_op.register_fake
-def _(buffer, histories, scales, algo, fp8_dtype, margin):
-    return None
-
-
-def delayed_scaling_update(
-    buffer, histories, scales, *, algo: str = "max", fp8_dtype: int, margin: float = 0.0
-) -> None:
-    """Roll each FP32 [L, n_k] history and recompute its FP32 [n_k] scales in place.
-
-    buffer: None, or the FP32 concatenation of every history's row 0 after an
-    all-reduce (MAX) across ranks.
-    """
-    if compiling():
-        torch.ops.te.delayed_scaling_update(buffer, list(histories), list(scales), algo, fp8_dtype, float(margin))
-        return
-    _update(buffer, histories, scales, algo, fp8_dtype, float(margin))

@@ -64,6 +64,7 @@ from .. import kernels
 from ..tensor import Float8CurrentScalingQuantizer, QuantizedTensor
 from . import _operand
 from ._operand import Operand, fused_amax, operand_gemm, quantize_operand, tensor_operand
+from .normalization import norm_kernel_bwd, norm_kernel_fwd
 
 
 class MLPArgs:
@@ -208,13 +209,13 @@ def _forward_q(ctx, x, gamma, beta, w1, b1, w2, b2, a: MLPArgs):
     ln_hp = None
     per_tensor = a.per_tensor
     if a.delayed and not a.return_ln:  # the norm kernel writes FP8
-        ln_r, mu, rsigma, ln_s = kernels.norm_fwd(
+        ln_r, mu, rsigma, ln_s = norm_kernel_fwd(
             x, gamma, beta, a.eps, a.zero_centered_gamma, fp8_dtype=_code(q[0]), scale=q[0].scale, amax=q[0].amax
         )
         ln_op = _fp8_operand(ln_r, None, ln_s, q[0])
     else:
         amax = fused_amax(q[0], x)  # current scaling: the norm kernel writes max|ln|
-        ln_hp, mu, rsigma, _ = kernels.norm_fwd(x, gamma, beta, a.eps, a.zero_centered_gamma, out_dtype=dt, amax=amax)
+        ln_hp, mu, rsigma, _ = norm_kernel_fwd(x, gamma, beta, a.eps, a.zero_centered_gamma, out_dtype=dt, amax=amax)
         ln_col = grads[3] and not per_tensor
         ln_op = quantize_operand(q[0], ln_hp, rowwise=True, columnwise=ln_col, amax=amax)
         if not a.return_ln:  # (not returned: freed before fc1's output exists)
@@ -249,7 +250,7 @@ def _forward_q(ctx, x, gamma, beta, w1, b1, w2, b2, a: MLPArgs):
 
 def _forward_hp(ctx, x, gamma, beta, w1, b1, w2, b2, a: MLPArgs):
     dt = a.act_dtype
-    ln, mu, rsigma, _ = kernels.norm_fwd(x, gamma, beta, a.eps, a.zero_centered_gamma, out_dtype=dt)
+    ln, mu, rsigma, _ = norm_kernel_fwd(x, gamma, beta, a.eps, a.zero_centered_gamma, out_dtype=dt)
     w1, w2 = w1.to(dt), w2.to(dt)
     h = kernels.gemm(ln, w1, transb=True, out_dtype=dt, bias=b1)[0]
     act = kernels.activation_fwd(h, a.kind, **a.act_params)[0]
@@ -291,7 +292,7 @@ class LayerNormMLPFunction(torch.autograd.Function):
         if d_ln is not None:
             if grad_ln and grad_ln[0] is not None:  # the returned layernorm output's gradient
                 d_ln = d_ln + grad_ln[0].reshape(d_ln.shape)
-            dx, dgamma, dbeta = kernels.norm_bwd(d_ln.to(x.dtype), x, mu, rsigma, gamma, a.zero_centered_gamma)
+            dx, dgamma, dbeta = norm_kernel_bwd(d_ln.to(x.dtype), x, mu, rsigma, gamma, a.zero_centered_gamma)
             dx = dx.view(ctx.inp_shape)
         _, b1_dt, _, b2_dt = ctx.dtypes
         db1 = None if db1 is None else db1.to(b1_dt)

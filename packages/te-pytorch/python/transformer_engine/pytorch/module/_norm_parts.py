@@ -13,7 +13,7 @@ import torch
 
 from .. import kernels
 from ..tensor import Float8Tensor
-from .normalization import _NormFunction, norm_backward, norm_forward
+from .normalization import _NormFunction, norm_backward, norm_forward, norm_kernel_fwd
 
 NORMALIZATIONS = ("LayerNorm", "RMSNorm")
 
@@ -56,7 +56,7 @@ class NormFP8Function(_NormFunction):
     def forward(ctx, inp, weight, bias, eps, zero_centered_gamma, hidden, quantizer, columnwise):
         x = inp.reshape(-1, hidden)
         code = int(quantizer.dtype)
-        y, mu, rsigma, scale_inv = kernels.norm_fwd(
+        y, mu, rsigma, scale_inv = norm_kernel_fwd(
             x, weight, bias, eps, zero_centered_gamma, fp8_dtype=code, scale=quantizer.scale, amax=quantizer.amax
         )
         ctx.save_for_backward(x, mu, rsigma, weight)

@@ -26,8 +26,6 @@ import warnings
 import torch
 
 from .. import kernels
-from ..kernels._common import compiling
-from ..kernels.gemm import _gemm, _gemm_accumulate
 from ..tensor import Float8BlockwiseQTensor, Float8CurrentScalingQuantizer, Float8Tensor, MXFP8Tensor, NVFP4Tensor
 from ..tensor._block_tensor import BlockQuantizer
 
@@ -173,13 +171,6 @@ def operand_gemm(
     if a.kind == "fp8":
         ad, ac, asi = _fp8_args(a, a_columnwise, "a")
         bd, bc, bsi = _fp8_args(b, b_columnwise, "b")
-        if not compiling():  # (eager: the implementations, called positionally -- per-GEMM host time)
-            if out is not None:
-                _gemm_accumulate(ad, bd, ac, asi, bc, bsi, False, True, out, float(beta), False, use_split_accumulator)
-                return None
-            return _gemm(
-                ad, bd, ac, asi, bc, bsi, False, True, out_dtype, bias, False, False, use_split_accumulator, 1.0
-            )[0]
         kw = {"a_dtype": ac, "a_scale_inv": asi, "b_dtype": bc, "b_scale_inv": bsi, "transb": True}
         if out is not None:
             kernels.gemm_accumulate(ad, bd, out, beta=beta, use_split_accumulator=use_split_accumulator, **kw)

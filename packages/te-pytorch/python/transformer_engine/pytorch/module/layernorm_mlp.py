@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from transformer_engine.core.activation import ACTIVATIONS, DEFAULT_PARAMS, activation_code, is_gated
+from transformer_engine.core.activation import ACTIVATIONS, DEFAULT_PARAMS, is_gated
 
 from ..quantization import FP8GlobalStateManager
 from ._layernorm_mlp_fn import LayerNormMLPFunction, MLPArgs
@@ -84,7 +84,6 @@ class LayerNormMLP(TransformerEngineBaseModule):
         if not isinstance(activation, str) or activation.lower() not in ACTIVATIONS:
             raise ValueError(f"{_OWNER}: activation must be one of {', '.join(ACTIVATIONS)}; got {activation!r}")
         self.activation = activation.lower()
-        self._kind = activation_code(self.activation)
         params = dict(DEFAULT_PARAMS)
         if activation_params:
             if self.activation != "clamped_swiglu":
@@ -165,7 +164,7 @@ class LayerNormMLP(TransformerEngineBaseModule):
         a = MLPArgs()
         device_type = inp.device.type
         a.act_dtype = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else inp.dtype
-        a.kind = self._kind
+        a.kind = self.activation
         a.act_params = self._act_params
         a.eps = self.eps
         a.zero_centered_gamma = self.zero_centered_gamma

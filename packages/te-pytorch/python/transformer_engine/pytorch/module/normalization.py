@@ -19,13 +19,28 @@ from .. import kernels
 from .base import resolve_device
 
 
+def norm_kernel_fwd(x, gamma, beta, eps, zero_centered_gamma=False, **kw):
+    """kernels.layernorm_fwd, or kernels.rmsnorm_fwd where beta is None (the
+    modules' RMSNorm has no bias): (y, mu | None, rsigma, scale_inv | None)."""
+    if beta is None:
+        return kernels.rmsnorm_fwd(x, gamma, eps, zero_centered_gamma, **kw)
+    return kernels.layernorm_fwd(x, gamma, beta, eps, zero_centered_gamma, **kw)
+
+
+def norm_kernel_bwd(dz, x, mu, rsigma, gamma, zero_centered_gamma=False):
+    """(dx, dgamma, dbeta | None): kernels.layernorm_bwd, or kernels.rmsnorm_bwd where mu is None."""
+    if mu is None:
+        return (*kernels.rmsnorm_bwd(dz, x, rsigma, gamma, zero_centered_gamma), None)
+    return kernels.layernorm_bwd(dz, x, mu, rsigma, gamma, zero_centered_gamma)
+
+
 def norm_forward(ctx, inp, weight, bias, eps, zero_centered_gamma, hidden, amax=None):
     """The high-precision norm of an autograd forward, saving what backward needs.
     amax: FP32 [1] max-accumulating max|y| of the stored y (current scaling's fused amax), or None."""
     x = inp.reshape(-1, hidden)
     gamma = weight.reshape(hidden)
     beta = None if bias is None else bias.reshape(hidden)
-    y, mu, rsigma, _ = kernels.norm_fwd(x, gamma, beta, eps, zero_centered_gamma, amax=amax)
+    y, mu, rsigma, _ = norm_kernel_fwd(x, gamma, beta, eps, zero_centered_gamma, amax=amax)
     ctx.save_for_backward(x, mu, rsigma, gamma)
     ctx.zero_centered_gamma = zero_centered_gamma
     ctx.shapes = (inp.shape, weight.shape)
@@ -37,7 +52,7 @@ def norm_backward(ctx, dy):
     x, mu, rsigma, gamma = ctx.saved_tensors
     inp_shape, weight_shape = ctx.shapes
     dz = dy.reshape(x.shape).to(x.dtype)
-    dx, dgamma, dbeta = kernels.norm_bwd(dz, x, mu, rsigma, gamma, ctx.zero_centered_gamma)
+    dx, dgamma, dbeta = norm_kernel_bwd(dz, x, mu, rsigma, gamma, ctx.zero_centered_gamma)
     dbeta = None if dbeta is None else dbeta.view(weight_shape)
     return dx.view(inp_shape), dgamma.view(weight_shape), dbeta
 

@@ -1,0 +1,5 @@
+"""te.DotProductAttention and its backends."""
+
+from .dot_product_attention import DotProductAttention
+
+__all__ = ["DotProductAttention"]

@@ -1,0 +1,53 @@
+"""Which backend runs an attention call.
+
+Backends, in order of preference:
+  "fused"    te-core's attention op (kernels/attention.py): CPU and CUDA,
+             the default whenever it supports the call's combination.
+  "unfused"  plain torch math (unfused.py): runs every combination.
+The reference's FlashAttention backend does not exist here; NVTE_FLASH_ATTN
+is read for compatibility and changes nothing.
+
+Environment (read at each call, as the reference does; docs/envvars.md):
+  NVTE_FUSED_ATTN=0    never use the fused backend
+  NVTE_UNFUSED_ATTN=0  never use the unfused backend
+"""
+
+from __future__ import annotations
+
+import os
+
+from ...kernels import attention as kernels
+from . import fused
+from .unfused import AttnConfig, UnfusedDotProductAttention
+
+__all__ = ["UnfusedDotProductAttention", "select_backend"]  # (the reference defines the unfused class here)
+
+
+def _enabled(name: str) -> bool:
+    return os.environ.get(name, "1") != "0"
+
+
+def select_backend(cfg: AttnConfig, call):
+    """("fused", plan) or ("unfused", None); a ValueError naming the
+    combination and what to change when no enabled backend can run it."""
+    reasons = []
+    if _enabled("NVTE_FUSED_ATTN"):
+        if not kernels.available():
+            reasons.append("fused: this te-core build has no attention op")
+        else:
+            p = fused.plan(cfg, call)
+            if not isinstance(p, str):
+                return "fused", p
+            reasons.append(f"fused: does not support {p}")
+    else:
+        reasons.append("fused: disabled by NVTE_FUSED_ATTN=0")
+    if _enabled("NVTE_UNFUSED_ATTN"):
+        return "unfused", None
+    reasons.append("unfused: disabled by NVTE_UNFUSED_ATTN=0")
+    raise ValueError(
+        "DotProductAttention: no attention backend can run qkv_format="
+        f"{cfg.qkv_format!r}, attn_mask_type={cfg.mask_type!r}, window_size={cfg.window}, "
+        f"core_attention_bias_type={cfg.bias_type!r}, softmax_type={cfg.softmax_type!r}, "
+        f"softcap={cfg.softcap} ({'; '.join(reasons)}). Enable the unfused backend "
+        "(unset NVTE_UNFUSED_ATTN), which runs every combination, or change the arguments named"
+    )

@@ -1,0 +1,189 @@
+"""Fused attention: torch.ops.te.attention_fwd / attention_bwd over te-core's
+attention op (core/include/te/attention.h has the formulas), plus the
+autograd function and the support check DotProductAttention's backend
+selection uses.
+
+The ops take the core's configuration as ints/floats (enum codes numbered
+like the reference's NVTE_* ones) and the optional tensors as None. Forward
+returns (o, softmax_lse); backward (dq, dk, dv, dbias | None,
+dsoftmax_offset | None). Each op is one definition (kernels._common.te_op):
+the implementation and its shape rule.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from transformer_engine.core import lib
+
+from ._common import FLOAT32, contiguous, desc, hp_desc, stream_of, te_op, workspace
+
+QKV_FORMAT = {"bshd": 0, "sbhd": 1, "thd": 2}
+MASK_TYPE = {
+    "no_mask": 0,
+    "padding": 1,
+    "causal": 2,
+    "padding_causal": 3,
+    "causal_bottom_right": 4,
+    "padding_causal_bottom_right": 5,
+    "arbitrary": 6,
+}
+BIAS_TYPE = {"no_bias": 0, "pre_scale_bias": 1, "post_scale_bias": 2, "alibi": 3}
+SOFTMAX_TYPE = {"vanilla": 0, "off-by-one": 1, "learnable": 2}
+INT32, INT64, BYTE = 2, 3, 0  # te_dtype codes of cu_seqlens, rng_state, attn_mask
+
+
+def available() -> bool:
+    """Whether this te-core build has the attention op."""
+    return hasattr(lib, "attention_fwd")
+
+
+def _opt(t, code=None):
+    if t is None:
+        return None
+    return desc(t, code) if code is not None else hp_desc(t, "attention tensor")
+
+
+def _core_args(cfg_ints, bias, alibi, cu_q, cu_kv, cu_qp, cu_kvp, mask, offset, rng):
+    fmt, mask_type, bias_type, softmax_type, scale, dropout, left, right, sq, skv, det = cfg_ints
+    return dict(
+        qkv_format=fmt,
+        mask_type=mask_type,
+        bias_type=bias_type,
+        softmax_type=softmax_type,
+        scale=scale,
+        dropout=dropout,
+        window_left=left,
+        window_right=right,
+        max_seqlen_q=sq,
+        max_seqlen_kv=skv,
+        deterministic=det,
+        bias=_opt(bias),
+        alibi_slopes=_opt(alibi, FLOAT32),
+        cu_seqlens_q=_opt(cu_q, INT32),
+        cu_seqlens_kv=_opt(cu_kv, INT32),
+        cu_seqlens_q_padded=_opt(cu_qp, INT32),
+        cu_seqlens_kv_padded=_opt(cu_kvp, INT32),
+        attn_mask=_opt(mask, BYTE),
+        softmax_offset=_opt(offset, FLOAT32),
+        rng_state=_opt(rng, INT64),
+    )
+
+
+def _lse_shape(q, fmt):
+    if fmt == 2:
+        return (q.shape[0], q.shape[1])
+    b, s = (q.shape[0], q.shape[1]) if fmt == 0 else (q.shape[1], q.shape[0])
+    return (b, q.shape[-2], s)
+
+
+_Opt = Tensor | None
+
+
+def _fwd_shapes(a):
+    return (((*a.q.shape[:-1], a.v.shape[-1]), a.q.dtype), (_lse_shape(a.q, a.fmt), torch.float32))
+
+
+@te_op("attention_fwd", shapes=_fwd_shapes)
+def attention_fwd(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    bias: _Opt,
+    alibi: _Opt,
+    cu_q: _Opt,
+    cu_kv: _Opt,
+    cu_qp: _Opt,
+    cu_kvp: _Opt,
+    mask: _Opt,
+    offset: _Opt,
+    rng: _Opt,
+    fmt: int,
+    mask_type: int,
+    bias_type: int,
+    softmax_type: int,
+    scale: float,
+    dropout: float,
+    left: int,
+    right: int,
+    sq: int,
+    skv: int,
+    det: bool,
+) -> tuple[Tensor, Tensor]:
+    """(o, softmax_lse) of te_attention_fwd; sq/skv: max_seqlen_q/kv (thd), det: deterministic."""
+    q, k, v = contiguous(q), contiguous(k), contiguous(v)
+    cfg = (fmt, mask_type, bias_type, softmax_type, scale, dropout, left, right, sq, skv, det)
+    args = _core_args(cfg, bias, alibi, cu_q, cu_kv, cu_qp, cu_kvp, mask, offset, rng)
+    o = q.new_empty((*q.shape[:-1], v.shape[-1]))
+    lse = q.new_empty(_lse_shape(q, fmt), dtype=torch.float32)
+    qd, kd, vd = hp_desc(q, "q"), hp_desc(k, "k"), hp_desc(v, "v")
+    stream = stream_of(q)
+    ws = workspace(lib.attention_fwd_workspace_size(qd, kd, vd, **args), q, stream)
+    lib.attention_fwd(qd, kd, vd, hp_desc(o, "o"), desc(lse, FLOAT32), **args, workspace=ws, stream=stream)
+    return o, lse
+
+
+def _bwd_shapes(a):
+    dbias = (a.bias.shape, a.bias.dtype) if a.bias is not None else None
+    dalpha = (a.offset.shape, torch.float32) if a.softmax_type == 2 else None
+    return (a.q.shape, a.q.dtype), (a.k.shape, a.k.dtype), (a.v.shape, a.v.dtype), dbias, dalpha
+
+
+@te_op("attention_bwd", shapes=_bwd_shapes)
+def attention_bwd(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    o: Tensor,
+    d_o: Tensor,
+    lse: Tensor,
+    bias: _Opt,
+    alibi: _Opt,
+    cu_q: _Opt,
+    cu_kv: _Opt,
+    cu_qp: _Opt,
+    cu_kvp: _Opt,
+    mask: _Opt,
+    offset: _Opt,
+    rng: _Opt,
+    fmt: int,
+    mask_type: int,
+    bias_type: int,
+    softmax_type: int,
+    scale: float,
+    dropout: float,
+    left: int,
+    right: int,
+    sq: int,
+    skv: int,
+    det: bool,
+) -> tuple[Tensor, Tensor, Tensor, _Opt, _Opt]:
+    """(dq, dk, dv, dbias | None, dsoftmax_offset | None) of te_attention_bwd; the
+    forward's arguments plus its o, softmax_lse and the output gradient d_o."""
+    q, k, v, o, d_o = (contiguous(t) for t in (q, k, v, o, d_o))
+    cfg = (fmt, mask_type, bias_type, softmax_type, scale, dropout, left, right, sq, skv, det)
+    args = _core_args(cfg, bias, alibi, cu_q, cu_kv, cu_qp, cu_kvp, mask, offset, rng)
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    dbias = torch.empty_like(bias) if bias is not None else None
+    dalpha = torch.empty_like(offset) if softmax_type == 2 else None
+    qd, kd, vd = hp_desc(q, "q"), hp_desc(k, "k"), hp_desc(v, "v")
+    stream = stream_of(q)
+    ws = workspace(lib.attention_bwd_workspace_size(qd, kd, vd, **args), q, stream)
+    lib.attention_bwd(
+        qd,
+        kd,
+        vd,
+        hp_desc(o, "o"),
+        hp_desc(d_o, "d_o"),
+        desc(contiguous(lse), FLOAT32),
+        hp_desc(dq, "dq"),
+        hp_desc(dk, "dk"),
+        hp_desc(dv, "dv"),
+        **args,
+        dbias=None if dbias is None else hp_desc(dbias, "dbias"),
+        dsoftmax_offset=None if dalpha is None else desc(dalpha, FLOAT32),
+        workspace=ws,
+        stream=stream,
+    )
+    return dq, dk, dv, dbias, dalpha
