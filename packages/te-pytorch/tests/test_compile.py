@@ -149,3 +149,27 @@ def test_norm_modules_fullgraph_match_eager(device, fp8_recipe):
         expected = _seeded_step(model, x, fp8_recipe)
         for a, b in zip(got, expected):
             assert torch.equal(a, b)
+
+
+def test_kernel_functions_return_none_for_absent_outputs_when_compiled():
+    """The te_op placeholders (outputs not produced) come back as None from the
+    public functions under torch.compile, as in eager mode; the block GEMM's
+    path (eager-only information) is None there."""
+    from transformer_engine.pytorch import kernels
+
+    x, gamma = torch.randn(5, 32), torch.randn(32)
+    w = kernels.quantize_mxfp8(torch.randn(16, 32), 7, True, False)
+    q = kernels.quantize_mxfp8(x.repeat(7, 1)[:32], 7, True, False)
+
+    def f(x):
+        norm = kernels.rmsnorm_fwd(x, gamma, 1e-5)
+        act = kernels.activation_fwd(norm[0], "gelu")
+        block = kernels.gemm_block((q[0], 4, 7, q[1], None, False), (w[0], 4, 7, w[1], None, False))
+        return norm, act, block
+
+    eager = f(x)
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")(x)
+    assert eager[2][1] == "emulated" and compiled[2][1] is None
+    for got, expected in zip((*compiled[0], *compiled[1], compiled[2][0]), (*eager[0], *eager[1], eager[2][0])):
+        assert (got is None) == (expected is None)
+        assert got is None or torch.equal(got, expected)
