@@ -45,6 +45,8 @@ _check_torch_version()
 
 from . import kernels
 from .device import get_device_compute_capability, is_fp8_available
+from .distributed import CudaRNGStatesTracker, checkpoint
+from .graph import make_graphed_callables
 from .module import LayerNorm, LayerNormLinear, LayerNormMLP, Linear, RMSNorm
 from .quantization import (
     FP8GlobalStateManager,
@@ -71,6 +73,7 @@ from .tensor import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "CudaRNGStatesTracker",
     "DType",
     "FP8GlobalStateManager",
     "Float8BlockQuantizer",
@@ -91,11 +94,13 @@ __all__ = [
     "QuantizerRole",
     "RMSNorm",
     "autocast",
+    "checkpoint",
     "fp8_autocast",
     "fp8_model_init",
     "get_default_recipe",
     "get_device_compute_capability",
     "is_fp8_available",
     "kernels",
+    "make_graphed_callables",
     "quantized_model_init",
 ]
