@@ -13,4 +13,5 @@
 #include "te/swizzle.h"
 #include "te/gemm_block.h"
 #include "te/activation.h"
+#include "te/attention.h"
 #endif

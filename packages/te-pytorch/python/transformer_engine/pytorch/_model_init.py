@@ -32,7 +32,7 @@ import torch
 
 from transformer_engine.common.recipe import Recipe
 
-from .recipe_state import check_recipe_support
+from .recipe_state import check_recipe_support, operand_kind_of
 
 
 class _ModelInitState:
@@ -130,10 +130,6 @@ def quantized_parameter(
     return param
 
 
-# Which tensor class each recipe kind's weights are, for the recipe check.
-_FORMAT_OF_KIND = {"delayed": "fp8", "current": "fp8", "mxfp8": "mxfp8", "block": "fp8_block", "nvfp4": "nvfp4"}
-
-
 def weight_format(weight) -> str | None:
     """The format key of a quantized weight ("fp8", "mxfp8", "fp8_block", "nvfp4"), None if not quantized."""
     from .tensor import Float8BlockwiseQTensor, Float8Tensor, MXFP8Tensor, NVFP4Tensor
@@ -152,7 +148,7 @@ def weight_format(weight) -> str | None:
 def check_weight_recipe(owner: str, name: str, weight, recipe) -> None:
     """RuntimeError when a quantized weight cannot run under `recipe` (its format differs)."""
     fmt = weight_format(weight)
-    if fmt is not None and _FORMAT_OF_KIND.get(recipe._kind) != fmt:
+    if fmt is not None and operand_kind_of(recipe) != fmt:
         raise RuntimeError(
             f"Recipe mismatch for '{name}' of {owner}: the weight was created under quantized_model_init as a "
             f"{type(weight).__name__}, which {type(recipe).__name__} cannot use. Run the module under a recipe of "

@@ -1,10 +1,13 @@
-"""Per-module recipe state: the recipe -> quantizer factory.
+"""Per-module recipe state: everything that differs between recipes.
 
 A module that runs under FP8 asks RecipeState.create(recipe, mode, n) for the
-state of its n forward (or backward) tensors and builds its quantizers from
-it. Forward slots per GEMM g are 3g + {0: input, 1: weight, 2: output};
-backward slots 2g + {0: grad_output, 1: grad_input} (the reference's layout,
-which fp8_meta and checkpoints expose).
+state of its n forward (or backward) tensors when its recipe changes, builds
+its quantizers from it, and from then on asks that object -- never the
+recipe's kind -- what the recipe means for each forward (RecipeState's
+docstring lists the questions). One class per recipe family, chosen once by
+the table _STATE_CLASSES. Forward slots per GEMM g are 3g + {0: input,
+1: weight, 2: output}; backward slots 2g + {0: grad_output, 1: grad_input}
+(the reference's layout, which fp8_meta and checkpoints expose).
 
 - DelayedScaling: `scale` FP32 [n] (init 1) and `amax_history` FP32 [L, n]
   (init 0). Quantizer i scales with scale[i] and max-accumulates its amax into
@@ -12,10 +15,13 @@ which fp8_meta and checkpoints expose).
   history and recomputes the scales (quantization.py, §3.3 of the reference).
 - Float8CurrentScaling: stateless; each tensor is scaled by its own amax.
 - MXFP8BlockScaling, Float8BlockScaling, NVFP4BlockScaling: stateless block
-  quantizers (BlockScalingRecipeState) configured from the recipe's fields
-  (§3.2, §3.5-3.7 of the reference).
-- CustomRecipe, and the options listed in _unsupported_options: not
+  quantizers (one BlockScalingRecipeState subclass each) configured from the
+  recipe's fields (§3.2, §3.5-3.7 of the reference).
+- CustomRecipe, and the options each class lists in unsupported_options: not
   implemented yet in te-pytorch; create() says so instead of faking them.
+
+The FP8 dimension rule (which GEMM shapes each format can run) is here too,
+in check_fp8_dims, the only copy.
 """
 
 from __future__ import annotations
@@ -37,21 +43,6 @@ from .tensor import (
 _COMING = {
     "custom": ("CustomRecipe", "the custom quantizer factory"),
 }
-_BLOCK_KINDS = ("mxfp8", "block", "nvfp4")
-
-
-def _unsupported_options(recipe) -> list[str]:
-    """Recipe settings the block recipes of te-pytorch cannot honour yet."""
-    found = []
-    if getattr(recipe, "backward_override", None) is not None:
-        found.append(f"backward_override={recipe.backward_override!r}")
-    if recipe._kind == "nvfp4":
-        if recipe.row_scaled_activation:
-            found.append("row_scaled_activation=True")
-        for name in ("nvfp4_4over6",):
-            if getattr(recipe, name) != "none":
-                found.append(f"{name}={getattr(recipe, name)!r}")
-    return found
 
 
 def check_recipe_support(recipe) -> None:
@@ -65,13 +56,18 @@ def check_recipe_support(recipe) -> None:
             f"({quantizer}) is coming in a later release. Use recipe.DelayedScaling() or "
             "recipe.Float8CurrentScaling() meanwhile."
         )
-    if recipe._kind in _BLOCK_KINDS:
-        found = _unsupported_options(recipe)
-        if found:
-            raise NotImplementedError(
-                f"{type(recipe).__name__}: {', '.join(found)} is not yet supported by "
-                "transformer_engine.pytorch; leave these options at their defaults"
-            )
+    cls = _STATE_CLASSES.get(recipe._kind)
+    if cls is None:
+        raise TypeError(
+            f"recipe {type(recipe).__name__} is not a quantization recipe (it derives from none of "
+            "DelayedScaling, Float8CurrentScaling, MXFP8BlockScaling, Float8BlockScaling, NVFP4BlockScaling)"
+        )
+    found = cls.unsupported_options(recipe)
+    if found:
+        raise NotImplementedError(
+            f"{type(recipe).__name__}: {', '.join(found)} is not yet supported by "
+            "transformer_engine.pytorch; leave these options at their defaults"
+        )
 
 
 def fp8_dtype_for(recipe, forward: bool) -> DType:
@@ -81,38 +77,123 @@ def fp8_dtype_for(recipe, forward: bool) -> DType:
     return DType.kFloat8E4M3
 
 
+# The FP8 dimension rule, per operand kind. Each quantized dim is the
+# reduction dim K of one of a Linear's three GEMMs (fprop, dgrad, wgrad), so a
+# format's rule applies to tokens, in_features and out_features alike.
+_DIM_RULES = {
+    "fp8": (16, "FP8 GEMMs need"),
+    "fp8_block": (16, "FP8 block-scaled GEMMs need"),
+    "mxfp8": (32, "MXFP8 has one scale per 32 elements along each dim, so it needs"),
+    "nvfp4": (32, "NVFP4 has one scale per 16 elements and its GEMMs take K in steps of 32, so it needs"),
+}
+
+
+def check_fp8_dims(kind: str, tokens: int, in_features: int, out_features: int, owner: str) -> None:
+    """ValueError naming the dims operand kind `kind` cannot take, and how to pad them.
+
+    The one place the rule lives: modules call it through RecipeState.check_dims."""
+    multiple, why = _DIM_RULES[kind]
+    if tokens % multiple or in_features % multiple or out_features % multiple:
+        raise ValueError(
+            f"{owner} under {kind.upper()} quantization: {why} the number of tokens (the product of the "
+            f"input's leading dims) and in_features/out_features divisible by {multiple}, got tokens={tokens}, "
+            f"in_features={in_features}, out_features={out_features}. Pad the sequence or batch "
+            f"to a multiple of {multiple} (e.g. torch.nn.functional.pad) and the feature sizes of the "
+            "layer, or run this layer outside te.autocast"
+        )
+
+
+def _role(mode: str, i: int) -> str:
+    """The tensor a slot holds: forward 3g+1 is a weight, 3g+0/3g+2 inputs; backward slots are gradients."""
+    if mode == "forward":
+        return "weight" if i % 3 == 1 else "input"
+    return "grad"
+
+
 class RecipeState:
-    """The quantization state of one module for one direction."""
+    """The quantization state of one module for one direction, and everything
+    a module needs to know about its recipe.
+
+    A module gets one per direction from create() when its recipe changes
+    (TransformerEngineBaseModule._build_fp8_state) and asks it, never the
+    recipe's kind, on each forward:
+      make_quantizers()     the quantizer of each slot (module docstring)
+      check_dims(...)       the recipe's FP8 dimension rule (ValueError)
+      split_accumulator     use_split_accumulator of the fprop/dgrad/wgrad GEMMs
+      operand_kind          "fp8" (per-tensor), "fp8_block", "mxfp8" or "nvfp4"
+      per_tensor            one scale per tensor: its bytes transpose exactly
+                            into the columnwise copy
+      delayed               scales are state, updated after the step from the
+                            amax history: kernels may write FP8 with the
+                            quantizer's scale, calibration records amaxes,
+                            checkpoints save them, torch.compile is refused
+      on_forward(manager)   per-forward bookkeeping (delayed: queue the update)
+      backward_queue(...)   the update queue this module's backward must run
+      adopt(old)            keep values of the state this one replaces
+    """
 
     recipe: Recipe
     mode: str  # "forward" or "backward"
-
-    @staticmethod
-    def create(recipe, *, mode: str, num_quantizers: int, device) -> RecipeState:
-        check_recipe_support(recipe)
-        if recipe.delayed():
-            return DelayedScalingRecipeState(recipe, mode, num_quantizers, device)
-        if recipe._kind in _BLOCK_KINDS:
-            return BlockScalingRecipeState(recipe, mode, num_quantizers, device)
-        return Float8CurrentScalingRecipeState(recipe, mode, num_quantizers, device)
-
-    def make_quantizers(self) -> list:
-        raise NotImplementedError
-
-
-class DelayedScalingRecipeState(RecipeState):
-    """scale [n] and amax_history [L, n] of a module's forward or backward tensors."""
+    operand_kind = "fp8"
+    per_tensor = True
+    delayed = False
 
     def __init__(self, recipe, mode: str, num_quantizers: int, device) -> None:
         self.recipe = recipe
         self.mode = mode
         self.dtype = fp8_dtype_for(recipe, mode == "forward")
+        self.num_quantizers = num_quantizers
+        self._device = device
+        self.split_accumulator = mm_split_accumulator(recipe)
+        self._dim_multiple = _DIM_RULES[self.operand_kind][0]
+
+    @property
+    def device(self) -> torch.device:
+        return self._device
+
+    @staticmethod
+    def create(recipe, *, mode: str, num_quantizers: int, device) -> RecipeState:
+        check_recipe_support(recipe)
+        return state_class(recipe)(recipe, mode, num_quantizers, device)
+
+    @staticmethod
+    def unsupported_options(recipe) -> list[str]:
+        """The recipe's settings te-pytorch cannot honour yet (check_recipe_support)."""
+        return []
+
+    def make_quantizers(self) -> list:
+        raise NotImplementedError
+
+    def check_dims(self, tokens: int, in_features: int, out_features: int, owner: str) -> None:
+        """ValueError when a GEMM of these dims cannot run under this recipe (check_fp8_dims)."""
+        m = self._dim_multiple  # (the common case, that every dim is fine, costs no call)
+        if tokens % m or in_features % m or out_features % m:
+            check_fp8_dims(self.operand_kind, tokens, in_features, out_features, owner)
+
+    def on_forward(self, manager) -> None:
+        """Called by each forward under the recipe, after the state is in sync; stateless recipes do nothing."""
+
+    def backward_queue(self, manager):
+        """The update queue the caller's backward must run (None: nothing to update)."""
+        return None
+
+    def adopt(self, old) -> None:
+        """Keeps what is worth keeping of `old`, the state this one replaces (stateless: nothing)."""
+
+
+class DelayedScalingRecipeState(RecipeState):
+    """scale [n] and amax_history [L, n] of a module's forward or backward tensors."""
+
+    delayed = True
+
+    def __init__(self, recipe, mode: str, num_quantizers: int, device) -> None:
+        super().__init__(recipe, mode, num_quantizers, device)
         self.scale = torch.ones(num_quantizers, dtype=torch.float32, device=device)
         self.amax_history = torch.zeros(recipe.amax_history_len, num_quantizers, dtype=torch.float32, device=device)
         self._descs = None
 
     @property
-    def device(self) -> torch.device:
+    def device(self) -> torch.device:  # (the state follows its tensors)
         return self.scale.device
 
     def update_descs(self) -> tuple:
@@ -130,9 +211,32 @@ class DelayedScalingRecipeState(RecipeState):
             Float8Quantizer(self.scale[i : i + 1], staging[i : i + 1], self.dtype) for i in range(self.scale.numel())
         ]
 
-    def adopt(self, old: DelayedScalingRecipeState) -> None:
-        """Keeps the scales and the newest amaxes of a state built for an
-        earlier recipe (history length or other parameters changed)."""
+    def on_forward(self, manager) -> None:
+        """Refuses torch.compile; queues this (forward) state for the update at the autocast's exit."""
+        if torch.compiler.is_compiling():
+            raise RuntimeError(
+                "DelayedScaling cannot run under torch.compile: its amax history and scales are "
+                "updated outside the graph after each step. Use recipe.Float8CurrentScaling() "
+                "with torch.compile, or run this model eagerly"
+            )
+        manager.forward_queue.add(self, manager.fp8_group)
+
+    def backward_queue(self, manager):
+        """Registers this (backward) state for the update after backward; returns
+        the region's queue if the caller must run it (it was the first FP8
+        module of the region, so its backward runs last), else None."""
+        queue = manager.backward_queue
+        queue.add(self, manager.fp8_group)
+        if queue.owner_taken:
+            return None
+        queue.owner_taken = True
+        return queue
+
+    def adopt(self, old) -> None:
+        """Keeps the scales and the newest amaxes of a delayed-scaling state built
+        for an earlier recipe (history length or other parameters changed)."""
+        if not isinstance(old, DelayedScalingRecipeState):
+            return
         self.scale.copy_(old.scale.to(self.device))
         keep = min(old.amax_history.shape[0], self.amax_history.shape[0]) - 1
         if keep > 0:
@@ -142,24 +246,15 @@ class DelayedScalingRecipeState(RecipeState):
 class Float8CurrentScalingRecipeState(RecipeState):
     """Current scaling keeps no state: just the quantizer settings of the recipe."""
 
-    def __init__(self, recipe, mode: str, num_quantizers: int, device) -> None:
-        self.recipe = recipe
-        self.mode = mode
-        self.dtype = fp8_dtype_for(recipe, mode == "forward")
-        self.num_quantizers = num_quantizers
-        self.device = device
-
     def make_quantizers(self) -> list:
-        recipe = self.recipe
+        r = self.recipe
+        qparams = {"input": r.fp8_quant_fwd_inp, "weight": r.fp8_quant_fwd_weight, "grad": r.fp8_quant_bwd_grad}
         quantizers = []
         for i in range(self.num_quantizers):
-            if self.mode == "forward":
-                qparams = recipe.fp8_quant_fwd_weight if i % 3 == 1 else recipe.fp8_quant_fwd_inp
-            else:
-                qparams = recipe.fp8_quant_bwd_grad
+            q = qparams[_role(self.mode, i)]
             quantizers.append(
                 Float8CurrentScalingQuantizer(
-                    self.dtype, self.device, force_pow_2_scales=qparams.power_2_scale, amax_epsilon=qparams.amax_epsilon
+                    self.dtype, self.device, force_pow_2_scales=q.power_2_scale, amax_epsilon=q.amax_epsilon
                 )
             )
         return quantizers
@@ -169,39 +264,64 @@ class BlockScalingRecipeState(RecipeState):
     """MXFP8 / FP8 block / NVFP4: stateless; one quantizer per slot, set by its role.
 
     Roles: forward slot 3g+0 input, 3g+1 weight, 3g+2 output (as the input);
-    backward 2g+0 grad_output, 2g+1 grad_input (as the gradient).
+    backward 2g+0 grad_output, 2g+1 grad_input (as the gradient). Subclasses
+    give _quantizer(role).
     """
 
-    def __init__(self, recipe, mode: str, num_quantizers: int, device) -> None:
-        self.recipe = recipe
-        self.mode = mode
-        self.dtype = fp8_dtype_for(recipe, mode == "forward")
-        self.num_quantizers = num_quantizers
-        self.device = device
+    per_tensor = False
 
-    def _role(self, i: int) -> str:
-        if self.mode == "forward":
-            return "weight" if i % 3 == 1 else "input"
-        return "grad"
+    @staticmethod
+    def unsupported_options(recipe) -> list[str]:
+        if getattr(recipe, "backward_override", None) is not None:
+            return [f"backward_override={recipe.backward_override!r}"]
+        return []
 
     def make_quantizers(self) -> list:
-        return [self._quantizer(self._role(i)) for i in range(self.num_quantizers)]
+        return [self._quantizer(_role(self.mode, i)) for i in range(self.num_quantizers)]
+
+    def _quantizer(self, role: str):
+        raise NotImplementedError
+
+
+class MXFP8BlockScalingRecipeState(BlockScalingRecipeState):
+    operand_kind = "mxfp8"
 
     def _quantizer(self, role: str):
         r = self.recipe
-        if r._kind == "mxfp8":
-            return MXFP8Quantizer(self.dtype, with_2d_quantization=role == "weight" and r.enable_2d_quantization)
-        if r._kind == "block":
-            dim = {"input": r.x_block_scaling_dim, "weight": r.w_block_scaling_dim, "grad": r.grad_block_scaling_dim}
-            qparams = {"input": r.fp8_quant_fwd_inp, "weight": r.fp8_quant_fwd_weight, "grad": r.fp8_quant_bwd_grad}
-            return Float8BlockQuantizer(
-                self.dtype,
-                rowwise=True,
-                columnwise=True,
-                amax_epsilon=qparams[role].amax_epsilon,
-                force_pow_2_scales=qparams[role].power_2_scale,
-                block_scaling_dim=dim[role],
-            )
+        return MXFP8Quantizer(self.dtype, with_2d_quantization=role == "weight" and r.enable_2d_quantization)
+
+
+class Float8BlockScalingRecipeState(BlockScalingRecipeState):
+    operand_kind = "fp8_block"
+
+    def _quantizer(self, role: str):
+        r = self.recipe
+        dim = {"input": r.x_block_scaling_dim, "weight": r.w_block_scaling_dim, "grad": r.grad_block_scaling_dim}
+        qparams = {"input": r.fp8_quant_fwd_inp, "weight": r.fp8_quant_fwd_weight, "grad": r.fp8_quant_bwd_grad}
+        return Float8BlockQuantizer(
+            self.dtype,
+            rowwise=True,
+            columnwise=True,
+            amax_epsilon=qparams[role].amax_epsilon,
+            force_pow_2_scales=qparams[role].power_2_scale,
+            block_scaling_dim=dim[role],
+        )
+
+
+class NVFP4BlockScalingRecipeState(BlockScalingRecipeState):
+    operand_kind = "nvfp4"
+
+    @staticmethod
+    def unsupported_options(recipe) -> list[str]:
+        found = BlockScalingRecipeState.unsupported_options(recipe)
+        if recipe.row_scaled_activation:
+            found.append("row_scaled_activation=True")
+        if recipe.nvfp4_4over6 != "none":
+            found.append(f"nvfp4_4over6={recipe.nvfp4_4over6!r}")
+        return found
+
+    def _quantizer(self, role: str):
+        r = self.recipe
         qparams = {"input": r.fp4_quant_fwd_inp, "weight": r.fp4_quant_fwd_weight, "grad": r.fp4_quant_bwd_grad}[role]
         rht = qparams.random_hadamard_transform
         return NVFP4Quantizer(
@@ -210,6 +330,28 @@ class BlockScalingRecipeState(RecipeState):
             with_2d_quantization=qparams.fp4_2d_quantization,
             stochastic_rounding=qparams.stochastic_rounding,
         )
+
+
+# The one table from a recipe's kind to its state class (Recipe._kind; a
+# subclass of a recipe inherits its parent's kind).
+_STATE_CLASSES = {
+    "delayed": DelayedScalingRecipeState,
+    "current": Float8CurrentScalingRecipeState,
+    "mxfp8": MXFP8BlockScalingRecipeState,
+    "block": Float8BlockScalingRecipeState,
+    "nvfp4": NVFP4BlockScalingRecipeState,
+}
+
+
+def state_class(recipe) -> type[RecipeState]:
+    """The RecipeState class of a supported recipe (check_recipe_support first)."""
+    return _STATE_CLASSES[recipe._kind]
+
+
+def operand_kind_of(recipe) -> str | None:
+    """The operand kind (the quantized tensors' format) of a recipe's tensors; None where unsupported."""
+    cls = _STATE_CLASSES.get(recipe._kind)
+    return None if cls is None else cls.operand_kind
 
 
 def mm_split_accumulator(recipe) -> tuple[bool, bool, bool]:

@@ -49,7 +49,7 @@ def _recipe_from_dict(data: dict) -> DelayedScaling:
 
 def save_extra_state(fp8_meta: dict):
     recipe = fp8_meta["recipe"]
-    if recipe is None or not recipe.delayed():
+    if recipe is None or not fp8_meta["scaling_fwd"].delayed:  # (only delayed scaling has state)
         return torch.empty(0, dtype=torch.uint8)
     state = {"version": VERSION, "recipe": _recipe_to_dict(recipe)}
     for key, suffix in (("scaling_fwd", "fwd"), ("scaling_bwd", "bwd")):

@@ -85,11 +85,12 @@ class MLPArgs:
         "fwd_q",
         "grads",
         "kind",
-        "module",
+        "per_tensor",
         "return_ln",
         "reuse_weight",
         "scales",
         "split_acc",
+        "weight_cache",
         "weight_scales",
         "zero_centered_gamma",
     )
@@ -98,7 +99,12 @@ class MLPArgs:
         self.grads = (False,) * 5  # which of (inp, gamma, beta, W1, b1) need a gradient (set by the module)
         self.fp8 = False
         self.calibrate = False
+        self.cache_weight = False
         self.bwd_queue = None
+        # In: a copy of the module's {"fc1"/"fc2": weight Operand} cache; the
+        # function adds what it makes when cache_weight, and the module stores
+        # the dict afterwards (the function writes no module state).
+        self.weight_cache = None
         self.weight_scales = {}  # slot -> the FP32 [1] scale current scaling gave that weight in forward
 
 
@@ -151,7 +157,7 @@ def _weight_fprop(a: MLPArgs, key: str, weight, slot: int, need_dgrad: bool):
     if isinstance(weight, QuantizedTensor):  # quantized_model_init: the parameter's own copies
         op = tensor_operand(weight, columnwise=need_dgrad)
         return op, (op.drop(rowwise=True) if need_dgrad else None)
-    cache = a.module._weight_cache or {}
+    cache = a.weight_cache
     if a.reuse_weight and key in cache:
         op = cache[key]
         return op, op.drop(rowwise=True)
@@ -167,7 +173,6 @@ def _weight_fprop(a: MLPArgs, key: str, weight, slot: int, need_dgrad: bool):
             a.weight_scales[slot] = scale
     if a.cache_weight:
         cache[key] = op
-        a.module._weight_cache = cache
     return op, (op.drop(rowwise=True) if keep_col and need_dgrad else None)
 
 
@@ -201,7 +206,7 @@ def _forward_q(ctx, x, gamma, beta, w1, b1, w2, b2, a: MLPArgs):
     grads = a.grads
     dt = a.act_dtype
     ln_hp = None
-    per_tensor = not hasattr(q[0], "KIND")
+    per_tensor = a.per_tensor
     if a.delayed and not a.return_ln:  # the norm kernel writes FP8
         ln_r, mu, rsigma, ln_s = kernels.norm_fwd(
             x, gamma, beta, a.eps, a.zero_centered_gamma, fp8_dtype=_code(q[0]), scale=q[0].scale, amax=q[0].amax
@@ -262,9 +267,6 @@ class LayerNormMLPFunction(torch.autograd.Function):
         hidden = ln_weight.shape[0]
         x = inp.reshape(-1, hidden)
         run = _forward_q if a.fp8 else _forward_hp
-        if a.fp8 and a.delayed:
-            # The scales this forward used (the autocast exit updates them before backward).
-            a.scales = a.module.fp8_meta["scaling_fwd"].scale.clone()
         out, ln = run(ctx, x, ln_weight, ln_bias, fc1_weight, fc1_bias, fc2_weight, fc2_bias, a)
         ctx.args = a
         ctx.inp_shape = inp.shape
@@ -389,7 +391,7 @@ def _backward_q(a: MLPArgs, dtypes, dy, needs, saved, ops):
     # fc2's wgrad operand from the activation backward's pass (per-tensor FP8,
     # the forward's scale known), else recomputed first in a pass of its own.
     fwd_scale = None
-    if n_w2 and need_dact and _operand.FUSE_ACT_RECOMPUTE and not hasattr(a.fwd_q[3], "KIND"):
+    if n_w2 and need_dact and _operand.FUSE_ACT_RECOMPUTE and a.per_tensor:
         fwd_scale = a.scales[3:4] if a.delayed else act_scale
     dy_op = quantize_operand(a.bwd_q[2], dy, rowwise=need_dact, columnwise=n_w2) if (need_dact or n_w2) else None
     d_ln = dw1 = db1 = dw2 = db2 = None
@@ -420,7 +422,7 @@ def _backward_q(a: MLPArgs, dtypes, dy, needs, saved, ops):
         del dy_op, act_op
         if not (need_ln or n_w1):
             return d_ln, dw1, db1, dw2, db2
-        per_tensor = not hasattr(a.bwd_q[0], "KIND")
+        per_tensor = a.per_tensor
         # Per-tensor FP8 quantizes the rowwise copy only: its transpose is
         # exactly the columnwise copy (one scale), made after the dgrad GEMM
         # once the high-precision gradient is gone.

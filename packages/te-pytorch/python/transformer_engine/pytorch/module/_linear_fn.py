@@ -41,54 +41,33 @@ class LinearArgs:
         "grad_q",
         "input_amax",
         "input_q",
-        "module",
         "reuse_weight",
         "split_acc",
+        "weight_cache",
         "weight_param",
         "weight_q",
     )
 
     def __init__(self) -> None:
         self.fp8 = False
+        self.cache_weight = False
         self.bwd_queue = None
         self.input_amax = None  # max|input| from the kernel that wrote it (LayerNormLinear, current scaling)
-
-
-# Each quantized dim is the reduction dim K of one of the three GEMMs, so
-# every format's rule applies to tokens, in_features and out_features alike.
-_DIM_RULES = {
-    "fp8": (16, "FP8 GEMMs need"),
-    "fp8_block": (16, "FP8 block-scaled GEMMs need"),
-    "mxfp8": (32, "MXFP8 has one scale per 32 elements along each dim, so it needs"),
-    "nvfp4": (32, "NVFP4 has one scale per 16 elements and its GEMMs take K in steps of 32, so it needs"),
-}
-
-
-def check_fp8_dims(
-    tokens: int, in_features: int, out_features: int, kind: str = "fp8", owner: str = "te.Linear"
-) -> None:
-    """ValueError naming the dims a format cannot take, and how to pad them."""
-    multiple, why = _DIM_RULES[kind]
-    if tokens % multiple or in_features % multiple or out_features % multiple:
-        raise ValueError(
-            f"{owner} under {kind.upper()} quantization: {why} the number of tokens (the product of the "
-            f"input's leading dims) and in_features/out_features divisible by {multiple}, got tokens={tokens}, "
-            f"in_features={in_features}, out_features={out_features}. Pad the sequence or batch "
-            f"to a multiple of {multiple} (e.g. torch.nn.functional.pad) and the feature sizes of the "
-            "layer, or run this layer outside te.autocast"
-        )
+        # In: the module's cached weight Operand (reused when reuse_weight). Out:
+        # the Operand to cache, when cache_weight (the module stores it: the
+        # function writes no module state).
+        self.weight_cache = None
 
 
 def _quantized_weight(a: LinearArgs, weight: torch.Tensor, need_columnwise: bool) -> Operand:
     """The Operand of W (rowwise, and columnwise when needed); cached across microbatches when asked."""
     if isinstance(weight, QuantizedTensor):  # quantized_model_init: the parameter's own bytes
         return tensor_operand(weight, columnwise=need_columnwise)
-    module = a.module
-    if a.reuse_weight and module._weight_cache is not None:
-        return module._weight_cache
+    if a.reuse_weight and a.weight_cache is not None:
+        return a.weight_cache
     op = quantize_operand(a.weight_q, weight, rowwise=True, columnwise=need_columnwise or a.cache_weight)
     if a.cache_weight:
-        module._weight_cache = op
+        a.weight_cache = op
     return op
 
 
@@ -105,9 +84,7 @@ class LinearFunction(torch.autograd.Function):
         # (2-D inputs skip the reshape/view pairs: each is a dispatcher call. A
         # pre-quantized input is read through its own fields, never reshaped.)
         x = inp if inp.dim() == 2 or isinstance(inp, Float8Tensor) else inp.reshape(-1, in_features)
-        if a.fp8:
-            kind = getattr(a.input_q, "KIND", "fp8")
-            check_fp8_dims(inp.numel() // in_features, in_features, weight.shape[0], kind)
+        if a.fp8:  # (the module checked the recipe's dimension rule)
             need_wgrad = weight.requires_grad
             if isinstance(inp, Float8Tensor):
                 # Already quantized by the producer (LayerNormLinear's fused norm).

@@ -1,5 +1,19 @@
 """What every TE module shares: device defaults, unsupported-argument checks,
 the FP8 state (fp8_meta / quantizers) and its checkpointing in _extra_state.
+
+A new module (e.g. attention) subclasses TransformerEngineBaseModule with its
+number of GEMMs and, in forward:
+    state = self.fp8_state_for_forward(inp.device)   # None: high precision
+    if state is not None and FP8GlobalStateManager.fp8_enabled:
+        state.check_dims(tokens, in_features, out_features, owner)
+        fwd = self.quantizers["scaling_fwd"]   # slot 3g+0 input, 3g+1 weight of GEMM g
+        bwd = self.quantizers["scaling_bwd"]   # slot 2g+0 grad_output
+        ... state.split_accumulator, state.per_tensor, state.delayed ...
+        queue = self.backward_update_queue(needs_grad)  # run it at the end of backward
+It asks the RecipeState (recipe_state.py), never the recipe's kind, what the
+recipe means; its autograd function gets what it needs as arguments and
+returns what the module keeps (e.g. a weight Operand to cache), writing no
+module state itself.
 """
 
 from __future__ import annotations
@@ -10,7 +24,7 @@ import torch
 
 from .._model_init import check_weight_recipe, model_init_settings, quantized_parameter
 from ..quantization import FP8GlobalStateManager
-from ..recipe_state import DelayedScalingRecipeState, RecipeState
+from ..recipe_state import RecipeState
 from ..tensor import QuantizedTensor
 from ._extra_state import load_extra_state, save_extra_state
 
@@ -146,7 +160,7 @@ class TransformerEngineBaseModule(torch.nn.Module):
         for key, mode, count in (("scaling_fwd", "forward", 3 * n), ("scaling_bwd", "backward", 2 * n)):
             state = RecipeState.create(recipe, mode=mode, num_quantizers=count, device=device)
             old = self.fp8_meta[key]
-            if adopt and isinstance(state, DelayedScalingRecipeState) and isinstance(old, DelayedScalingRecipeState):
+            if adopt and old is not None:
                 state.adopt(old)
             self.fp8_meta[key] = state
             self.quantizers[key] = state.make_quantizers()
@@ -156,10 +170,13 @@ class TransformerEngineBaseModule(torch.nn.Module):
         self._rebind_quantized_weights()
 
     def fp8_state_for_forward(self, device):
-        """The recipe to run with (None: high precision) after syncing the state.
+        """The forward RecipeState to run with (None: high precision) after
+        syncing the state to the autocast's recipe and `device`.
 
-        Registers delayed-scaling forward state for the update at the exit of
-        the outermost autocast.
+        The state does its per-forward bookkeeping (delayed scaling: registers
+        for the update at the exit of the outermost autocast). Under
+        calibration (fp8_enabled False) the state is returned too: the module
+        runs in high precision and records amaxes where state.delayed.
         """
         s = FP8GlobalStateManager
         if not (s.fp8_enabled or s.fp8_calibration):
@@ -168,29 +185,18 @@ class TransformerEngineBaseModule(torch.nn.Module):
         if self._quantized_weights:
             for name in self._quantized_weights:
                 check_weight_recipe(type(self).__name__, name, getattr(self, name), recipe)
-        if recipe.delayed() and torch.compiler.is_compiling():
-            raise RuntimeError(
-                "DelayedScaling cannot run under torch.compile: its amax history and scales are "
-                "updated outside the graph after each step. Use recipe.Float8CurrentScaling() "
-                "with torch.compile, or run this model eagerly"
-            )
         self.init_fp8_metadata(recipe, device)
-        if recipe.delayed():
-            s.forward_queue.add(self.fp8_meta["scaling_fwd"], s.fp8_group)
-        return recipe
+        state = self.fp8_meta["scaling_fwd"]
+        state.on_forward(s)
+        return state
 
-    def backward_update_queue(self, recipe, needs_grad: bool):
-        """For delayed scaling under grad: registers this module's backward
-        state; returns the region's queue if this module must run it (it was
-        the first FP8 module of the region), else None."""
-        if not (needs_grad and recipe.delayed() and FP8GlobalStateManager.fp8_enabled):
+    def backward_update_queue(self, needs_grad: bool):
+        """Under FP8 (fp8_enabled) with grad: registers this module's backward
+        state where its recipe updates it after backward; returns the region's
+        queue if this module's backward must run it, else None."""
+        if not needs_grad:
             return None
-        queue = FP8GlobalStateManager.backward_queue
-        queue.add(self.fp8_meta["scaling_bwd"], FP8GlobalStateManager.fp8_group)
-        if queue.owner_taken:
-            return None
-        queue.owner_taken = True
-        return queue
+        return self.fp8_meta["scaling_bwd"].backward_queue(FP8GlobalStateManager)
 
     # ------------------------------------------------------------------ quantized weights
 

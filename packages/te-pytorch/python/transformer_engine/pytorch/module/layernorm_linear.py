@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from ..quantization import FP8GlobalStateManager
-from ._linear_fn import LinearArgs, LinearFunction, check_fp8_dims
+from ._linear_fn import LinearArgs, LinearFunction
 from ._norm_parts import NormAmaxFunction, NormFP8Function, allocate_norm_params, check_normalization, reset_norm_params
 from ._operand import fused_amax
 from .linear import Linear, _check_input
@@ -130,14 +130,13 @@ class LayerNormLinear(Linear):
         a = LinearArgs()
         device_type = inp.device.type
         a.act_dtype = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else inp.dtype
-        recipe = self.fp8_state_for_forward(inp.device)
-        fp8 = recipe is not None and FP8GlobalStateManager.fp8_enabled
-        if fp8:
-            kind = getattr(self.quantizers["scaling_fwd"][0], "KIND", "fp8")
-            check_fp8_dims(inp.numel() // self.in_features, self.in_features, self.out_features, kind, _OWNER)
+        state = self.fp8_state_for_forward(inp.device)
+        fp8 = state is not None and FP8GlobalStateManager.fp8_enabled
+        if fp8:  # (before the norm runs)
+            state.check_dims(inp.numel() // self.in_features, self.in_features, self.out_features, _OWNER)
         norm_args = (inp, self.layer_norm_weight, self.layer_norm_bias, self.eps, self.zero_centered_gamma)
         amax = None
-        if fp8 and recipe.delayed() and not self.return_layernorm_output:
+        if fp8 and state.delayed and not self.return_layernorm_output:
             quantizer = self.quantizers["scaling_fwd"][0]
             ln_out = NormFP8Function.apply(*norm_args, self.in_features, quantizer, weight.requires_grad)
         else:
@@ -146,14 +145,16 @@ class LayerNormLinear(Linear):
                 ln_out = _NormFunction.apply(*norm_args, self.in_features)
             else:
                 ln_out = NormAmaxFunction.apply(*norm_args, self.in_features, amax)
-        if recipe is not None:
-            self._setup_fp8(a, recipe, ln_out, weight, is_first_microbatch)
+        if state is not None:
+            self._setup_fp8(a, state, ln_out, weight, is_first_microbatch, check_dims=False)
         a.input_amax = amax
         a.fuse_wgrad = self.fuse_wgrad_accumulation
         a.weight_param = weight
         if not a.fp8:  # (a quantized_model_init weight runs dequantized; its gradient reaches it)
             weight = self.high_precision_weight(weight)
         out = LinearFunction.apply(ln_out, weight, None if self.return_bias else bias, a)
+        if a.cache_weight:  # (the weight Operand the function made or reused, for later microbatches)
+            self._weight_cache = a.weight_cache
         result = (out,)
         if self.return_bias:
             result += (bias,)

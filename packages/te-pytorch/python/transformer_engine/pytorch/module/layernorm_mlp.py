@@ -7,9 +7,7 @@ import torch
 from transformer_engine.core.activation import ACTIVATIONS, DEFAULT_PARAMS, activation_code, is_gated
 
 from ..quantization import FP8GlobalStateManager
-from ..recipe_state import mm_split_accumulator
 from ._layernorm_mlp_fn import LayerNormMLPFunction, MLPArgs
-from ._linear_fn import check_fp8_dims
 from ._norm_parts import allocate_norm_params, check_normalization, reset_norm_params
 from .base import TransformerEngineBaseModule, not_yet_supported, reject_tp_group, resolve_device
 from .linear import _check_input, init_method_normal
@@ -178,15 +176,17 @@ class LayerNormMLP(TransformerEngineBaseModule):
         if torch.is_grad_enabled():
             params = (inp, self.layer_norm_weight, self.layer_norm_bias, w1, self.fc1_bias)
             a.grads = tuple(t is not None and t.requires_grad for t in params)
-        recipe = self.fp8_state_for_forward(inp.device)
-        if recipe is not None:
-            self._setup_fp8(a, recipe, inp, is_first_microbatch)
+        state = self.fp8_state_for_forward(inp.device)
+        if state is not None:
+            self._setup_fp8(a, state, inp, is_first_microbatch)
         if not a.fp8:  # (quantized_model_init weights run dequantized; their gradient reaches them)
             w1, w2 = self.high_precision_weight(w1), self.high_precision_weight(w2)
         fc2_bias = None if self.return_bias else self.fc2_bias
         result = LayerNormMLPFunction.apply(
             inp, self.layer_norm_weight, self.layer_norm_bias, w1, self.fc1_bias, w2, fc2_bias, a
         )
+        if a.cache_weight:  # (the weight Operands the function made or reused, for later microbatches)
+            self._weight_cache = a.weight_cache
         if not (self.return_bias or self.return_layernorm_output):
             return result
         out, ln_out = result if self.return_layernorm_output else (result, None)
@@ -197,24 +197,28 @@ class LayerNormMLP(TransformerEngineBaseModule):
             parts += (ln_out,)
         return parts
 
-    def _setup_fp8(self, a: MLPArgs, recipe, inp, is_first_microbatch) -> None:
+    def _setup_fp8(self, a: MLPArgs, state, inp, is_first_microbatch) -> None:
+        """Fills `a` for a forward under the recipe of `state` (the forward RecipeState)."""
         a.fwd_q, a.bwd_q = self.quantizers["scaling_fwd"], self.quantizers["scaling_bwd"]
-        a.delayed = recipe.delayed()
+        a.delayed = state.delayed
         if not FP8GlobalStateManager.fp8_enabled:
             a.calibrate = a.delayed  # high-precision forward that records amaxes
             return
-        kind = getattr(a.fwd_q[0], "KIND", "fp8")
         tokens = inp.numel() // self.hidden_size
-        check_fp8_dims(tokens, self.hidden_size, self._fc1_out, kind, _OWNER)
-        check_fp8_dims(tokens, self.ffn_hidden_size, self.hidden_size, kind, _OWNER)
+        state.check_dims(tokens, self.hidden_size, self._fc1_out, _OWNER)
+        state.check_dims(tokens, self.ffn_hidden_size, self.hidden_size, _OWNER)
         a.fp8 = True
-        a.split_acc = mm_split_accumulator(recipe)
-        a.module = self
+        a.per_tensor = state.per_tensor
+        a.split_acc = state.split_accumulator
+        if a.delayed:  # the scales this forward uses (the autocast exit updates them before backward)
+            a.scales = state.scale.clone()
         a.cache_weight = is_first_microbatch is not None
         a.reuse_weight = is_first_microbatch is False
+        if a.cache_weight:  # (a copy: the function fills it, the module stores it afterwards)
+            a.weight_cache = dict(self._weight_cache or {})
         params = (inp, self.layer_norm_weight, self.fc1_weight, self.fc2_weight)
         needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in params)
-        a.bwd_queue = self.backward_update_queue(recipe, needs_grad)
+        a.bwd_queue = self.backward_update_queue(needs_grad)
 
     def extra_repr(self) -> str:
         return (

@@ -7,7 +7,6 @@ from collections import OrderedDict
 import torch
 
 from ..quantization import FP8GlobalStateManager
-from ..recipe_state import mm_split_accumulator
 from ._linear_fn import LinearArgs, LinearFunction
 from .base import TransformerEngineBaseModule, not_yet_supported, reject_tp_group, resolve_device
 
@@ -108,7 +107,7 @@ class Linear(TransformerEngineBaseModule):
         name=None,
     ) -> None:
         super().__init__(num_gemms=1)
-        owner = f"te.{type(self).__name__}"  # (LayerNormLinear passes its arguments through)
+        owner = self._owner = f"te.{type(self).__name__}"  # (LayerNormLinear passes its arguments through)
         not_yet_supported(
             owner,
             sequence_parallel=(sequence_parallel, False),
@@ -215,34 +214,41 @@ class Linear(TransformerEngineBaseModule):
             a.act_dtype = torch.get_autocast_dtype(device_type)
         else:
             a.act_dtype = inp.dtype
-        recipe = self.fp8_state_for_forward(inp.device)
-        if recipe is not None:
-            self._setup_fp8(a, recipe, inp, weight, is_first_microbatch)
+        state = self.fp8_state_for_forward(inp.device)
+        if state is not None:
+            self._setup_fp8(a, state, inp, weight, is_first_microbatch)
         a.fuse_wgrad = self.fuse_wgrad_accumulation
         a.weight_param = weight
         if not a.fp8:
             weight = self.high_precision_weight(weight)
         out = LinearFunction.apply(inp, weight, None if self.return_bias else bias, a)
+        if a.cache_weight:  # (the weight Operand the function made or reused, for later microbatches)
+            self._weight_cache = a.weight_cache
         if self.return_bias:
             return out, bias
         return out
 
-    def _setup_fp8(self, a: LinearArgs, recipe, inp, weight, is_first_microbatch) -> None:
+    def _setup_fp8(self, a: LinearArgs, state, inp, weight, is_first_microbatch, check_dims: bool = True) -> None:
+        """Fills `a` for a forward under the recipe of `state` (the forward
+        RecipeState); check_dims=False where the caller checked them already."""
         fwd, bwd = self.quantizers["scaling_fwd"], self.quantizers["scaling_bwd"]
         if not FP8GlobalStateManager.fp8_enabled:
             # Calibration: high-precision forward, amaxes recorded for delayed scaling.
-            if recipe.delayed():
+            if state.delayed:
                 fwd[0].calibrate(inp)
                 fwd[1].calibrate(weight)
             return
+        if check_dims:
+            state.check_dims(inp.numel() // self.in_features, self.in_features, self.out_features, self._owner)
         a.fp8 = True
         a.input_q, a.weight_q, a.grad_q = fwd[0], fwd[1], bwd[0]
-        a.split_acc = mm_split_accumulator(recipe)
-        a.module = self
+        a.split_acc = state.split_accumulator
         a.cache_weight = is_first_microbatch is not None
         a.reuse_weight = is_first_microbatch is False
+        if a.cache_weight:
+            a.weight_cache = self._weight_cache
         needs_grad = torch.is_grad_enabled() and (inp.requires_grad or weight.requires_grad)
-        a.bwd_queue = self.backward_update_queue(recipe, needs_grad)
+        a.bwd_queue = self.backward_update_queue(needs_grad)
 
 
 def _check_input(inp: torch.Tensor, weight: torch.Tensor, in_features: int, owner: str = "te.Linear") -> None:
