@@ -54,6 +54,8 @@ from .attention import (
     RotaryPositionEmbedding,
 )
 from .device import get_device_compute_capability, is_fp8_available
+from .distributed import CudaRNGStatesTracker, checkpoint
+from .graph import make_graphed_callables
 from .module import LayerNorm, LayerNormLinear, LayerNormMLP, Linear, RMSNorm
 from .quantization import (
     FP8GlobalStateManager,
@@ -81,6 +83,7 @@ from .transformer import TransformerLayer
 __version__ = "0.1.0"
 
 __all__ = [
+    "CudaRNGStatesTracker",
     "DType",
     "DotProductAttention",
     "FP8GlobalStateManager",
@@ -107,11 +110,13 @@ __all__ = [
     "TransformerLayer",
     "attention",
     "autocast",
+    "checkpoint",
     "fp8_autocast",
     "fp8_model_init",
     "get_default_recipe",
     "get_device_compute_capability",
     "is_fp8_available",
     "kernels",
+    "make_graphed_callables",
     "quantized_model_init",
 ]

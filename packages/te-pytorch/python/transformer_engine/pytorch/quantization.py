@@ -91,6 +91,9 @@ class _FP8GlobalState:
         self.fp8_enabled = self.fp8_calibration = False
         self.fp8_recipe = self.fp8_group = None
         self.autocast_depth = 0
+        # > 0 while te.checkpoint runs a function's original forward: reentrant
+        # checkpointing runs it without grad, but it is a training step.
+        self.checkpoint_forward_depth = 0
         self.forward_queue = _UpdateQueue()
         self.backward_queue = _UpdateQueue()
 
@@ -172,7 +175,8 @@ class autocast:
         s.fp8_enabled, s.fp8_calibration, s.fp8_recipe, s.fp8_group = self._saved
         self._saved = None
         s.autocast_depth -= 1
-        if s.autocast_depth == 0 and exc_type is None and not self._graph and torch.is_grad_enabled():
+        training = torch.is_grad_enabled() or s.checkpoint_forward_depth > 0
+        if s.autocast_depth == 0 and exc_type is None and not self._graph and training:
             s.forward_queue.run()
 
 
