@@ -31,7 +31,7 @@ import torch
 from transformer_engine.common.recipe import Format, Recipe
 from transformer_engine.core import DType
 
-from .kernels._common import FLOAT32, desc
+from .kernels._common import FLOAT32, compiling, desc
 from .tensor import (
     Float8BlockQuantizer,
     Float8CurrentScalingQuantizer,
@@ -213,7 +213,7 @@ class DelayedScalingRecipeState(RecipeState):
 
     def on_forward(self, manager) -> None:
         """Refuses torch.compile; queues this (forward) state for the update at the autocast's exit."""
-        if torch.compiler.is_compiling():
+        if compiling():
             raise RuntimeError(
                 "DelayedScaling cannot run under torch.compile: its amax history and scales are "
                 "updated outside the graph after each step. Use recipe.Float8CurrentScaling() "

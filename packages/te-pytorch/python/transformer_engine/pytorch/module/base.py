@@ -23,6 +23,7 @@ import warnings
 import torch
 
 from .._model_init import check_weight_recipe, model_init_settings, quantized_parameter
+from ..kernels._common import compiling
 from ..quantization import FP8GlobalStateManager
 from ..recipe_state import RecipeState
 from ..tensor import QuantizedTensor
@@ -139,7 +140,7 @@ class TransformerEngineBaseModule(torch.nn.Module):
             return
         # (torch.compile cannot trace warnings.warn: under it the state is
         # rebuilt silently; the changed recipe recompiles the graph anyway.)
-        if old is not None and not torch.compiler.is_compiling():
+        if old is not None and not compiling():
             if type(old) is not type(recipe):
                 warnings.warn(
                     f"Recipe type changed from {type(old).__name__} to "

@@ -6,6 +6,7 @@ from collections import OrderedDict
 
 import torch
 
+from ..kernels._common import compiling
 from ..quantization import FP8GlobalStateManager
 from ._linear_fn import LinearArgs, LinearFunction
 from .base import TransformerEngineBaseModule, not_yet_supported, reject_tp_group, resolve_device
@@ -48,7 +49,7 @@ class _NoopCat(torch.autograd.Function):
     @staticmethod
     def forward(ctx, *parts):
         ctx.sizes = [p.shape[0] for p in parts]
-        if torch.compiler.is_compiling():  # no storage pointers while tracing
+        if compiling():  # no storage pointers while tracing
             return torch.cat(parts)
         first = parts[0]
         rows = sum(ctx.sizes)
