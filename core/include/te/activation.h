@@ -63,24 +63,50 @@
 extern "C" {
 #endif
 
-/* Which activation. The names follow LayerNormMLP's `activation` argument. */
-typedef enum {
-  TE_ACTIVATION_GELU = 0,
-  TE_ACTIVATION_RELU = 1,
-  TE_ACTIVATION_SILU = 2,
-  TE_ACTIVATION_QGELU = 3,
-  TE_ACTIVATION_SRELU = 4,
-  TE_ACTIVATION_GEGLU = 5, /* gated kinds from here on: input [..., 2H] */
-  TE_ACTIVATION_REGLU = 6,
-  TE_ACTIVATION_SWIGLU = 7,
-  TE_ACTIVATION_QGEGLU = 8,
-  TE_ACTIVATION_SREGLU = 9,
-  TE_ACTIVATION_GLU = 10,
-  TE_ACTIVATION_CLAMPED_SWIGLU = 11
-} te_activation;
+/* The activation kinds, one line each: the single source of truth. The
+ * te_activation enum below, the core's name table, validation and dispatch,
+ * the CUDA build's one translation unit per kind (CMake reads these lines) and
+ * te-core's Python table (lib.activation_kinds(), which te-core, te-pytorch and
+ * te-jax read) are all generated from it. Adding a kind is one line here plus
+ * its functor (docs/architecture.md, "Adding an activation kind").
+ *   X(ID, name, code, gated, functor, params)
+ *   ID       the enum constant is TE_ACTIVATION_<ID>
+ *   name     LayerNormMLP's `activation` value
+ *   code     the enum value (part of the ABI: never renumber)
+ *   gated    1: the input is [..., 2H], halves [activated | linear]
+ *   functor  the core's f and f' (core/src/activation/functions.h)
+ *   params   1: reads te_activation_params (defaults TE_ACTIVATION_DEFAULT_*)
+ * core/CMakeLists.txt reads the lines "  X(ID, ...": keep one kind per line. */
+/* clang-format off */
+#define TE_ACTIVATION_KINDS(X)                          \
+  X(GELU, gelu, 0, 0, Gelu, 0)                          \
+  X(RELU, relu, 1, 0, Relu, 0)                          \
+  X(SILU, silu, 2, 0, Silu, 0)                          \
+  X(QGELU, qgelu, 3, 0, QGelu, 0)                       \
+  X(SRELU, srelu, 4, 0, SRelu, 0)                       \
+  X(GEGLU, geglu, 5, 1, Gelu, 0)                        \
+  X(REGLU, reglu, 6, 1, Relu, 0)                        \
+  X(SWIGLU, swiglu, 7, 1, Silu, 0)                      \
+  X(QGEGLU, qgeglu, 8, 1, QGelu, 0)                     \
+  X(SREGLU, sreglu, 9, 1, SRelu, 0)                     \
+  X(GLU, glu, 10, 1, Sigmoid, 0)                        \
+  X(CLAMPED_SWIGLU, clamped_swiglu, 11, 1, ClampedSwish, 1)
+/* clang-format on */
 
-/* Parameters of clamped_swiglu (ignored by the other kinds). Passing NULL
- * means the defaults: limit 7.0, alpha 1.702, glu_linear_offset 1.0.
+/* Which activation (codes from the table above). */
+#define TE_ACTIVATION_ENUM_ENTRY_(ID, name, code, gated, functor, params) TE_ACTIVATION_##ID = code,
+typedef enum { TE_ACTIVATION_KINDS(TE_ACTIVATION_ENUM_ENTRY_) } te_activation;
+#undef TE_ACTIVATION_ENUM_ENTRY_
+
+/* The defaults of te_activation_params (GPT-OSS's clamped_swiglu), written as
+ * double constants so that bindings can show them as written; the struct
+ * holds them rounded to float. */
+#define TE_ACTIVATION_DEFAULT_LIMIT 7.0
+#define TE_ACTIVATION_DEFAULT_ALPHA 1.702
+#define TE_ACTIVATION_DEFAULT_GLU_LINEAR_OFFSET 1.0
+
+/* Parameters of the kinds whose table line has params = 1 (clamped_swiglu;
+ * the other kinds ignore them). Passing NULL means the defaults above.
  * limit must be > 0 (inf allowed: no clamping); alpha and the offset finite. */
 typedef struct {
   float limit;

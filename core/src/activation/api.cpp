@@ -14,27 +14,22 @@ constexpr std::initializer_list<te_dtype> kAnyOutput = {TE_DTYPE_FLOAT32, TE_DTY
                                                         TE_DTYPE_FLOAT8E5M2};
 constexpr const char* kAnyOutputText = "float32, bfloat16, float16, float8_e4m3 or float8_e5m2";
 
-const char* kind_name(te_activation kind) {
-  static const char* const names[] = {"gelu",   "relu",   "silu",  "qgelu",
-                                      "srelu",  "geglu",  "reglu", "swiglu",
-                                      "qgeglu", "sreglu", "glu",   "clamped_swiglu"};
-  return names[kind];
-}
-
 void check_kind(te_activation kind) {
-  if (kind < TE_ACTIVATION_GELU || kind > TE_ACTIVATION_CLAMPED_SWIGLU)
+  if (!is_valid_kind(kind))
     fail(TE_ERROR_INVALID_ARGUMENT, "argument 'kind' must be a te_activation value from 0 to ",
-         static_cast<int>(TE_ACTIVATION_CLAMPED_SWIGLU), ", got ", static_cast<int>(kind));
+         kKindCount - 1, ", got ", static_cast<int>(kind));
 }
 
+// Kinds that read no parameters get the defaults (never read).
 Params check_params(te_activation kind, const te_activation_params* params) {
-  if (params == nullptr || kind != TE_ACTIVATION_CLAMPED_SWIGLU) return kDefaultParams;
+  if (params == nullptr || !kind_info(kind).params) return kDefaultParams;
+  const char* name = kind_name(kind);
   if (!(params->limit > 0.0f))
-    fail(TE_ERROR_INVALID_ARGUMENT, "clamped_swiglu needs 'limit' > 0, got ", params->limit);
+    fail(TE_ERROR_INVALID_ARGUMENT, name, " needs 'limit' > 0, got ", params->limit);
   if (!std::isfinite(params->alpha))
-    fail(TE_ERROR_INVALID_ARGUMENT, "clamped_swiglu needs a finite 'alpha', got ", params->alpha);
+    fail(TE_ERROR_INVALID_ARGUMENT, name, " needs a finite 'alpha', got ", params->alpha);
   if (!std::isfinite(params->glu_linear_offset))
-    fail(TE_ERROR_INVALID_ARGUMENT, "clamped_swiglu needs a finite 'glu_linear_offset', got ",
+    fail(TE_ERROR_INVALID_ARGUMENT, name, " needs a finite 'glu_linear_offset', got ",
          params->glu_linear_offset);
   return *params;
 }
@@ -64,12 +59,6 @@ void check_shape(const te_tensor& t, const char* name, const te_tensor& input, b
          " with its last dimension halved, for ", kind_name(kind), "), got ", shape_string(t));
   fail(TE_ERROR_INVALID_ARGUMENT, "argument '", name, "' must have the shape of 'input' ",
        shape_string(input), ", got ", shape_string(t));
-}
-
-float* optional_fp32_scalar(te_tensor* t, const char* name, const te_tensor& input) {
-  if (t == nullptr) return nullptr;
-  Arg(t, name).scalar_fp32().same_device(input, "input");
-  return static_cast<float*>(t->data);
 }
 
 // Checks the outputs of a [rows, cols] result matrix shaped like `like`
@@ -202,8 +191,7 @@ OutputArgs check_fwd_columnwise(const te_tensor& input, te_tensor* fwd_columnwis
 }
 
 void run_backward(const BackwardArgs& args, const te_tensor& input, te_stream stream) {
-  if (on_cuda(input)) use_cuda_device(input.device_index);
-  TE_DISPATCH(on_cuda(input), cpu::backward(args), cuda::backward(args, stream));
+  TE_DISPATCH(input, cpu::backward(args), cuda::backward(args, stream));
 }
 
 }  // namespace
@@ -223,8 +211,7 @@ te_status te_activation_fwd(te_activation kind, const te_activation_params* para
     check_common(args, kind, params, input);
     args.out = check_outputs(*input, output, "output", columnwise, scale, scale_inv, amax,
                              args.rows, args.cols, is_gated(kind), kind);
-    if (on_cuda(*input)) use_cuda_device(input->device_index);
-    TE_DISPATCH(on_cuda(*input), cpu::forward(args), cuda::forward(args, stream));
+    TE_DISPATCH(*input, cpu::forward(args), cuda::forward(args, stream));
   });
 }
 

@@ -124,8 +124,19 @@ FwdArgs check_forward(const te_tensor* x, const te_tensor* gamma, float eps,
     a.y_amax = static_cast<float*>(y_amax->data);
   }
   a.rsigma = optional_per_row(rsigma, "rsigma", a.rows, *x);
-  if (on_cuda(*x)) use_cuda_device(x->device_index);
   return a;
+}
+
+// Bytes of workspace the backward of x [rows, cols] needs: 0 on the CPU; on
+// CUDA the size depends on the launch plan (grid) of the device, made current.
+size_t backward_workspace_bytes(const te_tensor& x, int64_t rows, int64_t cols, bool layernorm) {
+  if (!on_cuda(x)) return 0;
+#ifdef TE_WITH_CUDA
+  use_cuda_device(x.device_index);
+  return cuda::backward_workspace_bytes(x.dtype, rows, cols, layernorm);
+#else
+  fail_no_cuda();
+#endif
 }
 
 // Everything the two backward entry points share.
@@ -155,13 +166,7 @@ BwdArgs check_backward(bool layernorm, const te_tensor* dz, const te_tensor* x,
   check_same_type(dgamma, "dgamma", *gamma, "gamma");
   a.dgamma = dgamma->data;
 
-  if (on_cuda(*x)) use_cuda_device(x->device_index);
-#ifdef TE_WITH_CUDA
-  const size_t needed =
-      on_cuda(*x) ? cuda::backward_workspace_bytes(x->dtype, a.rows, a.cols, layernorm) : 0;
-#else
-  const size_t needed = 0;
-#endif
+  const size_t needed = backward_workspace_bytes(*x, a.rows, a.cols, layernorm);
   if (needed > 0 || workspace != nullptr) {
     Arg ws(workspace, "workspace");
     ws.dtype(TE_DTYPE_BYTE).same_device(*x, "x");
@@ -180,13 +185,7 @@ size_t workspace_bytes(const te_tensor* x, bool layernorm) {
   int64_t rows = 0, cols = 0;
   check_descriptor(x, "x");
   check_x(x, &rows, &cols);
-  if (!on_cuda(*x)) return 0;
-#ifdef TE_WITH_CUDA
-  use_cuda_device(x->device_index);
-  return cuda::backward_workspace_bytes(x->dtype, rows, cols, layernorm);
-#else
-  fail_no_cuda();
-#endif
+  return backward_workspace_bytes(*x, rows, cols, layernorm);
 }
 
 void write_size(size_t* out, size_t bytes) {
@@ -214,7 +213,7 @@ te_status te_layernorm_fwd(const te_tensor* x, const te_tensor* gamma, const te_
     check_same_type(beta, "beta", *gamma, "gamma");
     a.beta = beta->data;
     a.mu = optional_per_row(mu, "mu", a.rows, *x);
-    TE_DISPATCH(on_cuda(*x), cpu::forward(a), cuda::forward(a, stream));
+    TE_DISPATCH(*x, cpu::forward(a), cuda::forward(a, stream));
   });
 }
 
@@ -226,7 +225,7 @@ te_status te_rmsnorm_fwd(const te_tensor* x, const te_tensor* gamma, float eps,
     FwdArgs a =
         check_forward(x, gamma, eps, zero_centered_gamma, y, y_scale, y_scale_inv, y_amax, rsigma);
     a.layernorm = false;
-    TE_DISPATCH(on_cuda(*x), cpu::forward(a), cuda::forward(a, stream));
+    TE_DISPATCH(*x, cpu::forward(a), cuda::forward(a, stream));
   });
 }
 
@@ -251,7 +250,7 @@ te_status te_layernorm_bwd(const te_tensor* dz, const te_tensor* x, const te_ten
     check_per_column(dbeta, "dbeta", a.cols, *x);
     check_same_type(dbeta, "dbeta", *gamma, "gamma");
     a.dbeta = dbeta->data;
-    TE_DISPATCH(on_cuda(*x), cpu::backward(a), cuda::backward(a, stream));
+    TE_DISPATCH(*x, cpu::backward(a), cuda::backward(a, stream));
   });
 }
 
@@ -261,7 +260,7 @@ te_status te_rmsnorm_bwd(const te_tensor* dz, const te_tensor* x, const te_tenso
   return guarded("te_rmsnorm_bwd", [&] {
     BwdArgs a =
         check_backward(false, dz, x, rsigma, gamma, zero_centered_gamma, dx, dgamma, workspace);
-    TE_DISPATCH(on_cuda(*x), cpu::backward(a), cuda::backward(a, stream));
+    TE_DISPATCH(*x, cpu::backward(a), cuda::backward(a, stream));
   });
 }
 

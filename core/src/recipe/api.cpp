@@ -72,8 +72,7 @@ extern "C" te_status te_delayed_scaling_update(const te_tensor* amax_reduction_b
           .same_device(first, "amax_histories[0]");
       args.reduction_buffer = static_cast<const float*>(amax_reduction_buffer->data);
     }
-    if (on_cuda(first)) use_cuda_device(first.device_index);
-    TE_DISPATCH(on_cuda(first), cpu::delayed_scaling_update(args),
+    TE_DISPATCH(first, cpu::delayed_scaling_update(args),
                 cuda::delayed_scaling_update(args, stream));
   });
 }

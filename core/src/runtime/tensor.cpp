@@ -143,4 +143,10 @@ const Arg& Arg::shape2d(int64_t rows, int64_t cols) const {
   return *this;
 }
 
+float* optional_fp32_scalar(te_tensor* t, const char* name, const te_tensor& input) {
+  if (t == nullptr) return nullptr;
+  Arg(t, name).scalar_fp32().same_device(input, "input");
+  return static_cast<float*>(t->data);
+}
+
 }  // namespace te

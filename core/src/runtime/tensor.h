@@ -56,4 +56,9 @@ constexpr const char* kFp8Text = "float8_e4m3 or float8_e5m2";
 // Validates the shape/dtype fields themselves (rank, non-negative dims).
 void check_descriptor(const te_tensor* t, const char* name);
 
+// An optional FP32 scalar output (scale_inv, amax): nullptr when t is NULL,
+// else t checked (one FP32 element on the device of the argument 'input') and
+// its data.
+float* optional_fp32_scalar(te_tensor* t, const char* name, const te_tensor& input);
+
 }  // namespace te

@@ -4,7 +4,40 @@ namespace te_py {
 
 using Opt = std::optional<TensorDesc*>;
 
+namespace {
+
+// The table TE_ACTIVATION_KINDS (te/activation.h) as Python data: one dict per
+// kind in code order, {"name", "code", "gated", "params"}; "params" holds the
+// default te_activation_params of a kind that reads them, else it is empty.
+nb::list activation_kinds() {
+  nb::list kinds;
+  auto add = [&](const char* name, int code, bool gated, bool takes_params) {
+    nb::dict params;
+    if (takes_params) {
+      params["limit"] = TE_ACTIVATION_DEFAULT_LIMIT;
+      params["alpha"] = TE_ACTIVATION_DEFAULT_ALPHA;
+      params["glu_linear_offset"] = TE_ACTIVATION_DEFAULT_GLU_LINEAR_OFFSET;
+    }
+    nb::dict kind;
+    kind["name"] = name;
+    kind["code"] = code;
+    kind["gated"] = gated;
+    kind["params"] = params;
+    kinds.append(kind);
+  };
+#define TE_PY_ACTIVATION_KIND_(ID, name, code, gated, functor, params) \
+  add(#name, code, (gated) != 0, (params) != 0);
+  TE_ACTIVATION_KINDS(TE_PY_ACTIVATION_KIND_)
+#undef TE_PY_ACTIVATION_KIND_
+  return kinds;
+}
+
+}  // namespace
+
 void bind_activation(nb::module_& m) {
+  m.def("activation_kinds", &activation_kinds,
+        "The activation kinds of te/activation.h's table: [{name, code, gated, params}] in code "
+        "order (params: a kind's default te_activation_params, empty when it reads none).");
   m.def(
       "activation_fwd",
       [](int kind, TensorDesc& input, Opt output, Opt columnwise, Opt scale, Opt scale_inv,
@@ -19,7 +52,9 @@ void bind_activation(nb::module_& m) {
       nb::arg("kind"), nb::arg("input"), nb::arg("output").none() = nb::none(),
       nb::arg("columnwise").none() = nb::none(), nb::arg("scale").none() = nb::none(),
       nb::arg("scale_inv").none() = nb::none(), nb::arg("amax").none() = nb::none(),
-      nb::arg("limit") = 7.0f, nb::arg("alpha") = 1.702f, nb::arg("glu_linear_offset") = 1.0f,
+      nb::arg("limit") = TE_ACTIVATION_DEFAULT_LIMIT,
+      nb::arg("alpha") = TE_ACTIVATION_DEFAULT_ALPHA,
+      nb::arg("glu_linear_offset") = TE_ACTIVATION_DEFAULT_GLU_LINEAR_OFFSET,
       nb::arg("stream") = 0);
 
   m.def(
@@ -38,7 +73,9 @@ void bind_activation(nb::module_& m) {
       nb::arg("columnwise").none() = nb::none(), nb::arg("scale").none() = nb::none(),
       nb::arg("scale_inv").none() = nb::none(), nb::arg("amax").none() = nb::none(),
       nb::arg("dbias").none() = nb::none(), nb::arg("workspace").none() = nb::none(),
-      nb::arg("limit") = 7.0f, nb::arg("alpha") = 1.702f, nb::arg("glu_linear_offset") = 1.0f,
+      nb::arg("limit") = TE_ACTIVATION_DEFAULT_LIMIT,
+      nb::arg("alpha") = TE_ACTIVATION_DEFAULT_ALPHA,
+      nb::arg("glu_linear_offset") = TE_ACTIVATION_DEFAULT_GLU_LINEAR_OFFSET,
       nb::arg("stream") = 0);
 
   m.def(
@@ -62,8 +99,11 @@ void bind_activation(nb::module_& m) {
       nb::arg("dbias").none() = nb::none(), nb::arg("workspace").none() = nb::none(),
       nb::arg("fwd_columnwise").none() = nb::none(), nb::arg("fwd_scale").none() = nb::none(),
       nb::arg("fwd_scale_inv").none() = nb::none(),
-      nb::arg("fwd_values_dtype") = static_cast<int>(TE_DTYPE_FLOAT32), nb::arg("limit") = 7.0f,
-      nb::arg("alpha") = 1.702f, nb::arg("glu_linear_offset") = 1.0f, nb::arg("stream") = 0);
+      nb::arg("fwd_values_dtype") = static_cast<int>(TE_DTYPE_FLOAT32),
+      nb::arg("limit") = TE_ACTIVATION_DEFAULT_LIMIT,
+      nb::arg("alpha") = TE_ACTIVATION_DEFAULT_ALPHA,
+      nb::arg("glu_linear_offset") = TE_ACTIVATION_DEFAULT_GLU_LINEAR_OFFSET,
+      nb::arg("stream") = 0);
 
   m.def(
       "activation_bwd_workspace_size",

@@ -26,15 +26,14 @@ from __future__ import annotations
 import torch
 
 from transformer_engine.core import lib
+from transformer_engine.core.activation import DEFAULT_PARAMS, is_gated
 
 from ._common import FLOAT32, TORCH_TO_CODE, compiling, contiguous, desc, hp_desc, matrix_t_shape, stream_of, workspace
 from .cast import _check_fp8, _or_empty
 
-_GATED_FIRST = 5  # te_activation codes >= 5 are the gated kinds
-
 
 def _out_shape(x: torch.Tensor, kind: int) -> tuple:
-    if kind < _GATED_FIRST:
+    if not is_gated(kind):
         return tuple(x.shape)
     if x.dim() == 0 or x.shape[-1] % 2:
         raise ValueError(
@@ -146,9 +145,9 @@ def activation_fwd(
     amax=None,
     rowwise: bool = True,
     columnwise: bool = False,
-    limit: float = 7.0,
-    alpha: float = 1.702,
-    glu_linear_offset: float = 1.0,
+    limit: float = DEFAULT_PARAMS["limit"],
+    alpha: float = DEFAULT_PARAMS["alpha"],
+    glu_linear_offset: float = DEFAULT_PARAMS["glu_linear_offset"],
 ):
     """y = f(x) (plain kinds) or f(a) * lin(b) (gated: last dim halved).
 
@@ -243,9 +242,9 @@ def activation_bwd(
     rowwise: bool = True,
     columnwise: bool = False,
     dbias: bool = False,
-    limit: float = 7.0,
-    alpha: float = 1.702,
-    glu_linear_offset: float = 1.0,
+    limit: float = DEFAULT_PARAMS["limit"],
+    alpha: float = DEFAULT_PARAMS["alpha"],
+    glu_linear_offset: float = DEFAULT_PARAMS["glu_linear_offset"],
 ):
     """dL/dx = grad * f'(x) (gated kinds: both halves), see the module docstring.
 
@@ -338,9 +337,9 @@ def activation_bwd_fwd_columnwise(
     rowwise: bool = True,
     columnwise: bool = False,
     dbias: bool = False,
-    limit: float = 7.0,
-    alpha: float = 1.702,
-    glu_linear_offset: float = 1.0,
+    limit: float = DEFAULT_PARAMS["limit"],
+    alpha: float = DEFAULT_PARAMS["alpha"],
+    glu_linear_offset: float = DEFAULT_PARAMS["glu_linear_offset"],
 ):
     """`activation_bwd` that also writes, in the same pass, the forward output
     y = f(x) quantized to FP8 columnwise ([H, M]) with `fwd_scale`: the bytes of
