@@ -19,17 +19,16 @@ Error quantize_fp8(const Device& d, AnyBuffer x, AnyBuffer scale, AnyBuffer /*am
                    Result<AnyBuffer> row, Result<AnyBuffer> col, Result<AnyBuffer> scale_inv,
                    Result<AnyBuffer> amax_out) {
   // (rowwise/columnwise: a placeholder means "not asked")
-  te_tensor tx, ts, trow, tcol, tsi, ta;
+  te_tensor tx, trow, tcol;
   te_tensor *prow, *pcol;
-  if (Error e = describe_all(d, {{x, "x", &tx},
-                                 {scale, "scale", &ts},
-                                 {*row, "rowwise", &trow, &prow},
-                                 {*col, "columnwise", &tcol, &pcol},
-                                 {*scale_inv, "scale_inv", &tsi},
-                                 {*amax_out, "amax", &ta}});
+  Scaling s;
+  if (Error e = describe_all(
+          d, {{x, "x", &tx}, {*row, "rowwise", &trow, &prow}, {*col, "columnwise", &tcol, &pcol}});
       e.failure())
     return e;
-  return from_status(te_quantize_fp8(&tx, &ts, prow, pcol, &tsi, &ta, d.stream));
+  if (Error e = describe_scaling(d, scale, *scale_inv, *amax_out, &s); e.failure()) return e;
+  return from_status(
+      te_quantize_fp8(&tx, s.scale_ptr, prow, pcol, s.scale_inv_ptr, s.amax_ptr, d.stream));
 }
 
 #define TE_JAX_QUANTIZE_FP8_ARGS(b) \
@@ -46,18 +45,17 @@ Error quantize_fp8_current_scaling(const Device& d, AnyBuffer x, Result<AnyBuffe
                                    Result<AnyBuffer> col, Result<AnyBuffer> scale,
                                    Result<AnyBuffer> scale_inv, Result<AnyBuffer> amax,
                                    bool force_pow_2_scales, float amax_epsilon) {
-  te_tensor tx, trow, tcol, ts, tsi, ta;
+  te_tensor tx, trow, tcol;
   te_tensor *prow, *pcol;
-  if (Error e = describe_all(d, {{x, "x", &tx},
-                                 {*row, "rowwise", &trow, &prow},
-                                 {*col, "columnwise", &tcol, &pcol},
-                                 {*scale, "scale", &ts},
-                                 {*scale_inv, "scale_inv", &tsi},
-                                 {*amax, "amax", &ta}});
+  Scaling s;
+  if (Error e = describe_all(
+          d, {{x, "x", &tx}, {*row, "rowwise", &trow, &prow}, {*col, "columnwise", &tcol, &pcol}});
       e.failure())
     return e;
-  return from_status(te_quantize_fp8_current_scaling(
-      &tx, prow, pcol, &ts, &tsi, &ta, force_pow_2_scales ? 1 : 0, amax_epsilon, d.stream));
+  if (Error e = describe_scaling(d, *scale, *scale_inv, *amax, &s); e.failure()) return e;
+  return from_status(te_quantize_fp8_current_scaling(&tx, prow, pcol, s.scale_ptr, s.scale_inv_ptr,
+                                                     s.amax_ptr, force_pow_2_scales ? 1 : 0,
+                                                     amax_epsilon, d.stream));
 }
 
 #define TE_JAX_QUANTIZE_FP8_CURRENT_ARGS(b) \

@@ -22,16 +22,15 @@ using ffi::Result;
 
 // The descriptors of a forward's y and its optional FP8 scale, scale_inv and amax.
 struct NormOutput {
-  te_tensor y{}, scale{}, scale_inv{}, amax{};
-  te_tensor *scale_ptr = nullptr, *scale_inv_ptr = nullptr, *amax_ptr = nullptr;
+  te_tensor y{};
+  Scaling s;
 };
 
 Error describe_output(const Device& d, const AnyBuffer& y_scale, const AnyBuffer& y,
                       const AnyBuffer& y_scale_inv, const AnyBuffer& amax, NormOutput* o) {
-  return describe_all(d, {{y, "y", &o->y},
-                          {y_scale, "y_scale", &o->scale, &o->scale_ptr},
-                          {y_scale_inv, "y_scale_inv", &o->scale_inv, &o->scale_inv_ptr},
-                          {amax, "y_amax", &o->amax, &o->amax_ptr}});
+  if (Error e = describe(y, d, "y", &o->y); e.failure()) return e;
+  return describe_scaling(d, y_scale, y_scale_inv, amax, &o->s,
+                          {"y_scale", "y_scale_inv", "y_amax"});
 }
 
 Error layernorm_fwd(const Device& d, AnyBuffer x, AnyBuffer gamma, AnyBuffer beta,
@@ -47,7 +46,7 @@ Error layernorm_fwd(const Device& d, AnyBuffer x, AnyBuffer gamma, AnyBuffer bet
   if (Error e = describe_all(d, {{*mu, "mu", &tmu}, {*rsigma, "rsigma", &trs}}); e.failure())
     return e;
   return from_status(te_layernorm_fwd(&tx, &tg, &tb, eps, zero_centered_gamma ? 1 : 0, &o.y,
-                                      o.scale_ptr, o.scale_inv_ptr, o.amax_ptr, &tmu, &trs,
+                                      o.s.scale_ptr, o.s.scale_inv_ptr, o.s.amax_ptr, &tmu, &trs,
                                       d.stream));
 }
 
@@ -74,8 +73,8 @@ Error rmsnorm_fwd(const Device& d, AnyBuffer x, AnyBuffer gamma, AnyBuffer y_sca
   if (Error e = describe_all(d, {{x, "x", &tx}, {gamma, "gamma", &tg}}); e.failure()) return e;
   if (Error e = describe_output(d, y_scale, *y, *y_scale_inv, *amax, &o); e.failure()) return e;
   if (Error e = describe_all(d, {{*rsigma, "rsigma", &trs}}); e.failure()) return e;
-  return from_status(te_rmsnorm_fwd(&tx, &tg, eps, zero_centered_gamma ? 1 : 0, &o.y, o.scale_ptr,
-                                    o.scale_inv_ptr, o.amax_ptr, &trs, d.stream));
+  return from_status(te_rmsnorm_fwd(&tx, &tg, eps, zero_centered_gamma ? 1 : 0, &o.y, o.s.scale_ptr,
+                                    o.s.scale_inv_ptr, o.s.amax_ptr, &trs, d.stream));
 }
 
 #define TE_JAX_RMSNORM_FWD_ARGS(b) \
