@@ -38,7 +38,7 @@ int main(void) {
   te_tensor si = cpu_tensor(&scale_inv, TE_DTYPE_FLOAT32, 0, NULL);
   te_tensor a = cpu_tensor(&amax, TE_DTYPE_FLOAT32, 0, NULL);
 
-  EXPECT(te_quantize_fp8(&in, &s, &out, NULL, &si, &a, NULL) == TE_SUCCESS);
+  EXPECT(te_cast_quantize_fp8(&in, &s, &out, NULL, &si, &a, NULL) == TE_SUCCESS);
   EXPECT(strcmp(te_last_error_message(), "") == 0);
   EXPECT(scale_inv == 0.5f);
   EXPECT(amax == 56.0f); /* |-16 * 3.5| */
@@ -47,12 +47,33 @@ int main(void) {
 
   /* A wrong dtype is a status plus a message naming the argument. */
   te_tensor bad_scale = cpu_tensor(&scale, TE_DTYPE_FLOAT16, 0, NULL);
-  EXPECT(te_quantize_fp8(&in, &bad_scale, &out, NULL, NULL, NULL, NULL) == TE_ERROR_INVALID_DTYPE);
+  EXPECT(te_cast_quantize_fp8(&in, &bad_scale, &out, NULL, NULL, NULL, NULL) ==
+         TE_ERROR_INVALID_DTYPE);
   EXPECT(strstr(te_last_error_message(), "argument 'scale' must be float32") != NULL);
 
   /* A NULL descriptor is rejected, never dereferenced. */
-  EXPECT(te_quantize_fp8(NULL, &s, &out, NULL, NULL, NULL, NULL) == TE_ERROR_INVALID_ARGUMENT);
+  EXPECT(te_cast_quantize_fp8(NULL, &s, &out, NULL, NULL, NULL, NULL) == TE_ERROR_INVALID_ARGUMENT);
   EXPECT(strstr(te_last_error_message(), "argument 'input' is required") != NULL);
+
+  /* A deprecated alias forwards to the new name (same bytes, the new name in messages). */
+  unsigned char q_old[32];
+  te_tensor out_old = cpu_tensor(q_old, TE_DTYPE_FLOAT8E4M3, 2, shape);
+#if defined(__GNUC__) || defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+#endif
+  EXPECT(te_quantize_fp8(&in, &s, &out_old, NULL, &si, &a, NULL) == TE_SUCCESS);
+  EXPECT(memcmp(q, q_old, sizeof(q)) == 0);
+  EXPECT(te_quantize_fp8(&in, &bad_scale, &out_old, NULL, NULL, NULL, NULL) ==
+         TE_ERROR_INVALID_DTYPE);
+#if defined(__GNUC__) || defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+  EXPECT(strstr(te_last_error_message(), "te_cast_quantize_fp8: argument 'scale'") != NULL);
+
+  /* The activation enum comes from the TE_ACTIVATION_KINDS table; its codes are ABI. */
+  EXPECT(TE_ACTIVATION_GELU == 0 && TE_ACTIVATION_GEGLU == 5);
+  EXPECT(TE_ACTIVATION_CLAMPED_SWIGLU == 11);
 
   EXPECT(strlen(te_version()) > 0);
   if (failures == 0) printf("1 passed, 0 failed\n");

@@ -35,7 +35,7 @@
  *
  * Outputs: the FP32 value v is written once, rounded to the output's type
  * (FP32, BF16, FP16; round to nearest even), or, for an FP8 output, quantized
- * exactly as te_quantize_fp8 would quantize an FP32 tensor of the values v:
+ * exactly as te_cast_quantize_fp8 would quantize an FP32 tensor of the values v:
  * q = fp8(v * scale), scale_inv = 1 / scale, amax = max(amax, max|v|) (NaN
  * skipped). With a high-precision output the optional amax is that of the
  * values AS STORED: amax = max(amax, max|round(v)|), round to the output's type
@@ -157,7 +157,7 @@ TE_API te_status te_activation_bwd(te_activation kind, const te_activation_param
  * type fwd_values_dtype stores it (round to nearest even; FP32: v itself).
  * With FP32 these are the bytes of te_activation_fwd(kind, params, input,
  * output = NULL, fwd_columnwise, fwd_scale, fwd_scale_inv, amax = NULL); with
- * BF16/FP16 those of te_quantize_fp8 (columnwise) of te_activation_fwd's
+ * BF16/FP16 those of te_cast_quantize_fp8 (columnwise) of te_activation_fwd's
  * BF16/FP16 output (how current scaling quantizes it, after its amax pass).
  * That is the operand fc2's wgrad reads in LayerNormMLP's backward, which
  * would otherwise need a pass of its own over the input. Every other argument

@@ -16,14 +16,14 @@
  *   y is that FP32 value rounded (nearest even) to y's type. With an FP8 y the
  *   quantization is fused: y_fp8 = saturate(RNE(y_fp32 * y_scale)) applied to
  *   the unrounded FP32 y, amax = max(amax, max|y_fp32|) (NaN ignored) and
- *   scale_inv = 1 / y_scale: byte for byte what te_quantize_fp8 writes for the
+ *   scale_inv = 1 / y_scale: byte for byte what te_cast_quantize_fp8 writes for the
  *   FP32 y that the same backend returns when y is FP32.
  *   With a high-precision y, y_amax (optional) is the amax of y AS STORED:
  *   amax = max(amax, max|y|) over the rounded values (NaN ignored), what a
  *   separate amax pass over y computes. Current scaling cannot quantize in
  *   the same pass (its scale needs the amax of the whole output first), but
  *   it can take the amax from here: normalize to BF16/FP32 with y_amax, derive
- *   the scale, then quantize y with that scale (te_quantize_fp8).
+ *   the scale, then quantize y with that scale (te_cast_quantize_fp8).
  *
  * Backward, per row, with xhat = (x - mu) * rsigma (LayerNorm) or x * rsigma
  * (RMSNorm) and dy = dz * g:

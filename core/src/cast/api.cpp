@@ -64,10 +64,10 @@ using namespace te::cast;
 
 extern "C" {
 
-te_status te_quantize_fp8(const te_tensor* input, const te_tensor* scale, te_tensor* rowwise,
-                          te_tensor* columnwise, te_tensor* scale_inv, te_tensor* amax,
-                          te_stream stream) {
-  return guarded("te_quantize_fp8", [&] {
+te_status te_cast_quantize_fp8(const te_tensor* input, const te_tensor* scale, te_tensor* rowwise,
+                               te_tensor* columnwise, te_tensor* scale_inv, te_tensor* amax,
+                               te_stream stream) {
+  return guarded("te_cast_quantize_fp8", [&] {
     Fp8QuantizeArgs args = check_quantize_outputs(input, rowwise, columnwise, scale_inv, amax);
     Arg(scale, "scale").scalar_fp32().same_device(*input, "input");
     const float* s = static_cast<const float*>(scale->data);
@@ -75,8 +75,8 @@ te_status te_quantize_fp8(const te_tensor* input, const te_tensor* scale, te_ten
   });
 }
 
-te_status te_compute_amax(const te_tensor* input, te_tensor* amax, te_stream stream) {
-  return guarded("te_compute_amax", [&] {
+te_status te_cast_compute_amax(const te_tensor* input, te_tensor* amax, te_stream stream) {
+  return guarded("te_cast_compute_amax", [&] {
     Arg(input, "input").dtype_in(kHighPrecision, kHighPrecisionText);
     Arg(amax, "amax").scalar_fp32().same_device(*input, "input");
     float* out = static_cast<float*>(amax->data);
@@ -86,10 +86,11 @@ te_status te_compute_amax(const te_tensor* input, te_tensor* amax, te_stream str
   });
 }
 
-te_status te_compute_scale_from_amax(const te_tensor* amax, te_tensor* scale, te_tensor* scale_inv,
-                                     te_dtype fp8_dtype, int force_pow2_scales, float amax_epsilon,
-                                     te_stream stream) {
-  return guarded("te_compute_scale_from_amax", [&] {
+te_status te_cast_compute_scale_from_amax(const te_tensor* amax, te_tensor* scale,
+                                          te_tensor* scale_inv, te_dtype fp8_dtype,
+                                          int force_pow2_scales, float amax_epsilon,
+                                          te_stream stream) {
+  return guarded("te_cast_compute_scale_from_amax", [&] {
     Arg(amax, "amax").scalar_fp32();
     Arg(scale, "scale").scalar_fp32().same_device(*amax, "amax");
     float* inv = optional_fp32_scalar(scale_inv, "scale_inv", *amax);
@@ -106,12 +107,12 @@ te_status te_compute_scale_from_amax(const te_tensor* amax, te_tensor* scale, te
   });
 }
 
-te_status te_quantize_fp8_current_scaling(const te_tensor* input, te_tensor* rowwise,
-                                          te_tensor* columnwise, te_tensor* scale,
-                                          te_tensor* scale_inv, te_tensor* amax,
-                                          int force_pow2_scales, float amax_epsilon,
-                                          te_stream stream) {
-  return guarded("te_quantize_fp8_current_scaling", [&] {
+te_status te_cast_quantize_fp8_current_scaling(const te_tensor* input, te_tensor* rowwise,
+                                               te_tensor* columnwise, te_tensor* scale,
+                                               te_tensor* scale_inv, te_tensor* amax,
+                                               int force_pow2_scales, float amax_epsilon,
+                                               te_stream stream) {
+  return guarded("te_cast_quantize_fp8_current_scaling", [&] {
     Fp8QuantizeArgs args = check_quantize_outputs(input, rowwise, columnwise, scale_inv, amax);
     if (scale_inv == nullptr) fail(TE_ERROR_INVALID_ARGUMENT, "argument 'scale_inv' is required");
     if (amax == nullptr) fail(TE_ERROR_INVALID_ARGUMENT, "argument 'amax' is required");
@@ -124,9 +125,9 @@ te_status te_quantize_fp8_current_scaling(const te_tensor* input, te_tensor* row
   });
 }
 
-te_status te_dequantize_fp8(const te_tensor* input, const te_tensor* scale_inv, te_tensor* output,
-                            te_stream stream) {
-  return guarded("te_dequantize_fp8", [&] {
+te_status te_cast_dequantize_fp8(const te_tensor* input, const te_tensor* scale_inv,
+                                 te_tensor* output, te_stream stream) {
+  return guarded("te_cast_dequantize_fp8", [&] {
     Arg(input, "input").dtype_in(kFp8, kFp8Text);
     Arg(scale_inv, "scale_inv").scalar_fp32().same_device(*input, "input");
     Arg(output, "output")
@@ -141,4 +142,35 @@ te_status te_dequantize_fp8(const te_tensor* input, const te_tensor* scale_inv, 
   });
 }
 
+// Deprecated aliases (te/cast.h): forward to the new names.
+te_status te_quantize_fp8_current_scaling(const te_tensor* input, te_tensor* rowwise,
+                                          te_tensor* columnwise, te_tensor* scale,
+                                          te_tensor* scale_inv, te_tensor* amax,
+                                          int force_pow2_scales, float amax_epsilon,
+                                          te_stream stream) {
+  return te_cast_quantize_fp8_current_scaling(input, rowwise, columnwise, scale, scale_inv, amax,
+                                              force_pow2_scales, amax_epsilon, stream);
+}
+
+te_status te_quantize_fp8(const te_tensor* input, const te_tensor* scale, te_tensor* rowwise,
+                          te_tensor* columnwise, te_tensor* scale_inv, te_tensor* amax,
+                          te_stream stream) {
+  return te_cast_quantize_fp8(input, scale, rowwise, columnwise, scale_inv, amax, stream);
+}
+
+te_status te_compute_scale_from_amax(const te_tensor* amax, te_tensor* scale, te_tensor* scale_inv,
+                                     te_dtype fp8_dtype, int force_pow2_scales, float amax_epsilon,
+                                     te_stream stream) {
+  return te_cast_compute_scale_from_amax(amax, scale, scale_inv, fp8_dtype, force_pow2_scales,
+                                         amax_epsilon, stream);
+}
+
+te_status te_compute_amax(const te_tensor* input, te_tensor* amax, te_stream stream) {
+  return te_cast_compute_amax(input, amax, stream);
+}
+
+te_status te_dequantize_fp8(const te_tensor* input, const te_tensor* scale_inv, te_tensor* output,
+                            te_stream stream) {
+  return te_cast_dequantize_fp8(input, scale_inv, output, stream);
+}
 }  // extern "C"

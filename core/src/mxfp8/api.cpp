@@ -135,24 +135,37 @@ using namespace te::mxfp8;
 
 extern "C" {
 
-te_status te_quantize_mxfp8(const te_tensor* input, te_tensor* rowwise,
+te_status te_mxfp8_quantize(const te_tensor* input, te_tensor* rowwise,
                             te_tensor* rowwise_scale_inv, te_tensor* columnwise,
                             te_tensor* columnwise_scale_inv, int use_2d_blocks, int swizzled_scales,
                             te_stream stream) {
-  return guarded("te_quantize_mxfp8", [&] {
+  return guarded("te_mxfp8_quantize", [&] {
     const QuantizeArgs args = check_quantize(input, rowwise, rowwise_scale_inv, columnwise,
                                              columnwise_scale_inv, use_2d_blocks, swizzled_scales);
     TE_DISPATCH(*input, cpu::quantize(args), cuda::quantize(args, stream));
   });
 }
 
-te_status te_dequantize_mxfp8(const te_tensor* input, const te_tensor* scale_inv, te_tensor* output,
+te_status te_mxfp8_dequantize(const te_tensor* input, const te_tensor* scale_inv, te_tensor* output,
                               int columnwise, int swizzled_scales, te_stream stream) {
-  return guarded("te_dequantize_mxfp8", [&] {
+  return guarded("te_mxfp8_dequantize", [&] {
     const DequantizeArgs args =
         check_dequantize(input, scale_inv, output, columnwise, swizzled_scales);
     TE_DISPATCH(*input, cpu::dequantize(args), cuda::dequantize(args, stream));
   });
 }
 
+// Deprecated aliases (te/mxfp8.h): forward to the new names.
+te_status te_quantize_mxfp8(const te_tensor* input, te_tensor* rowwise,
+                            te_tensor* rowwise_scale_inv, te_tensor* columnwise,
+                            te_tensor* columnwise_scale_inv, int use_2d_blocks, int swizzled_scales,
+                            te_stream stream) {
+  return te_mxfp8_quantize(input, rowwise, rowwise_scale_inv, columnwise, columnwise_scale_inv,
+                           use_2d_blocks, swizzled_scales, stream);
+}
+
+te_status te_dequantize_mxfp8(const te_tensor* input, const te_tensor* scale_inv, te_tensor* output,
+                              int columnwise, int swizzled_scales, te_stream stream) {
+  return te_mxfp8_dequantize(input, scale_inv, output, columnwise, swizzled_scales, stream);
+}
 }  // extern "C"

@@ -55,9 +55,15 @@ te_status te_swizzle_block_scales(const te_tensor* input, te_tensor* output, int
   return te::swizzle::run("te_swizzle_block_scales", input, output, columnwise, false, stream);
 }
 
-te_status te_unswizzle_block_scales(const te_tensor* input, te_tensor* output, int columnwise,
-                                    te_stream stream) {
-  return te::swizzle::run("te_unswizzle_block_scales", input, output, columnwise, true, stream);
+te_status te_swizzle_block_scales_inverse(const te_tensor* input, te_tensor* output, int columnwise,
+                                          te_stream stream) {
+  return te::swizzle::run("te_swizzle_block_scales_inverse", input, output, columnwise, true,
+                          stream);
 }
 
+// Deprecated aliases (te/swizzle.h): forward to the new names.
+te_status te_unswizzle_block_scales(const te_tensor* input, te_tensor* output, int columnwise,
+                                    te_stream stream) {
+  return te_swizzle_block_scales_inverse(input, output, columnwise, stream);
+}
 }  // extern "C"

@@ -28,7 +28,7 @@ Error quantize_fp8(const Device& d, AnyBuffer x, AnyBuffer scale, AnyBuffer /*am
     return e;
   if (Error e = describe_scaling(d, scale, *scale_inv, *amax_out, &s); e.failure()) return e;
   return from_status(
-      te_quantize_fp8(&tx, s.scale_ptr, prow, pcol, s.scale_inv_ptr, s.amax_ptr, d.stream));
+      te_cast_quantize_fp8(&tx, s.scale_ptr, prow, pcol, s.scale_inv_ptr, s.amax_ptr, d.stream));
 }
 
 #define TE_JAX_QUANTIZE_FP8_ARGS(b) \
@@ -53,7 +53,7 @@ Error quantize_fp8_current_scaling(const Device& d, AnyBuffer x, Result<AnyBuffe
       e.failure())
     return e;
   if (Error e = describe_scaling(d, *scale, *scale_inv, *amax, &s); e.failure()) return e;
-  return from_status(te_quantize_fp8_current_scaling(&tx, prow, pcol, s.scale_ptr, s.scale_inv_ptr,
+  return from_status(te_cast_quantize_fp8_current_scaling(&tx, prow, pcol, s.scale_ptr, s.scale_inv_ptr,
                                                      s.amax_ptr, force_pow_2_scales ? 1 : 0,
                                                      amax_epsilon, d.stream));
 }
@@ -75,7 +75,7 @@ Error dequantize_fp8(const Device& d, AnyBuffer q, AnyBuffer scale_inv, Result<A
           describe_all(d, {{q, "data", &tq}, {scale_inv, "scale_inv", &tsi}, {*out, "out", &to}});
       e.failure())
     return e;
-  return from_status(te_dequantize_fp8(&tq, &tsi, &to, d.stream));
+  return from_status(te_cast_dequantize_fp8(&tq, &tsi, &to, d.stream));
 }
 
 #define TE_JAX_DEQUANTIZE_FP8_ARGS(b) b.Arg<AnyBuffer>().Arg<AnyBuffer>().Ret<AnyBuffer>()
@@ -84,7 +84,7 @@ Error dequantize_fp8(const Device& d, AnyBuffer q, AnyBuffer scale_inv, Result<A
 Error compute_amax(const Device& d, AnyBuffer x, Result<AnyBuffer> amax) {
   te_tensor tx, ta;
   if (Error e = describe_all(d, {{x, "x", &tx}, {*amax, "amax", &ta}}); e.failure()) return e;
-  return from_status(te_compute_amax(&tx, &ta, d.stream));
+  return from_status(te_cast_compute_amax(&tx, &ta, d.stream));
 }
 
 #define TE_JAX_COMPUTE_AMAX_ARGS(b) b.Arg<AnyBuffer>().Ret<AnyBuffer>()
@@ -104,7 +104,7 @@ Error delayed_scaling_update(const Device& d, AnyBuffer /*history_in*/, AnyBuffe
   te_tensor* histories[] = {&th};
   te_tensor* scales[] = {&ts};
   te_tensor* scale_invs[] = {&tsi};
-  return from_status(te_delayed_scaling_update(nullptr, histories, scales, scale_invs, 1,
+  return from_status(te_recipe_delayed_scaling_update(nullptr, histories, scales, scale_invs, 1,
                                                static_cast<te_amax_compute_algo>(algo),
                                                static_cast<te_dtype>(fp8_dtype), margin, d.stream));
 }
