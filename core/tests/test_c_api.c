@@ -75,6 +75,28 @@ int main(void) {
   EXPECT(TE_ACTIVATION_GELU == 0 && TE_ACTIVATION_GEGLU == 5);
   EXPECT(TE_ACTIVATION_CLAMPED_SWIGLU == 11);
 
+  /* Entry points with many arguments take a params struct: NULL fields are "not given".
+   * Row 1 of x is 3.5 * (0 .. 15): mean square 3.5^2 * 77.5. */
+  float g[16], y[32], rs[2];
+  for (int i = 0; i < 16; ++i) g[i] = 1.0f;
+  const int64_t h_shape[1] = {16}, n_shape[1] = {2};
+  te_tensor tg = cpu_tensor(g, TE_DTYPE_FLOAT32, 1, h_shape);
+  te_tensor ty = cpu_tensor(y, TE_DTYPE_FLOAT32, 2, shape);
+  te_tensor trs = cpu_tensor(rs, TE_DTYPE_FLOAT32, 1, n_shape);
+  te_norm_fwd_params norm = {0};
+  norm.x = &in;
+  norm.gamma = &tg;
+  norm.eps = 0.0f;
+  norm.y = &ty;
+  norm.rsigma = &trs;
+  EXPECT(te_rmsnorm_fwd(&norm, NULL) == TE_SUCCESS);
+  EXPECT(fabsf(rs[1] - 1.0f / sqrtf(77.5f * 3.5f * 3.5f)) < 1e-6f * rs[1]);
+  norm.beta = &tg; /* RMSNorm has no beta */
+  EXPECT(te_rmsnorm_fwd(&norm, NULL) == TE_ERROR_INVALID_ARGUMENT);
+  EXPECT(strstr(te_last_error_message(), "argument 'beta' must be NULL") != NULL);
+  EXPECT(te_layernorm_fwd(NULL, NULL) == TE_ERROR_INVALID_ARGUMENT);
+  EXPECT(strstr(te_last_error_message(), "argument 'params' is required") != NULL);
+
   EXPECT(strlen(te_version()) > 0);
   if (failures == 0) printf("1 passed, 0 failed\n");
   return failures == 0 ? 0 : 1;

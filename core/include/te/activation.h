@@ -131,24 +131,36 @@ TE_API te_status te_activation_fwd(te_activation kind, const te_activation_param
                                    const te_tensor* scale, te_tensor* scale_inv, te_tensor* amax,
                                    te_stream stream);
 
+/* The arguments of te_activation_bwd (and of its fused variant below).
+ *   kind, params  as in te_activation_fwd.
+ *   grad        the forward output's shape, same dtype as input.
+ *   input       the forward input (FP32, BF16 or FP16).
+ *   grad_input  [out] input's shape; FP32, BF16, FP16, E4M3 or E5M2.
+ *               May be NULL when columnwise is given.
+ *   columnwise  [out] FP8 [K, M] transposed copy of grad_input (K = input's
+ *               last dim), or NULL; same FP8 type as grad_input.
+ *   scale, scale_inv, amax   as in te_activation_fwd, for grad_input
+ *               (a high-precision grad_input: amax of its stored values).
+ *   dbias       [out] [K], FP32, BF16 or FP16, or NULL.
+ *   workspace   TE_DTYPE_BYTE, at least te_activation_bwd_workspace_size
+ *               bytes, 16-byte aligned; may be NULL when that size is 0. */
+typedef struct {
+  te_activation kind;
+  const te_activation_params* params;
+  const te_tensor* grad;
+  const te_tensor* input;
+  te_tensor* grad_input;
+  te_tensor* columnwise;
+  const te_tensor* scale;
+  te_tensor* scale_inv;
+  te_tensor* amax;
+  te_tensor* dbias;
+  te_tensor* workspace;
+} te_activation_bwd_params;
+
 /* Backward: grad_input = d(output)/d(input) applied to grad, plus an optional
- * bias gradient and FP8 outputs (the reference's dact + dbias + cast + transpose).
- * \param[in]     grad        the forward output's shape, same dtype as input.
- * \param[in]     input       the forward input (FP32, BF16 or FP16).
- * \param[out]    grad_input  input's shape; FP32, BF16, FP16, E4M3 or E5M2.
- *                            May be NULL when columnwise is given.
- * \param[out]    columnwise  FP8 [K, M] transposed copy of grad_input (K = input's
- *                            last dim), or NULL; same FP8 type as grad_input.
- * \param[in]     scale, scale_inv, amax   as in te_activation_fwd, for grad_input
- *                            (a high-precision grad_input: amax of its stored values).
- * \param[out]    dbias       [K], FP32, BF16 or FP16, or NULL.
- * \param[in]     workspace   TE_DTYPE_BYTE, at least te_activation_bwd_workspace_size
- *                            bytes, 16-byte aligned; may be NULL when that size is 0. */
-TE_API te_status te_activation_bwd(te_activation kind, const te_activation_params* params,
-                                   const te_tensor* grad, const te_tensor* input,
-                                   te_tensor* grad_input, te_tensor* columnwise,
-                                   const te_tensor* scale, te_tensor* scale_inv, te_tensor* amax,
-                                   te_tensor* dbias, te_tensor* workspace, te_stream stream);
+ * bias gradient and FP8 outputs (the reference's dact + dbias + cast + transpose). */
+TE_API te_status te_activation_bwd(const te_activation_bwd_params* params, te_stream stream);
 
 /* te_activation_bwd fused with the forward's FP8 columnwise copy: the same pass
  * over (grad, input) also computes the forward values v = f(x) (plain) or
@@ -163,17 +175,17 @@ TE_API te_status te_activation_bwd(te_activation kind, const te_activation_param
  * would otherwise need a pass of its own over the input. Every other argument
  * and output is exactly te_activation_bwd's (grad_input of any allowed type,
  * with or without its columnwise copy and dbias).
+ * \param[in]     params          te_activation_bwd's arguments.
  * \param[out]    fwd_columnwise  FP8 (E4M3 or E5M2) [H, M]: H the forward output's
  *                                last dim, M the product of the others. Required.
  * \param[in]     fwd_scale       FP32 scalar. Required.
  * \param[out]    fwd_scale_inv   FP32 scalar 1 / fwd_scale, or NULL.
  * \param[in]     fwd_values_dtype  TE_DTYPE_FLOAT32, _BFLOAT16 or _FLOAT16. */
-TE_API te_status te_activation_bwd_with_fwd_columnwise(
-    te_activation kind, const te_activation_params* params, const te_tensor* grad,
-    const te_tensor* input, te_tensor* grad_input, te_tensor* columnwise, const te_tensor* scale,
-    te_tensor* scale_inv, te_tensor* amax, te_tensor* dbias, te_tensor* workspace,
-    te_tensor* fwd_columnwise, const te_tensor* fwd_scale, te_tensor* fwd_scale_inv,
-    te_dtype fwd_values_dtype, te_stream stream);
+TE_API te_status te_activation_bwd_with_fwd_columnwise(const te_activation_bwd_params* params,
+                                                       te_tensor* fwd_columnwise,
+                                                       const te_tensor* fwd_scale,
+                                                       te_tensor* fwd_scale_inv,
+                                                       te_dtype fwd_values_dtype, te_stream stream);
 
 /* Bytes of workspace te_activation_bwd (and the fused variant above) needs: 4 * ceil(M / 64) * K
  * for a CUDA input with a bias gradient (one FP32 partial sum per 64-row chunk and column), else 0.

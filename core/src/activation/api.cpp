@@ -127,12 +127,12 @@ size_t workspace_bytes(const te_tensor& input, bool with_dbias) {
   return static_cast<size_t>(4 * dbias_chunks(leading_rows(input)) * last_dim(input));
 }
 
-BackwardArgs check_backward(te_activation kind, const te_activation_params* params,
-                            const te_tensor* grad, const te_tensor* input, te_tensor* grad_input,
-                            te_tensor* columnwise, const te_tensor* scale, te_tensor* scale_inv,
-                            te_tensor* amax, te_tensor* dbias, te_tensor* workspace) {
+BackwardArgs check_backward(const te_activation_bwd_params& p) {
+  const te_activation kind = p.kind;
+  const te_tensor *grad = p.grad, *input = p.input;
+  te_tensor *dbias = p.dbias, *workspace = p.workspace;
   BackwardArgs args{};
-  check_common(args, kind, params, input);
+  check_common(args, kind, p.params, input);
   Arg(grad, "grad").same_device(*input, "input");
   if (grad->dtype != input->dtype)
     fail(TE_ERROR_INVALID_DTYPE, "argument 'grad' must have the dtype of 'input' (",
@@ -140,8 +140,8 @@ BackwardArgs check_backward(te_activation kind, const te_activation_params* para
   check_shape(*grad, "grad", *input, is_gated(kind), kind);
   args.grad = grad->data;
   const int64_t in_cols = input_cols(kind, args.cols);
-  args.out = check_outputs(*input, grad_input, "grad_input", columnwise, scale, scale_inv, amax,
-                           args.rows, in_cols, false, kind);
+  args.out = check_outputs(*input, p.grad_input, "grad_input", p.columnwise, p.scale, p.scale_inv,
+                           p.amax, args.rows, in_cols, false, kind);
   if (dbias != nullptr) {
     Arg(dbias, "dbias").dtype_in(kHighPrecision, kHighPrecisionText).same_device(*input, "input");
     if (dbias->ndim != 1 || dbias->shape[0] != in_cols)
@@ -215,36 +215,29 @@ te_status te_activation_fwd(te_activation kind, const te_activation_params* para
   });
 }
 
-te_status te_activation_bwd(te_activation kind, const te_activation_params* params,
-                            const te_tensor* grad, const te_tensor* input, te_tensor* grad_input,
-                            te_tensor* columnwise, const te_tensor* scale, te_tensor* scale_inv,
-                            te_tensor* amax, te_tensor* dbias, te_tensor* workspace,
-                            te_stream stream) {
+te_status te_activation_bwd(const te_activation_bwd_params* params, te_stream stream) {
   return guarded("te_activation_bwd", [&] {
-    const BackwardArgs args = check_backward(kind, params, grad, input, grad_input, columnwise,
-                                             scale, scale_inv, amax, dbias, workspace);
-    run_backward(args, *input, stream);
+    const BackwardArgs args = check_backward(required_params(params));
+    run_backward(args, *params->input, stream);
   });
 }
 
-te_status te_activation_bwd_with_fwd_columnwise(
-    te_activation kind, const te_activation_params* params, const te_tensor* grad,
-    const te_tensor* input, te_tensor* grad_input, te_tensor* columnwise, const te_tensor* scale,
-    te_tensor* scale_inv, te_tensor* amax, te_tensor* dbias, te_tensor* workspace,
-    te_tensor* fwd_columnwise, const te_tensor* fwd_scale, te_tensor* fwd_scale_inv,
-    te_dtype fwd_values_dtype, te_stream stream) {
+te_status te_activation_bwd_with_fwd_columnwise(const te_activation_bwd_params* params,
+                                                te_tensor* fwd_columnwise,
+                                                const te_tensor* fwd_scale,
+                                                te_tensor* fwd_scale_inv, te_dtype fwd_values_dtype,
+                                                te_stream stream) {
   return guarded("te_activation_bwd_with_fwd_columnwise", [&] {
-    BackwardArgs args = check_backward(kind, params, grad, input, grad_input, columnwise, scale,
-                                       scale_inv, amax, dbias, workspace);
-    args.fwd = check_fwd_columnwise(*input, fwd_columnwise, fwd_scale, fwd_scale_inv, args.rows,
-                                    args.cols, kind);
+    BackwardArgs args = check_backward(required_params(params));
+    args.fwd = check_fwd_columnwise(*params->input, fwd_columnwise, fwd_scale, fwd_scale_inv,
+                                    args.rows, args.cols, params->kind);
     if (fwd_values_dtype != TE_DTYPE_FLOAT32 && fwd_values_dtype != TE_DTYPE_BFLOAT16 &&
         fwd_values_dtype != TE_DTYPE_FLOAT16)
       fail(TE_ERROR_INVALID_DTYPE, "argument 'fwd_values_dtype' must be ", kHighPrecisionText,
            " (the type the forward values are rounded to before quantizing), got ",
            dtype_name(fwd_values_dtype));
     args.fwd_values_dtype = fwd_values_dtype;
-    run_backward(args, *input, stream);
+    run_backward(args, *params->input, stream);
   });
 }
 

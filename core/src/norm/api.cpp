@@ -201,31 +201,29 @@ using namespace te::norm;
 
 extern "C" {
 
-te_status te_layernorm_fwd(const te_tensor* x, const te_tensor* gamma, const te_tensor* beta,
-                           float eps, int zero_centered_gamma, te_tensor* y,
-                           const te_tensor* y_scale, te_tensor* y_scale_inv, te_tensor* y_amax,
-                           te_tensor* mu, te_tensor* rsigma, te_stream stream) {
+te_status te_layernorm_fwd(const te_norm_fwd_params* params, te_stream stream) {
   return guarded("te_layernorm_fwd", [&] {
-    FwdArgs a =
-        check_forward(x, gamma, eps, zero_centered_gamma, y, y_scale, y_scale_inv, y_amax, rsigma);
+    const te_norm_fwd_params& p = required_params(params);
+    FwdArgs a = check_forward(p.x, p.gamma, p.eps, p.zero_centered_gamma, p.y, p.y_scale,
+                              p.y_scale_inv, p.y_amax, p.rsigma);
     a.layernorm = true;
-    check_per_column(beta, "beta", a.cols, *x);
-    check_same_type(beta, "beta", *gamma, "gamma");
-    a.beta = beta->data;
-    a.mu = optional_per_row(mu, "mu", a.rows, *x);
-    TE_DISPATCH(*x, cpu::forward(a), cuda::forward(a, stream));
+    check_per_column(p.beta, "beta", a.cols, *p.x);
+    check_same_type(p.beta, "beta", *p.gamma, "gamma");
+    a.beta = p.beta->data;
+    a.mu = optional_per_row(p.mu, "mu", a.rows, *p.x);
+    TE_DISPATCH(*p.x, cpu::forward(a), cuda::forward(a, stream));
   });
 }
 
-te_status te_rmsnorm_fwd(const te_tensor* x, const te_tensor* gamma, float eps,
-                         int zero_centered_gamma, te_tensor* y, const te_tensor* y_scale,
-                         te_tensor* y_scale_inv, te_tensor* y_amax, te_tensor* rsigma,
-                         te_stream stream) {
+te_status te_rmsnorm_fwd(const te_norm_fwd_params* params, te_stream stream) {
   return guarded("te_rmsnorm_fwd", [&] {
-    FwdArgs a =
-        check_forward(x, gamma, eps, zero_centered_gamma, y, y_scale, y_scale_inv, y_amax, rsigma);
+    const te_norm_fwd_params& p = required_params(params);
+    require_null(p.beta, "beta", "RMSNorm has no beta");
+    require_null(p.mu, "mu", "RMSNorm has no mean");
+    FwdArgs a = check_forward(p.x, p.gamma, p.eps, p.zero_centered_gamma, p.y, p.y_scale,
+                              p.y_scale_inv, p.y_amax, p.rsigma);
     a.layernorm = false;
-    TE_DISPATCH(*x, cpu::forward(a), cuda::forward(a, stream));
+    TE_DISPATCH(*p.x, cpu::forward(a), cuda::forward(a, stream));
   });
 }
 
@@ -239,28 +237,27 @@ te_status te_rmsnorm_bwd_workspace_size(const te_tensor* x, size_t* workspace_by
                  [&] { write_size(workspace_bytes, te::norm::workspace_bytes(x, false)); });
 }
 
-te_status te_layernorm_bwd(const te_tensor* dz, const te_tensor* x, const te_tensor* mu,
-                           const te_tensor* rsigma, const te_tensor* gamma, int zero_centered_gamma,
-                           te_tensor* dx, te_tensor* dgamma, te_tensor* dbeta, te_tensor* workspace,
-                           te_stream stream) {
+te_status te_layernorm_bwd(const te_norm_bwd_params* params, te_stream stream) {
   return guarded("te_layernorm_bwd", [&] {
-    BwdArgs a =
-        check_backward(true, dz, x, rsigma, gamma, zero_centered_gamma, dx, dgamma, workspace);
-    a.mu = per_row(mu, "mu", a.rows, *x);
-    check_per_column(dbeta, "dbeta", a.cols, *x);
-    check_same_type(dbeta, "dbeta", *gamma, "gamma");
-    a.dbeta = dbeta->data;
-    TE_DISPATCH(*x, cpu::backward(a), cuda::backward(a, stream));
+    const te_norm_bwd_params& p = required_params(params);
+    BwdArgs a = check_backward(true, p.dz, p.x, p.rsigma, p.gamma, p.zero_centered_gamma, p.dx,
+                               p.dgamma, p.workspace);
+    a.mu = per_row(p.mu, "mu", a.rows, *p.x);
+    check_per_column(p.dbeta, "dbeta", a.cols, *p.x);
+    check_same_type(p.dbeta, "dbeta", *p.gamma, "gamma");
+    a.dbeta = p.dbeta->data;
+    TE_DISPATCH(*p.x, cpu::backward(a), cuda::backward(a, stream));
   });
 }
 
-te_status te_rmsnorm_bwd(const te_tensor* dz, const te_tensor* x, const te_tensor* rsigma,
-                         const te_tensor* gamma, int zero_centered_gamma, te_tensor* dx,
-                         te_tensor* dgamma, te_tensor* workspace, te_stream stream) {
+te_status te_rmsnorm_bwd(const te_norm_bwd_params* params, te_stream stream) {
   return guarded("te_rmsnorm_bwd", [&] {
-    BwdArgs a =
-        check_backward(false, dz, x, rsigma, gamma, zero_centered_gamma, dx, dgamma, workspace);
-    TE_DISPATCH(*x, cpu::backward(a), cuda::backward(a, stream));
+    const te_norm_bwd_params& p = required_params(params);
+    require_null(p.mu, "mu", "RMSNorm has no mean");
+    require_null(p.dbeta, "dbeta", "RMSNorm has no beta");
+    BwdArgs a = check_backward(false, p.dz, p.x, p.rsigma, p.gamma, p.zero_centered_gamma, p.dx,
+                               p.dgamma, p.workspace);
+    TE_DISPATCH(*p.x, cpu::backward(a), cuda::backward(a, stream));
   });
 }
 

@@ -149,4 +149,8 @@ float* optional_fp32_scalar(te_tensor* t, const char* name, const te_tensor& inp
   return static_cast<float*>(t->data);
 }
 
+void require_null(const te_tensor* t, const char* name, const char* why) {
+  if (t != nullptr) fail(TE_ERROR_INVALID_ARGUMENT, "argument '", name, "' must be NULL: ", why);
+}
+
 }  // namespace te

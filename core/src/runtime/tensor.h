@@ -6,6 +6,7 @@
 #include <initializer_list>
 #include <string>
 
+#include "runtime/status.h"
 #include "te/types.h"
 
 namespace te {
@@ -60,5 +61,17 @@ void check_descriptor(const te_tensor* t, const char* name);
 // else t checked (one FP32 element on the device of the argument 'input') and
 // its data.
 float* optional_fp32_scalar(te_tensor* t, const char* name, const te_tensor& input);
+
+// The params struct of an entry point that takes one; NULL fails.
+template <class Params>
+const Params& required_params(const Params* params) {
+  if (params == nullptr)
+    fail(TE_ERROR_INVALID_ARGUMENT, "argument 'params' is required (got NULL)");
+  return *params;
+}
+
+// A field of a shared params struct that this entry point does not take
+// (RMSNorm's beta) must be NULL; `why` completes the message.
+void require_null(const te_tensor* t, const char* name, const char* why);
 
 }  // namespace te

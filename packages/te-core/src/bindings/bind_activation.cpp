@@ -32,6 +32,23 @@ nb::list activation_kinds() {
   return kinds;
 }
 
+// The te_activation_bwd_params of both backward bindings' arguments.
+te_activation_bwd_params bwd_params(int kind, const te_activation_params& params, TensorDesc& grad,
+                                    TensorDesc& input, Opt grad_input, Opt columnwise, Opt scale,
+                                    Opt scale_inv, Opt amax, Opt dbias, Opt workspace) {
+  return {static_cast<te_activation>(kind),
+          &params,
+          &grad.t,
+          &input.t,
+          opt(grad_input),
+          opt(columnwise),
+          opt(scale),
+          opt(scale_inv),
+          opt(amax),
+          opt(dbias),
+          opt(workspace)};
+}
+
 }  // namespace
 
 void bind_activation(nb::module_& m) {
@@ -64,9 +81,10 @@ void bind_activation(nb::module_& m) {
          float glu_linear_offset, uintptr_t stream) {
         const te_activation_params params{limit, alpha, glu_linear_offset};
         call([&] {
-          return te_activation_bwd(static_cast<te_activation>(kind), &params, &grad.t, &input.t,
-                                   opt(grad_input), opt(columnwise), opt(scale), opt(scale_inv),
-                                   opt(amax), opt(dbias), opt(workspace), as_stream(stream));
+          const te_activation_bwd_params p =
+              bwd_params(kind, params, grad, input, grad_input, columnwise, scale, scale_inv, amax,
+                         dbias, workspace);
+          return te_activation_bwd(&p, as_stream(stream));
         });
       },
       nb::arg("kind"), nb::arg("grad"), nb::arg("input"), nb::arg("grad_input").none() = nb::none(),
@@ -86,10 +104,11 @@ void bind_activation(nb::module_& m) {
          uintptr_t stream) {
         const te_activation_params params{limit, alpha, glu_linear_offset};
         call([&] {
+          const te_activation_bwd_params p =
+              bwd_params(kind, params, grad, input, grad_input, columnwise, scale, scale_inv, amax,
+                         dbias, workspace);
           return te_activation_bwd_with_fwd_columnwise(
-              static_cast<te_activation>(kind), &params, &grad.t, &input.t, opt(grad_input),
-              opt(columnwise), opt(scale), opt(scale_inv), opt(amax), opt(dbias), opt(workspace),
-              opt(fwd_columnwise), opt(fwd_scale), opt(fwd_scale_inv),
+              &p, opt(fwd_columnwise), opt(fwd_scale), opt(fwd_scale_inv),
               static_cast<te_dtype>(fwd_values_dtype), as_stream(stream));
         });
       },

@@ -88,9 +88,18 @@ Error activation_bwd(const Device& d, AnyBuffer grad, AnyBuffer x, AnyBuffer sca
   if (Error e = allocate_workspace(d, bytes, "te_activation_bwd", &host, &tws, &pws); e.failure())
     return e;
   const te_activation_params p{limit, alpha, glu_linear_offset};
-  return from_status(te_activation_bwd(static_cast<te_activation>(kind), &p, &tg, &tx, o.row_ptr,
-                                       o.col_ptr, o.s.scale_ptr, o.s.scale_inv_ptr, o.s.amax_ptr,
-                                       pdb, pws, d.stream));
+  const te_activation_bwd_params bp{static_cast<te_activation>(kind),
+                                    &p,
+                                    &tg,
+                                    &tx,
+                                    o.row_ptr,
+                                    o.col_ptr,
+                                    o.s.scale_ptr,
+                                    o.s.scale_inv_ptr,
+                                    o.s.amax_ptr,
+                                    pdb,
+                                    pws};
+  return from_status(te_activation_bwd(&bp, d.stream));
 }
 
 #define TE_JAX_ACTIVATION_BWD_ARGS(b) \

@@ -53,9 +53,9 @@ Error quantize_fp8_current_scaling(const Device& d, AnyBuffer x, Result<AnyBuffe
       e.failure())
     return e;
   if (Error e = describe_scaling(d, *scale, *scale_inv, *amax, &s); e.failure()) return e;
-  return from_status(te_cast_quantize_fp8_current_scaling(&tx, prow, pcol, s.scale_ptr, s.scale_inv_ptr,
-                                                     s.amax_ptr, force_pow_2_scales ? 1 : 0,
-                                                     amax_epsilon, d.stream));
+  return from_status(te_cast_quantize_fp8_current_scaling(
+      &tx, prow, pcol, s.scale_ptr, s.scale_inv_ptr, s.amax_ptr, force_pow_2_scales ? 1 : 0,
+      amax_epsilon, d.stream));
 }
 
 #define TE_JAX_QUANTIZE_FP8_CURRENT_ARGS(b) \
@@ -104,9 +104,9 @@ Error delayed_scaling_update(const Device& d, AnyBuffer /*history_in*/, AnyBuffe
   te_tensor* histories[] = {&th};
   te_tensor* scales[] = {&ts};
   te_tensor* scale_invs[] = {&tsi};
-  return from_status(te_recipe_delayed_scaling_update(nullptr, histories, scales, scale_invs, 1,
-                                               static_cast<te_amax_compute_algo>(algo),
-                                               static_cast<te_dtype>(fp8_dtype), margin, d.stream));
+  return from_status(te_recipe_delayed_scaling_update(
+      nullptr, histories, scales, scale_invs, 1, static_cast<te_amax_compute_algo>(algo),
+      static_cast<te_dtype>(fp8_dtype), margin, d.stream));
 }
 
 #define TE_JAX_DELAYED_SCALING_UPDATE_ARGS(b) \
