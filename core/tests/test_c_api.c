@@ -38,7 +38,7 @@ int main(void) {
   te_tensor si = cpu_tensor(&scale_inv, TE_DTYPE_FLOAT32, 0, NULL);
   te_tensor a = cpu_tensor(&amax, TE_DTYPE_FLOAT32, 0, NULL);
 
-  EXPECT(te_quantize_fp8(&in, &s, &out, NULL, &si, &a, NULL) == TE_SUCCESS);
+  EXPECT(te_cast_quantize_fp8(&in, &s, &out, NULL, &si, &a, NULL) == TE_SUCCESS);
   EXPECT(strcmp(te_last_error_message(), "") == 0);
   EXPECT(scale_inv == 0.5f);
   EXPECT(amax == 56.0f); /* |-16 * 3.5| */
@@ -47,12 +47,55 @@ int main(void) {
 
   /* A wrong dtype is a status plus a message naming the argument. */
   te_tensor bad_scale = cpu_tensor(&scale, TE_DTYPE_FLOAT16, 0, NULL);
-  EXPECT(te_quantize_fp8(&in, &bad_scale, &out, NULL, NULL, NULL, NULL) == TE_ERROR_INVALID_DTYPE);
+  EXPECT(te_cast_quantize_fp8(&in, &bad_scale, &out, NULL, NULL, NULL, NULL) ==
+         TE_ERROR_INVALID_DTYPE);
   EXPECT(strstr(te_last_error_message(), "argument 'scale' must be float32") != NULL);
 
   /* A NULL descriptor is rejected, never dereferenced. */
-  EXPECT(te_quantize_fp8(NULL, &s, &out, NULL, NULL, NULL, NULL) == TE_ERROR_INVALID_ARGUMENT);
+  EXPECT(te_cast_quantize_fp8(NULL, &s, &out, NULL, NULL, NULL, NULL) == TE_ERROR_INVALID_ARGUMENT);
   EXPECT(strstr(te_last_error_message(), "argument 'input' is required") != NULL);
+
+  /* A deprecated alias forwards to the new name (same bytes, the new name in messages). */
+  unsigned char q_old[32];
+  te_tensor out_old = cpu_tensor(q_old, TE_DTYPE_FLOAT8E4M3, 2, shape);
+#if defined(__GNUC__) || defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+#endif
+  EXPECT(te_quantize_fp8(&in, &s, &out_old, NULL, &si, &a, NULL) == TE_SUCCESS);
+  EXPECT(memcmp(q, q_old, sizeof(q)) == 0);
+  EXPECT(te_quantize_fp8(&in, &bad_scale, &out_old, NULL, NULL, NULL, NULL) ==
+         TE_ERROR_INVALID_DTYPE);
+#if defined(__GNUC__) || defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+  EXPECT(strstr(te_last_error_message(), "te_cast_quantize_fp8: argument 'scale'") != NULL);
+
+  /* The activation enum comes from the TE_ACTIVATION_KINDS table; its codes are ABI. */
+  EXPECT(TE_ACTIVATION_GELU == 0 && TE_ACTIVATION_GEGLU == 5);
+  EXPECT(TE_ACTIVATION_CLAMPED_SWIGLU == 11);
+
+  /* Entry points with many arguments take a params struct: NULL fields are "not given".
+   * Row 1 of x is 3.5 * (0 .. 15): mean square 3.5^2 * 77.5. */
+  float g[16], y[32], rs[2];
+  for (int i = 0; i < 16; ++i) g[i] = 1.0f;
+  const int64_t h_shape[1] = {16}, n_shape[1] = {2};
+  te_tensor tg = cpu_tensor(g, TE_DTYPE_FLOAT32, 1, h_shape);
+  te_tensor ty = cpu_tensor(y, TE_DTYPE_FLOAT32, 2, shape);
+  te_tensor trs = cpu_tensor(rs, TE_DTYPE_FLOAT32, 1, n_shape);
+  te_norm_fwd_params norm = {0};
+  norm.x = &in;
+  norm.gamma = &tg;
+  norm.eps = 0.0f;
+  norm.y = &ty;
+  norm.rsigma = &trs;
+  EXPECT(te_rmsnorm_fwd(&norm, NULL) == TE_SUCCESS);
+  EXPECT(fabsf(rs[1] - 1.0f / sqrtf(77.5f * 3.5f * 3.5f)) < 1e-6f * rs[1]);
+  norm.beta = &tg; /* RMSNorm has no beta */
+  EXPECT(te_rmsnorm_fwd(&norm, NULL) == TE_ERROR_INVALID_ARGUMENT);
+  EXPECT(strstr(te_last_error_message(), "argument 'beta' must be NULL") != NULL);
+  EXPECT(te_layernorm_fwd(NULL, NULL) == TE_ERROR_INVALID_ARGUMENT);
+  EXPECT(strstr(te_last_error_message(), "argument 'params' is required") != NULL);
 
   EXPECT(strlen(te_version()) > 0);
   if (failures == 0) printf("1 passed, 0 failed\n");

@@ -31,13 +31,13 @@ extern "C" {
  * \param[out]    scale_inv  FP32 scalar, written with 1/scale; may be NULL.
  * \param[in,out] amax       FP32 scalar, amax = max(amax, max|x|); may be NULL.
  */
-TE_API te_status te_quantize_fp8(const te_tensor* input, const te_tensor* scale, te_tensor* rowwise,
-                                 te_tensor* columnwise, te_tensor* scale_inv, te_tensor* amax,
-                                 te_stream stream);
+TE_API te_status te_cast_quantize_fp8(const te_tensor* input, const te_tensor* scale,
+                                      te_tensor* rowwise, te_tensor* columnwise,
+                                      te_tensor* scale_inv, te_tensor* amax, te_stream stream);
 
 /* amax = max|x| over the non-NaN elements of input (0 for an empty or all-NaN
  * tensor). Overwrites amax (FP32 scalar). */
-TE_API te_status te_compute_amax(const te_tensor* input, te_tensor* amax, te_stream stream);
+TE_API te_status te_cast_compute_amax(const te_tensor* input, te_tensor* amax, te_stream stream);
 
 /* Scale from amax, the reference library's compute_scale_from_amax:
  *     a = max(amax, amax_epsilon)
@@ -49,24 +49,47 @@ TE_API te_status te_compute_amax(const te_tensor* input, te_tensor* amax, te_str
  * \param[in]  amax       FP32 scalar.
  * \param[out] scale      FP32 scalar.
  * \param[out] scale_inv  FP32 scalar 1/scale; may be NULL. */
-TE_API te_status te_compute_scale_from_amax(const te_tensor* amax, te_tensor* scale,
-                                            te_tensor* scale_inv, te_dtype fp8_dtype,
-                                            int force_pow2_scales, float amax_epsilon,
-                                            te_stream stream);
+TE_API te_status te_cast_compute_scale_from_amax(const te_tensor* amax, te_tensor* scale,
+                                                 te_tensor* scale_inv, te_dtype fp8_dtype,
+                                                 int force_pow2_scales, float amax_epsilon,
+                                                 te_stream stream);
 
 /* Current-scaling quantize: amax of input, scale from amax (as above, except
  * that an infinite scale becomes the largest finite value of the input's type,
  * as the reference library's fused kernels do), then quantize with it.
  * The FP8 type is the one of rowwise (or columnwise when rowwise is NULL).
  * \param[out] scale, scale_inv, amax  FP32 scalars, all written. */
+TE_API te_status te_cast_quantize_fp8_current_scaling(const te_tensor* input, te_tensor* rowwise,
+                                                      te_tensor* columnwise, te_tensor* scale,
+                                                      te_tensor* scale_inv, te_tensor* amax,
+                                                      int force_pow2_scales, float amax_epsilon,
+                                                      te_stream stream);
+
+/* Dequantize per-tensor FP8: output = float32(input) * scale_inv, rounded
+ * (nearest even) to output's type (FP32, BF16 or FP16). Same shape. */
+TE_API te_status te_cast_dequantize_fp8(const te_tensor* input, const te_tensor* scale_inv,
+                                        te_tensor* output, te_stream stream);
+
+/* Deprecated aliases: the names before the te_<family>_<verb> rule
+ * (docs/c_api.md). They forward to the new names and go in the next release. */
+TE_DEPRECATED("renamed te_cast_quantize_fp8_current_scaling")
 TE_API te_status te_quantize_fp8_current_scaling(const te_tensor* input, te_tensor* rowwise,
                                                  te_tensor* columnwise, te_tensor* scale,
                                                  te_tensor* scale_inv, te_tensor* amax,
                                                  int force_pow2_scales, float amax_epsilon,
                                                  te_stream stream);
-
-/* Dequantize per-tensor FP8: output = float32(input) * scale_inv, rounded
- * (nearest even) to output's type (FP32, BF16 or FP16). Same shape. */
+TE_DEPRECATED("renamed te_cast_quantize_fp8")
+TE_API te_status te_quantize_fp8(const te_tensor* input, const te_tensor* scale, te_tensor* rowwise,
+                                 te_tensor* columnwise, te_tensor* scale_inv, te_tensor* amax,
+                                 te_stream stream);
+TE_DEPRECATED("renamed te_cast_compute_scale_from_amax")
+TE_API te_status te_compute_scale_from_amax(const te_tensor* amax, te_tensor* scale,
+                                            te_tensor* scale_inv, te_dtype fp8_dtype,
+                                            int force_pow2_scales, float amax_epsilon,
+                                            te_stream stream);
+TE_DEPRECATED("renamed te_cast_compute_amax")
+TE_API te_status te_compute_amax(const te_tensor* input, te_tensor* amax, te_stream stream);
+TE_DEPRECATED("renamed te_cast_dequantize_fp8")
 TE_API te_status te_dequantize_fp8(const te_tensor* input, const te_tensor* scale_inv,
                                    te_tensor* output, te_stream stream);
 

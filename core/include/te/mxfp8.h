@@ -69,7 +69,7 @@ extern "C" {
  * \param[in]  swizzled_scales       nonzero: write the scales in the GEMM
  *                                   (swizzled) layout instead of the compact one.
  * At least one of rowwise/columnwise must be given. */
-TE_API te_status te_quantize_mxfp8(const te_tensor* input, te_tensor* rowwise,
+TE_API te_status te_mxfp8_quantize(const te_tensor* input, te_tensor* rowwise,
                                    te_tensor* rowwise_scale_inv, te_tensor* columnwise,
                                    te_tensor* columnwise_scale_inv, int use_2d_blocks,
                                    int swizzled_scales, te_stream stream);
@@ -78,10 +78,22 @@ TE_API te_status te_quantize_mxfp8(const te_tensor* input, te_tensor* rowwise,
  * output's type.
  * \param[in]  input            FP8 data (rowwise or columnwise), rank >= 2, K % 32 == 0
  *                              (and M % 32 == 0 when columnwise).
- * \param[in]  scale_inv        its E8M0 scales, padded shape as in te_quantize_mxfp8.
+ * \param[in]  scale_inv        its E8M0 scales, padded shape as in te_mxfp8_quantize.
  * \param[out] output           FP32, BF16 or FP16, input's shape.
  * \param[in]  columnwise       nonzero: input holds columnwise (32x1) blocks.
  * \param[in]  swizzled_scales  nonzero: scale_inv is in the swizzled layout. */
+TE_API te_status te_mxfp8_dequantize(const te_tensor* input, const te_tensor* scale_inv,
+                                     te_tensor* output, int columnwise, int swizzled_scales,
+                                     te_stream stream);
+
+/* Deprecated aliases: the names before the te_<family>_<verb> rule
+ * (docs/c_api.md). They forward to the new names and go in the next release. */
+TE_DEPRECATED("renamed te_mxfp8_quantize")
+TE_API te_status te_quantize_mxfp8(const te_tensor* input, te_tensor* rowwise,
+                                   te_tensor* rowwise_scale_inv, te_tensor* columnwise,
+                                   te_tensor* columnwise_scale_inv, int use_2d_blocks,
+                                   int swizzled_scales, te_stream stream);
+TE_DEPRECATED("renamed te_mxfp8_dequantize")
 TE_API te_status te_dequantize_mxfp8(const te_tensor* input, const te_tensor* scale_inv,
                                      te_tensor* output, int columnwise, int swizzled_scales,
                                      te_stream stream);

@@ -16,14 +16,14 @@
  *   y is that FP32 value rounded (nearest even) to y's type. With an FP8 y the
  *   quantization is fused: y_fp8 = saturate(RNE(y_fp32 * y_scale)) applied to
  *   the unrounded FP32 y, amax = max(amax, max|y_fp32|) (NaN ignored) and
- *   scale_inv = 1 / y_scale: byte for byte what te_quantize_fp8 writes for the
+ *   scale_inv = 1 / y_scale: byte for byte what te_cast_quantize_fp8 writes for the
  *   FP32 y that the same backend returns when y is FP32.
  *   With a high-precision y, y_amax (optional) is the amax of y AS STORED:
  *   amax = max(amax, max|y|) over the rounded values (NaN ignored), what a
  *   separate amax pass over y computes. Current scaling cannot quantize in
  *   the same pass (its scale needs the amax of the whole output first), but
  *   it can take the amax from here: normalize to BF16/FP32 with y_amax, derive
- *   the scale, then quantize y with that scale (te_quantize_fp8).
+ *   the scale, then quantize y with that scale (te_cast_quantize_fp8).
  *
  * Backward, per row, with xhat = (x - mu) * rsigma (LayerNorm) or x * rsigma
  * (RMSNorm) and dy = dz * g:
@@ -49,61 +49,81 @@
 extern "C" {
 #endif
 
-/* LayerNorm forward.
- * \param[in]     x           FP32, BF16 or FP16, shape [..., H], H >= 1.
- * \param[in]     gamma       FP32, BF16 or FP16, H elements.
- * \param[in]     beta        H elements, gamma's type.
- * \param[in]     eps         added to the variance; finite and >= 0.
- * \param[in]     zero_centered_gamma  nonzero: the weight is 1 + gamma.
- * \param[out]    y           x's shape: FP32, BF16, FP16, or FP8 (E4M3/E5M2,
- *                            then y_scale is required).
- * \param[in]     y_scale     FP32 scalar; only (and required) with an FP8 y.
- * \param[out]    y_scale_inv FP32 scalar, written with 1 / y_scale; FP8 y only; may be NULL.
- * \param[in,out] y_amax      FP32 scalar, may be NULL: amax = max(amax, max|y_fp32|) with an
- *                            FP8 y, max(amax, max|y|) of the stored y otherwise.
- * \param[out]    mu          FP32, N elements (saved for backward); may be NULL.
- * \param[out]    rsigma      FP32, N elements (saved for backward); may be NULL.
- */
-TE_API te_status te_layernorm_fwd(const te_tensor* x, const te_tensor* gamma, const te_tensor* beta,
-                                  float eps, int zero_centered_gamma, te_tensor* y,
-                                  const te_tensor* y_scale, te_tensor* y_scale_inv,
-                                  te_tensor* y_amax, te_tensor* mu, te_tensor* rsigma,
-                                  te_stream stream);
+/* The arguments of te_layernorm_fwd and te_rmsnorm_fwd (fields that only
+ * LayerNorm has must be NULL for RMSNorm).
+ *   x           FP32, BF16 or FP16, shape [..., H], H >= 1.
+ *   gamma       FP32, BF16 or FP16, H elements.
+ *   beta        LayerNorm: H elements, gamma's type. RMSNorm: NULL.
+ *   eps         added to the variance; finite and >= 0.
+ *   zero_centered_gamma  nonzero: the weight is 1 + gamma.
+ *   y           [out] x's shape: FP32, BF16, FP16, or FP8 (E4M3/E5M2, then
+ *               y_scale is required).
+ *   y_scale     FP32 scalar; only (and required) with an FP8 y.
+ *   y_scale_inv [out] FP32 scalar, written with 1 / y_scale; FP8 y only; may be NULL.
+ *   y_amax      [in,out] FP32 scalar, may be NULL: amax = max(amax, max|y_fp32|)
+ *               with an FP8 y, max(amax, max|y|) of the stored y otherwise.
+ *   mu          [out] LayerNorm: FP32, N elements (saved for backward), may be
+ *               NULL. RMSNorm: NULL.
+ *   rsigma      [out] FP32, N elements (saved for backward); may be NULL. */
+typedef struct {
+  const te_tensor* x;
+  const te_tensor* gamma;
+  const te_tensor* beta;
+  float eps;
+  int zero_centered_gamma;
+  te_tensor* y;
+  const te_tensor* y_scale;
+  te_tensor* y_scale_inv;
+  te_tensor* y_amax;
+  te_tensor* mu;
+  te_tensor* rsigma;
+} te_norm_fwd_params;
+
+/* LayerNorm forward (formula above). */
+TE_API te_status te_layernorm_fwd(const te_norm_fwd_params* params, te_stream stream);
 
 /* RMSNorm forward: te_layernorm_fwd without beta and mu. */
-TE_API te_status te_rmsnorm_fwd(const te_tensor* x, const te_tensor* gamma, float eps,
-                                int zero_centered_gamma, te_tensor* y, const te_tensor* y_scale,
-                                te_tensor* y_scale_inv, te_tensor* y_amax, te_tensor* rsigma,
-                                te_stream stream);
+TE_API te_status te_rmsnorm_fwd(const te_norm_fwd_params* params, te_stream stream);
 
 /* Bytes of workspace te_layernorm_bwd needs for an input shaped like x (its
  * data pointer is not read). 0 on the CPU backend: pass NULL then. */
 TE_API te_status te_layernorm_bwd_workspace_size(const te_tensor* x, size_t* workspace_bytes);
 
-/* LayerNorm backward.
- * \param[in]  dz         the output gradient: x's shape and type.
- * \param[in]  x          the forward input.
- * \param[in]  mu, rsigma FP32, N elements each, as written by te_layernorm_fwd.
- * \param[in]  gamma      H elements (FP32, BF16 or FP16).
- * \param[out] dx         x's shape and type.
- * \param[out] dgamma     H elements, gamma's type.
- * \param[out] dbeta      H elements, gamma's type.
- * \param[in]  workspace  TE_DTYPE_BYTE, at least te_layernorm_bwd_workspace_size
- *                        bytes on x's device; may be NULL when that is 0.
- *                        16-byte aligned; its contents on entry do not matter.
- */
-TE_API te_status te_layernorm_bwd(const te_tensor* dz, const te_tensor* x, const te_tensor* mu,
-                                  const te_tensor* rsigma, const te_tensor* gamma,
-                                  int zero_centered_gamma, te_tensor* dx, te_tensor* dgamma,
-                                  te_tensor* dbeta, te_tensor* workspace, te_stream stream);
+/* The arguments of te_layernorm_bwd and te_rmsnorm_bwd (LayerNorm-only fields
+ * must be NULL for RMSNorm).
+ *   dz         the output gradient: x's shape and type.
+ *   x          the forward input.
+ *   mu         LayerNorm: FP32, N elements, as written by te_layernorm_fwd. RMSNorm: NULL.
+ *   rsigma     FP32, N elements, as written by the forward.
+ *   gamma      H elements (FP32, BF16 or FP16).
+ *   zero_centered_gamma  as in the forward.
+ *   dx         [out] x's shape and type.
+ *   dgamma     [out] H elements, gamma's type.
+ *   dbeta      [out] LayerNorm: H elements, gamma's type. RMSNorm: NULL.
+ *   workspace  TE_DTYPE_BYTE, at least te_layernorm_bwd_workspace_size (or
+ *              te_rmsnorm_bwd_workspace_size) bytes on x's device; may be NULL
+ *              when that is 0. 16-byte aligned; its contents on entry do not matter. */
+typedef struct {
+  const te_tensor* dz;
+  const te_tensor* x;
+  const te_tensor* mu;
+  const te_tensor* rsigma;
+  const te_tensor* gamma;
+  int zero_centered_gamma;
+  te_tensor* dx;
+  te_tensor* dgamma;
+  te_tensor* dbeta;
+  te_tensor* workspace;
+} te_norm_bwd_params;
+
+/* LayerNorm backward. */
+TE_API te_status te_layernorm_bwd(const te_norm_bwd_params* params, te_stream stream);
 
 /* Bytes of workspace te_rmsnorm_bwd needs (see te_layernorm_bwd_workspace_size). */
 TE_API te_status te_rmsnorm_bwd_workspace_size(const te_tensor* x, size_t* workspace_bytes);
 
 /* RMSNorm backward: te_layernorm_bwd without mu and dbeta. */
-TE_API te_status te_rmsnorm_bwd(const te_tensor* dz, const te_tensor* x, const te_tensor* rsigma,
-                                const te_tensor* gamma, int zero_centered_gamma, te_tensor* dx,
-                                te_tensor* dgamma, te_tensor* workspace, te_stream stream);
+TE_API te_status te_rmsnorm_bwd(const te_norm_bwd_params* params, te_stream stream);
 
 #ifdef __cplusplus
 }

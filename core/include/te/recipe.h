@@ -33,6 +33,16 @@ typedef enum { TE_AMAX_COMPUTE_MAX = 0, TE_AMAX_COMPUTE_MOST_RECENT = 1 } te_ama
  * \param[out]    scale_invs              num_tensors FP32 tensors [n_k], or NULL.
  * \param[in]     fp8_dtype               E4M3 or E5M2: gives fp8_max.
  * \param[in]     margin                  the recipe margin (>= 0). */
+TE_API te_status te_recipe_delayed_scaling_update(const te_tensor* amax_reduction_buffer,
+                                                  te_tensor* const* amax_histories,
+                                                  te_tensor* const* scales,
+                                                  te_tensor* const* scale_invs, size_t num_tensors,
+                                                  te_amax_compute_algo algo, te_dtype fp8_dtype,
+                                                  float margin, te_stream stream);
+
+/* Deprecated aliases: the names before the te_<family>_<verb> rule
+ * (docs/c_api.md). They forward to the new names and go in the next release. */
+TE_DEPRECATED("renamed te_recipe_delayed_scaling_update")
 TE_API te_status te_delayed_scaling_update(const te_tensor* amax_reduction_buffer,
                                            te_tensor* const* amax_histories,
                                            te_tensor* const* scales, te_tensor* const* scale_invs,

@@ -40,6 +40,12 @@ TE_API te_status te_swizzle_block_scales(const te_tensor* input, te_tensor* outp
                                          te_stream stream);
 
 /* Swizzled -> compact: the inverse of te_swizzle_block_scales (same arguments). */
+TE_API te_status te_swizzle_block_scales_inverse(const te_tensor* input, te_tensor* output,
+                                                 int columnwise, te_stream stream);
+
+/* Deprecated aliases: the names before the te_<family>_<verb> rule
+ * (docs/c_api.md). They forward to the new names and go in the next release. */
+TE_DEPRECATED("renamed te_swizzle_block_scales_inverse")
 TE_API te_status te_unswizzle_block_scales(const te_tensor* input, te_tensor* output,
                                            int columnwise, te_stream stream);
 

@@ -1,7 +1,7 @@
 /* Transpose of a matrix view. A tensor of any rank is viewed as [M, K] (K its
  * last dimension); the output is [K, M]. Works for 1-, 2-, 4- and 8-byte types
  * (FP8, BF16, FP16, FP32, ...; not packed FP4). FP8 cast-transpose is
- * te_quantize_fp8 with a columnwise output (cast.h). */
+ * te_cast_quantize_fp8 with a columnwise output (cast.h). */
 #ifndef TE_TRANSPOSE_H_
 #define TE_TRANSPOSE_H_
 

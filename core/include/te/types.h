@@ -21,6 +21,16 @@ extern "C" {
 #define TE_API __attribute__((visibility("default")))
 #endif
 
+/* Marks a declaration deprecated (a compiler warning at each use), e.g. the
+ * old names kept as aliases for one release after a rename. */
+#if defined(__GNUC__) || defined(__clang__)
+#define TE_DEPRECATED(msg) __attribute__((deprecated(msg)))
+#elif defined(_MSC_VER)
+#define TE_DEPRECATED(msg) __declspec(deprecated(msg))
+#else
+#define TE_DEPRECATED(msg)
+#endif
+
 /* Status of a call. Anything but TE_SUCCESS leaves a message (te_last_error_message). */
 typedef enum {
   TE_SUCCESS = 0,

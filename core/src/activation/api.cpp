@@ -14,27 +14,22 @@ constexpr std::initializer_list<te_dtype> kAnyOutput = {TE_DTYPE_FLOAT32, TE_DTY
                                                         TE_DTYPE_FLOAT8E5M2};
 constexpr const char* kAnyOutputText = "float32, bfloat16, float16, float8_e4m3 or float8_e5m2";
 
-const char* kind_name(te_activation kind) {
-  static const char* const names[] = {"gelu",   "relu",   "silu",  "qgelu",
-                                      "srelu",  "geglu",  "reglu", "swiglu",
-                                      "qgeglu", "sreglu", "glu",   "clamped_swiglu"};
-  return names[kind];
-}
-
 void check_kind(te_activation kind) {
-  if (kind < TE_ACTIVATION_GELU || kind > TE_ACTIVATION_CLAMPED_SWIGLU)
+  if (!is_valid_kind(kind))
     fail(TE_ERROR_INVALID_ARGUMENT, "argument 'kind' must be a te_activation value from 0 to ",
-         static_cast<int>(TE_ACTIVATION_CLAMPED_SWIGLU), ", got ", static_cast<int>(kind));
+         kKindCount - 1, ", got ", static_cast<int>(kind));
 }
 
+// Kinds that read no parameters get the defaults (never read).
 Params check_params(te_activation kind, const te_activation_params* params) {
-  if (params == nullptr || kind != TE_ACTIVATION_CLAMPED_SWIGLU) return kDefaultParams;
+  if (params == nullptr || !kind_info(kind).params) return kDefaultParams;
+  const char* name = kind_name(kind);
   if (!(params->limit > 0.0f))
-    fail(TE_ERROR_INVALID_ARGUMENT, "clamped_swiglu needs 'limit' > 0, got ", params->limit);
+    fail(TE_ERROR_INVALID_ARGUMENT, name, " needs 'limit' > 0, got ", params->limit);
   if (!std::isfinite(params->alpha))
-    fail(TE_ERROR_INVALID_ARGUMENT, "clamped_swiglu needs a finite 'alpha', got ", params->alpha);
+    fail(TE_ERROR_INVALID_ARGUMENT, name, " needs a finite 'alpha', got ", params->alpha);
   if (!std::isfinite(params->glu_linear_offset))
-    fail(TE_ERROR_INVALID_ARGUMENT, "clamped_swiglu needs a finite 'glu_linear_offset', got ",
+    fail(TE_ERROR_INVALID_ARGUMENT, name, " needs a finite 'glu_linear_offset', got ",
          params->glu_linear_offset);
   return *params;
 }
@@ -64,12 +59,6 @@ void check_shape(const te_tensor& t, const char* name, const te_tensor& input, b
          " with its last dimension halved, for ", kind_name(kind), "), got ", shape_string(t));
   fail(TE_ERROR_INVALID_ARGUMENT, "argument '", name, "' must have the shape of 'input' ",
        shape_string(input), ", got ", shape_string(t));
-}
-
-float* optional_fp32_scalar(te_tensor* t, const char* name, const te_tensor& input) {
-  if (t == nullptr) return nullptr;
-  Arg(t, name).scalar_fp32().same_device(input, "input");
-  return static_cast<float*>(t->data);
 }
 
 // Checks the outputs of a [rows, cols] result matrix shaped like `like`
@@ -138,12 +127,12 @@ size_t workspace_bytes(const te_tensor& input, bool with_dbias) {
   return static_cast<size_t>(4 * dbias_chunks(leading_rows(input)) * last_dim(input));
 }
 
-BackwardArgs check_backward(te_activation kind, const te_activation_params* params,
-                            const te_tensor* grad, const te_tensor* input, te_tensor* grad_input,
-                            te_tensor* columnwise, const te_tensor* scale, te_tensor* scale_inv,
-                            te_tensor* amax, te_tensor* dbias, te_tensor* workspace) {
+BackwardArgs check_backward(const te_activation_bwd_params& p) {
+  const te_activation kind = p.kind;
+  const te_tensor *grad = p.grad, *input = p.input;
+  te_tensor *dbias = p.dbias, *workspace = p.workspace;
   BackwardArgs args{};
-  check_common(args, kind, params, input);
+  check_common(args, kind, p.params, input);
   Arg(grad, "grad").same_device(*input, "input");
   if (grad->dtype != input->dtype)
     fail(TE_ERROR_INVALID_DTYPE, "argument 'grad' must have the dtype of 'input' (",
@@ -151,8 +140,8 @@ BackwardArgs check_backward(te_activation kind, const te_activation_params* para
   check_shape(*grad, "grad", *input, is_gated(kind), kind);
   args.grad = grad->data;
   const int64_t in_cols = input_cols(kind, args.cols);
-  args.out = check_outputs(*input, grad_input, "grad_input", columnwise, scale, scale_inv, amax,
-                           args.rows, in_cols, false, kind);
+  args.out = check_outputs(*input, p.grad_input, "grad_input", p.columnwise, p.scale, p.scale_inv,
+                           p.amax, args.rows, in_cols, false, kind);
   if (dbias != nullptr) {
     Arg(dbias, "dbias").dtype_in(kHighPrecision, kHighPrecisionText).same_device(*input, "input");
     if (dbias->ndim != 1 || dbias->shape[0] != in_cols)
@@ -202,8 +191,7 @@ OutputArgs check_fwd_columnwise(const te_tensor& input, te_tensor* fwd_columnwis
 }
 
 void run_backward(const BackwardArgs& args, const te_tensor& input, te_stream stream) {
-  if (on_cuda(input)) use_cuda_device(input.device_index);
-  TE_DISPATCH(on_cuda(input), cpu::backward(args), cuda::backward(args, stream));
+  TE_DISPATCH(input, cpu::backward(args), cuda::backward(args, stream));
 }
 
 }  // namespace
@@ -223,41 +211,33 @@ te_status te_activation_fwd(te_activation kind, const te_activation_params* para
     check_common(args, kind, params, input);
     args.out = check_outputs(*input, output, "output", columnwise, scale, scale_inv, amax,
                              args.rows, args.cols, is_gated(kind), kind);
-    if (on_cuda(*input)) use_cuda_device(input->device_index);
-    TE_DISPATCH(on_cuda(*input), cpu::forward(args), cuda::forward(args, stream));
+    TE_DISPATCH(*input, cpu::forward(args), cuda::forward(args, stream));
   });
 }
 
-te_status te_activation_bwd(te_activation kind, const te_activation_params* params,
-                            const te_tensor* grad, const te_tensor* input, te_tensor* grad_input,
-                            te_tensor* columnwise, const te_tensor* scale, te_tensor* scale_inv,
-                            te_tensor* amax, te_tensor* dbias, te_tensor* workspace,
-                            te_stream stream) {
+te_status te_activation_bwd(const te_activation_bwd_params* params, te_stream stream) {
   return guarded("te_activation_bwd", [&] {
-    const BackwardArgs args = check_backward(kind, params, grad, input, grad_input, columnwise,
-                                             scale, scale_inv, amax, dbias, workspace);
-    run_backward(args, *input, stream);
+    const BackwardArgs args = check_backward(required_params(params));
+    run_backward(args, *params->input, stream);
   });
 }
 
-te_status te_activation_bwd_with_fwd_columnwise(
-    te_activation kind, const te_activation_params* params, const te_tensor* grad,
-    const te_tensor* input, te_tensor* grad_input, te_tensor* columnwise, const te_tensor* scale,
-    te_tensor* scale_inv, te_tensor* amax, te_tensor* dbias, te_tensor* workspace,
-    te_tensor* fwd_columnwise, const te_tensor* fwd_scale, te_tensor* fwd_scale_inv,
-    te_dtype fwd_values_dtype, te_stream stream) {
+te_status te_activation_bwd_with_fwd_columnwise(const te_activation_bwd_params* params,
+                                                te_tensor* fwd_columnwise,
+                                                const te_tensor* fwd_scale,
+                                                te_tensor* fwd_scale_inv, te_dtype fwd_values_dtype,
+                                                te_stream stream) {
   return guarded("te_activation_bwd_with_fwd_columnwise", [&] {
-    BackwardArgs args = check_backward(kind, params, grad, input, grad_input, columnwise, scale,
-                                       scale_inv, amax, dbias, workspace);
-    args.fwd = check_fwd_columnwise(*input, fwd_columnwise, fwd_scale, fwd_scale_inv, args.rows,
-                                    args.cols, kind);
+    BackwardArgs args = check_backward(required_params(params));
+    args.fwd = check_fwd_columnwise(*params->input, fwd_columnwise, fwd_scale, fwd_scale_inv,
+                                    args.rows, args.cols, params->kind);
     if (fwd_values_dtype != TE_DTYPE_FLOAT32 && fwd_values_dtype != TE_DTYPE_BFLOAT16 &&
         fwd_values_dtype != TE_DTYPE_FLOAT16)
       fail(TE_ERROR_INVALID_DTYPE, "argument 'fwd_values_dtype' must be ", kHighPrecisionText,
            " (the type the forward values are rounded to before quantizing), got ",
            dtype_name(fwd_values_dtype));
     args.fwd_values_dtype = fwd_values_dtype;
-    run_backward(args, *input, stream);
+    run_backward(args, *params->input, stream);
   });
 }
 

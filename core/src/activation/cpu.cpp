@@ -117,7 +117,7 @@ void forward(const ForwardArgs& a) {
 // The forward output's columnwise copy of te_activation_bwd_with_fwd_columnwise:
 // its spec is the forward pass itself (FP32 values quantized directly), or the
 // forward into a BF16/FP16 output that is then quantized (q = fp8(x * scale),
-// as te_quantize_fp8 does). The CUDA backend fuses it into the backward's pass.
+// as te_cast_quantize_fp8 does). The CUDA backend fuses it into the backward's pass.
 static void forward_columnwise(const BackwardArgs& a) {
   ForwardArgs f{a.kind, a.params, a.input, a.input_dtype, a.rows, a.cols, a.fwd};
   if (a.fwd_values_dtype == TE_DTYPE_FLOAT32) {

@@ -16,13 +16,16 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "activation/kinds.h"
 #include "runtime/numerics.h"
 #include "te/activation.h"
 
 namespace te::activation {
 
 using Params = te_activation_params;
-constexpr Params kDefaultParams{7.0f, 1.702f, 1.0f};
+constexpr Params kDefaultParams{static_cast<float>(TE_ACTIVATION_DEFAULT_LIMIT),
+                                static_cast<float>(TE_ACTIVATION_DEFAULT_ALPHA),
+                                static_cast<float>(TE_ACTIVATION_DEFAULT_GLU_LINEAR_OFFSET)};
 
 // ---- FP32 operations with one rounding each -------------------------------
 
@@ -170,25 +173,32 @@ TE_HD float dgelu(float x) {
 
 // ---- the activated functions f and f' ---------------------------------------
 // NaN passes through f and f' (relu and srelu included: max(NaN, 0) is NaN).
+// Each functor also says what a gated kind does with the linear half b:
+// lin(b) and whether the gradient flows into b (IdentityLinear: b itself).
 
-struct Gelu {
+struct IdentityLinear {
+  TE_HD static float lin(float b, const Params&) { return b; }
+  TE_HD static bool lin_passes_grad(float, const Params&) { return true; }
+};
+
+struct Gelu : IdentityLinear {
   TE_HD static float f(float x, const Params&) { return gelu(x); }
   TE_HD static float df(float x, const Params&) { return dgelu(x); }
 };
-struct Relu {
+struct Relu : IdentityLinear {
   TE_HD static float f(float x, const Params&) { return (x > 0.0f || x != x) ? x : 0.0f; }
   TE_HD static float df(float x, const Params&) { return x != x ? x : (x > 0.0f ? 1.0f : 0.0f); }
 };
-struct Silu {
+struct Silu : IdentityLinear {
   TE_HD static float f(float x, const Params&) { return swish(x, x); }
   TE_HD static float df(float x, const Params&) { return dswish(x); }
 };
-struct QGelu {
-  static constexpr float kAlpha = 1.702f;
+struct QGelu : IdentityLinear {
+  static constexpr float kAlpha = 1.702f;  // part of qgelu's definition, not a parameter
   TE_HD static float f(float x, const Params&) { return swish(x, mul(kAlpha, x)); }
   TE_HD static float df(float x, const Params&) { return dswish(mul(kAlpha, x)); }
 };
-struct SRelu {
+struct SRelu : IdentityLinear {
   TE_HD static float f(float x, const Params&) {
     return x > 0.0f ? mul(x, x) : (x != x ? x : 0.0f);
   }
@@ -196,7 +206,7 @@ struct SRelu {
     return x > 0.0f ? add(x, x) : (x != x ? x : 0.0f);
   }
 };
-struct Sigmoid {
+struct Sigmoid : IdentityLinear {
   TE_HD static float f(float x, const Params&) { return sigmoid_pair(x).s; }
   TE_HD static float df(float x, const Params&) {
     const SigmoidPair sg = sigmoid_pair(x);
@@ -204,7 +214,8 @@ struct Sigmoid {
   }
 };
 // c sigmoid(alpha c), c = min(x, limit); zero slope above the limit. The
-// comparisons are written so that NaN is never replaced by the limit.
+// linear half is clamp(b, -limit, limit) + offset, with zero slope outside
+// +-limit. The comparisons are written so that NaN is never replaced by the limit.
 struct ClampedSwish {
   TE_HD static float f(float x, const Params& p) {
     const float c = x > p.limit ? p.limit : x;
@@ -213,46 +224,28 @@ struct ClampedSwish {
   TE_HD static float df(float x, const Params& p) {
     return x > p.limit ? 0.0f : dswish(mul(p.alpha, x));
   }
-};
-
-// ---- kinds -----------------------------------------------------------------
-
-template <te_activation K>
-struct Kind {
-  static constexpr bool gated = K >= TE_ACTIVATION_GEGLU;
-  static constexpr bool clamped = K == TE_ACTIVATION_CLAMPED_SWIGLU;
-  using F = std::conditional_t<
-      K == TE_ACTIVATION_GELU || K == TE_ACTIVATION_GEGLU, Gelu,
-      std::conditional_t<
-          K == TE_ACTIVATION_RELU || K == TE_ACTIVATION_REGLU, Relu,
-          std::conditional_t<
-              K == TE_ACTIVATION_SILU || K == TE_ACTIVATION_SWIGLU, Silu,
-              std::conditional_t<
-                  K == TE_ACTIVATION_QGELU || K == TE_ACTIVATION_QGEGLU, QGelu,
-                  std::conditional_t<
-                      K == TE_ACTIVATION_SRELU || K == TE_ACTIVATION_SREGLU, SRelu,
-                      std::conditional_t<K == TE_ACTIVATION_GLU, Sigmoid, ClampedSwish>>>>>>;
-};
-
-constexpr bool is_gated(te_activation kind) { return kind >= TE_ACTIVATION_GEGLU; }
-
-// The linear half: b, or clamp(b, -limit, limit) + offset for clamped_swiglu.
-template <te_activation K>
-TE_HD float linear(float b, const Params& p) {
-  if constexpr (Kind<K>::clamped) {
+  TE_HD static float lin(float b, const Params& p) {
     const float c = b > p.limit ? p.limit : (b < -p.limit ? -p.limit : b);
     return add(c, p.glu_linear_offset);
-  } else {
-    return b;
   }
-}
+  TE_HD static bool lin_passes_grad(float b, const Params& p) {
+    return !(b > p.limit || b < -p.limit);
+  }
+};
 
-// Whether the gradient flows into b (the clamp's slope is 0 outside +-limit).
+// ---- kinds: generated from TE_ACTIVATION_KINDS (te/activation.h) -------------
+
 template <te_activation K>
-TE_HD bool linear_passes_grad(float b, const Params& p) {
-  if constexpr (Kind<K>::clamped) return !(b > p.limit || b < -p.limit);
-  return true;
-}
+struct Kind;  // a kind missing from the table has no traits: a compile error
+
+#define TE_ACTIVATION_KIND_TRAITS_(ID, name_, code_, gated_, functor_, params_) \
+  template <>                                                                   \
+  struct Kind<TE_ACTIVATION_##ID> {                                             \
+    static constexpr bool gated = (gated_) != 0;                                \
+    using F = functor_;                                                         \
+  };
+TE_ACTIVATION_KINDS(TE_ACTIVATION_KIND_TRAITS_)
+#undef TE_ACTIVATION_KIND_TRAITS_
 
 // Forward value from the activated input a and the linear input b (b unused
 // by plain kinds).
@@ -260,7 +253,7 @@ template <te_activation K>
 TE_HD float forward_value(float a, float b, const Params& p) {
   using F = typename Kind<K>::F;
   if constexpr (Kind<K>::gated) {
-    return canonical(mul(F::f(a, p), linear<K>(b, p)));
+    return canonical(mul(F::f(a, p), F::lin(b, p)));
   } else {
     return canonical(F::f(a, p));
   }
@@ -276,8 +269,8 @@ template <te_activation K>
 TE_HD GradPair backward_value(float grad, float a, float b, const Params& p) {
   using F = typename Kind<K>::F;
   if constexpr (Kind<K>::gated) {
-    const float da = mul(mul(grad, F::df(a, p)), linear<K>(b, p));
-    const float db = linear_passes_grad<K>(b, p) ? mul(grad, F::f(a, p)) : 0.0f;
+    const float da = mul(mul(grad, F::df(a, p)), F::lin(b, p));
+    const float db = F::lin_passes_grad(b, p) ? mul(grad, F::f(a, p)) : 0.0f;
     return {canonical(da), canonical(db)};
   } else {
     return {canonical(mul(grad, F::df(a, p))), 0.0f};
@@ -288,21 +281,10 @@ TE_HD GradPair backward_value(float grad, float a, float b, const Params& p) {
 template <class Fn>
 void with_kind(te_activation kind, Fn&& f) {
   switch (kind) {
-#define TE_ACTIVATION_CASE(K) \
-  case K: f(std::integral_constant<te_activation, K>{}); return;
-    TE_ACTIVATION_CASE(TE_ACTIVATION_GELU)
-    TE_ACTIVATION_CASE(TE_ACTIVATION_RELU)
-    TE_ACTIVATION_CASE(TE_ACTIVATION_SILU)
-    TE_ACTIVATION_CASE(TE_ACTIVATION_QGELU)
-    TE_ACTIVATION_CASE(TE_ACTIVATION_SRELU)
-    TE_ACTIVATION_CASE(TE_ACTIVATION_GEGLU)
-    TE_ACTIVATION_CASE(TE_ACTIVATION_REGLU)
-    TE_ACTIVATION_CASE(TE_ACTIVATION_SWIGLU)
-    TE_ACTIVATION_CASE(TE_ACTIVATION_QGEGLU)
-    TE_ACTIVATION_CASE(TE_ACTIVATION_SREGLU)
-    TE_ACTIVATION_CASE(TE_ACTIVATION_GLU)
-    TE_ACTIVATION_CASE(TE_ACTIVATION_CLAMPED_SWIGLU)
-#undef TE_ACTIVATION_CASE
+#define TE_ACTIVATION_CASE_(ID, name_, code_, gated_, functor_, params_) \
+  case TE_ACTIVATION_##ID: f(std::integral_constant<te_activation, TE_ACTIVATION_##ID>{}); return;
+    TE_ACTIVATION_KINDS(TE_ACTIVATION_CASE_)
+#undef TE_ACTIVATION_CASE_
   }
 }
 

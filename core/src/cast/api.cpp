@@ -9,12 +9,6 @@
 namespace te::cast {
 namespace {
 
-float* optional_fp32_scalar(te_tensor* t, const char* name, const te_tensor& input) {
-  if (t == nullptr) return nullptr;
-  Arg(t, name).scalar_fp32().same_device(input, "input");
-  return static_cast<float*>(t->data);
-}
-
 // Checks input and the FP8 outputs; fills everything but the scaling pointers.
 Fp8QuantizeArgs check_quantize_outputs(const te_tensor* input, te_tensor* rowwise,
                                        te_tensor* columnwise, te_tensor* scale_inv,
@@ -54,7 +48,6 @@ Fp8QuantizeArgs check_quantize_outputs(const te_tensor* input, te_tensor* rowwis
   }
   args.scale_inv = optional_fp32_scalar(scale_inv, "scale_inv", *input);
   args.amax = optional_fp32_scalar(amax, "amax", *input);
-  if (on_cuda(*input)) use_cuda_device(input->device_index);
   return args;
 }
 
@@ -71,33 +64,33 @@ using namespace te::cast;
 
 extern "C" {
 
-te_status te_quantize_fp8(const te_tensor* input, const te_tensor* scale, te_tensor* rowwise,
-                          te_tensor* columnwise, te_tensor* scale_inv, te_tensor* amax,
-                          te_stream stream) {
-  return guarded("te_quantize_fp8", [&] {
+te_status te_cast_quantize_fp8(const te_tensor* input, const te_tensor* scale, te_tensor* rowwise,
+                               te_tensor* columnwise, te_tensor* scale_inv, te_tensor* amax,
+                               te_stream stream) {
+  return guarded("te_cast_quantize_fp8", [&] {
     Fp8QuantizeArgs args = check_quantize_outputs(input, rowwise, columnwise, scale_inv, amax);
     Arg(scale, "scale").scalar_fp32().same_device(*input, "input");
     const float* s = static_cast<const float*>(scale->data);
-    TE_DISPATCH(on_cuda(*input), cpu::quantize_fp8(args, s), cuda::quantize_fp8(args, s, stream));
+    TE_DISPATCH(*input, cpu::quantize_fp8(args, s), cuda::quantize_fp8(args, s, stream));
   });
 }
 
-te_status te_compute_amax(const te_tensor* input, te_tensor* amax, te_stream stream) {
-  return guarded("te_compute_amax", [&] {
+te_status te_cast_compute_amax(const te_tensor* input, te_tensor* amax, te_stream stream) {
+  return guarded("te_cast_compute_amax", [&] {
     Arg(input, "input").dtype_in(kHighPrecision, kHighPrecisionText);
     Arg(amax, "amax").scalar_fp32().same_device(*input, "input");
-    if (on_cuda(*input)) use_cuda_device(input->device_index);
     float* out = static_cast<float*>(amax->data);
     const int64_t n = numel(*input);
-    TE_DISPATCH(on_cuda(*input), cpu::compute_amax(input->data, input->dtype, n, out),
+    TE_DISPATCH(*input, cpu::compute_amax(input->data, input->dtype, n, out),
                 cuda::compute_amax(input->data, input->dtype, n, out, stream));
   });
 }
 
-te_status te_compute_scale_from_amax(const te_tensor* amax, te_tensor* scale, te_tensor* scale_inv,
-                                     te_dtype fp8_dtype, int force_pow2_scales, float amax_epsilon,
-                                     te_stream stream) {
-  return guarded("te_compute_scale_from_amax", [&] {
+te_status te_cast_compute_scale_from_amax(const te_tensor* amax, te_tensor* scale,
+                                          te_tensor* scale_inv, te_dtype fp8_dtype,
+                                          int force_pow2_scales, float amax_epsilon,
+                                          te_stream stream) {
+  return guarded("te_cast_compute_scale_from_amax", [&] {
     Arg(amax, "amax").scalar_fp32();
     Arg(scale, "scale").scalar_fp32().same_device(*amax, "amax");
     float* inv = optional_fp32_scalar(scale_inv, "scale_inv", *amax);
@@ -105,22 +98,21 @@ te_status te_compute_scale_from_amax(const te_tensor* amax, te_tensor* scale, te
       fail(TE_ERROR_INVALID_DTYPE, "argument 'fp8_dtype' must be ", kFp8Text, ", got ",
            dtype_name(fp8_dtype));
     check_epsilon(amax_epsilon);
-    if (on_cuda(*amax)) use_cuda_device(amax->device_index);
     const float* a = static_cast<const float*>(amax->data);
     float* s = static_cast<float*>(scale->data);
     const float fp8_max = fp8_format(fp8_dtype).max_finite;
     const bool pow2 = force_pow2_scales != 0;
-    TE_DISPATCH(on_cuda(*amax), cpu::scale_from_amax(a, s, inv, fp8_max, pow2, amax_epsilon),
+    TE_DISPATCH(*amax, cpu::scale_from_amax(a, s, inv, fp8_max, pow2, amax_epsilon),
                 cuda::scale_from_amax(a, s, inv, fp8_max, pow2, amax_epsilon, stream));
   });
 }
 
-te_status te_quantize_fp8_current_scaling(const te_tensor* input, te_tensor* rowwise,
-                                          te_tensor* columnwise, te_tensor* scale,
-                                          te_tensor* scale_inv, te_tensor* amax,
-                                          int force_pow2_scales, float amax_epsilon,
-                                          te_stream stream) {
-  return guarded("te_quantize_fp8_current_scaling", [&] {
+te_status te_cast_quantize_fp8_current_scaling(const te_tensor* input, te_tensor* rowwise,
+                                               te_tensor* columnwise, te_tensor* scale,
+                                               te_tensor* scale_inv, te_tensor* amax,
+                                               int force_pow2_scales, float amax_epsilon,
+                                               te_stream stream) {
+  return guarded("te_cast_quantize_fp8_current_scaling", [&] {
     Fp8QuantizeArgs args = check_quantize_outputs(input, rowwise, columnwise, scale_inv, amax);
     if (scale_inv == nullptr) fail(TE_ERROR_INVALID_ARGUMENT, "argument 'scale_inv' is required");
     if (amax == nullptr) fail(TE_ERROR_INVALID_ARGUMENT, "argument 'amax' is required");
@@ -128,28 +120,57 @@ te_status te_quantize_fp8_current_scaling(const te_tensor* input, te_tensor* row
     check_epsilon(amax_epsilon);
     CurrentScaling cs{static_cast<float*>(scale->data), force_pow2_scales != 0, amax_epsilon,
                       max_finite_of(input->dtype)};
-    TE_DISPATCH(on_cuda(*input), cpu::quantize_fp8_current_scaling(args, cs),
+    TE_DISPATCH(*input, cpu::quantize_fp8_current_scaling(args, cs),
                 cuda::quantize_fp8_current_scaling(args, cs, stream));
   });
 }
 
-te_status te_dequantize_fp8(const te_tensor* input, const te_tensor* scale_inv, te_tensor* output,
-                            te_stream stream) {
-  return guarded("te_dequantize_fp8", [&] {
+te_status te_cast_dequantize_fp8(const te_tensor* input, const te_tensor* scale_inv,
+                                 te_tensor* output, te_stream stream) {
+  return guarded("te_cast_dequantize_fp8", [&] {
     Arg(input, "input").dtype_in(kFp8, kFp8Text);
     Arg(scale_inv, "scale_inv").scalar_fp32().same_device(*input, "input");
     Arg(output, "output")
         .dtype_in(kHighPrecision, kHighPrecisionText)
         .same_shape(*input, "input")
         .same_device(*input, "input");
-    if (on_cuda(*input)) use_cuda_device(input->device_index);
     const auto* q = static_cast<const uint8_t*>(input->data);
     const auto* s = static_cast<const float*>(scale_inv->data);
     const int64_t n = numel(*input);
-    TE_DISPATCH(on_cuda(*input),
-                cpu::dequantize_fp8(q, input->dtype, s, output->data, output->dtype, n),
+    TE_DISPATCH(*input, cpu::dequantize_fp8(q, input->dtype, s, output->data, output->dtype, n),
                 cuda::dequantize_fp8(q, input->dtype, s, output->data, output->dtype, n, stream));
   });
 }
 
+// Deprecated aliases (te/cast.h): forward to the new names.
+te_status te_quantize_fp8_current_scaling(const te_tensor* input, te_tensor* rowwise,
+                                          te_tensor* columnwise, te_tensor* scale,
+                                          te_tensor* scale_inv, te_tensor* amax,
+                                          int force_pow2_scales, float amax_epsilon,
+                                          te_stream stream) {
+  return te_cast_quantize_fp8_current_scaling(input, rowwise, columnwise, scale, scale_inv, amax,
+                                              force_pow2_scales, amax_epsilon, stream);
+}
+
+te_status te_quantize_fp8(const te_tensor* input, const te_tensor* scale, te_tensor* rowwise,
+                          te_tensor* columnwise, te_tensor* scale_inv, te_tensor* amax,
+                          te_stream stream) {
+  return te_cast_quantize_fp8(input, scale, rowwise, columnwise, scale_inv, amax, stream);
+}
+
+te_status te_compute_scale_from_amax(const te_tensor* amax, te_tensor* scale, te_tensor* scale_inv,
+                                     te_dtype fp8_dtype, int force_pow2_scales, float amax_epsilon,
+                                     te_stream stream) {
+  return te_cast_compute_scale_from_amax(amax, scale, scale_inv, fp8_dtype, force_pow2_scales,
+                                         amax_epsilon, stream);
+}
+
+te_status te_compute_amax(const te_tensor* input, te_tensor* amax, te_stream stream) {
+  return te_cast_compute_amax(input, amax, stream);
+}
+
+te_status te_dequantize_fp8(const te_tensor* input, const te_tensor* scale_inv, te_tensor* output,
+                            te_stream stream) {
+  return te_cast_dequantize_fp8(input, scale_inv, output, stream);
+}
 }  // extern "C"

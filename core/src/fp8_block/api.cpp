@@ -121,7 +121,6 @@ QuantizeArgs check_quantize(const te_tensor* input, te_tensor* rowwise, te_tenso
     args.columnwise = static_cast<uint8_t*>(columnwise->data);
     args.fp8_dtype = columnwise->dtype;
   }
-  if (on_cuda(*input)) use_cuda_device(input->device_index);
   return args;
 }
 
@@ -158,7 +157,7 @@ te_status te_fp8_block_quantize(const te_tensor* input, te_tensor* rowwise,
                                        columnwise_scale_inv, block_dim, layout, amax_epsilon);
     args.force_pow2 = force_pow2_scales != 0;
     args.epsilon = amax_epsilon;
-    TE_DISPATCH(on_cuda(*input), cpu::quantize(args), cuda::quantize(args, stream));
+    TE_DISPATCH(*input, cpu::quantize(args), cuda::quantize(args, stream));
   });
 }
 
@@ -186,8 +185,7 @@ te_status te_fp8_block_dequantize(const te_tensor* data, const te_tensor* scale_
     args.fp8_dtype = data->dtype;
     args.output = output->data;
     args.output_dtype = output->dtype;
-    if (on_cuda(*data)) use_cuda_device(data->device_index);
-    TE_DISPATCH(on_cuda(*data), cpu::dequantize(args), cuda::dequantize(args, stream));
+    TE_DISPATCH(*data, cpu::dequantize(args), cuda::dequantize(args, stream));
   });
 }
 
@@ -218,8 +216,7 @@ te_status te_fp8_block_transpose_2d(const te_tensor* rowwise, const te_tensor* r
                      "rowwise", args.rows, args.cols, describe(TE_FP8_BLOCK_2D, layout, true));
     args.rowwise = static_cast<const uint8_t*>(rowwise->data);
     args.columnwise = static_cast<uint8_t*>(columnwise->data);
-    if (on_cuda(*rowwise)) use_cuda_device(rowwise->device_index);
-    TE_DISPATCH(on_cuda(*rowwise), cpu::transpose_2d(args), cuda::transpose_2d(args, stream));
+    TE_DISPATCH(*rowwise, cpu::transpose_2d(args), cuda::transpose_2d(args, stream));
   });
 }
 

@@ -262,8 +262,7 @@ te_status te_gemm(const te_gemm_params* params, te_stream stream) {
       fail(TE_ERROR_INVALID_ARGUMENT, "argument 'workspace' must hold at least ", needed,
            " bytes for this GEMM, got ", g.workspace_bytes,
            " (query te_gemm_workspace_size with the same parameters)");
-    if (on_cuda(a)) use_cuda_device(a.device_index);
-    TE_DISPATCH(on_cuda(a), cpu::gemm(g), cuda::gemm(g, stream));
+    TE_DISPATCH(a, cpu::gemm(g), cuda::gemm(g, stream));
   });
 }
 

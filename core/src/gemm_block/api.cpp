@@ -49,13 +49,16 @@ void check_workspace(size_t available, size_t needed, const char* what) {
 
 // Runs one validated GEMM with the caller's workspace; returns the path taken.
 te_gemm_path run(const BlockGemm& g, void* workspace, size_t available, te_stream stream) {
+  // The device is current first: the native path's support and workspace
+  // queries below depend on it.
   if (g.on_cuda) use_cuda_device(g.dense.device_index);
   if (!g.block) {
     gemm::GemmArgs dense = g.dense;
     if (g.on_cuda) check_workspace(available, gemm::cuda_workspace_size(dense), "this GEMM");
     dense.workspace = workspace;
     dense.workspace_bytes = available;
-    TE_DISPATCH(g.on_cuda, gemm::cpu::gemm(dense), gemm::cuda::gemm(dense, stream));
+    TE_DISPATCH_DEVICE(g.on_cuda, g.dense.device_index, gemm::cpu::gemm(dense),
+                       gemm::cuda::gemm(dense, stream));
     return TE_GEMM_PATH_NATIVE;
   }
   if (!g.on_cuda) {

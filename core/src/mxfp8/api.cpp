@@ -98,7 +98,6 @@ QuantizeArgs check_quantize(const te_tensor* input, te_tensor* rowwise, te_tenso
     a.columnwise_scales = static_cast<uint8_t*>(col_scales->data);
     a.fp8_dtype = columnwise->dtype;
   }
-  if (on_cuda(*input)) use_cuda_device(input->device_index);
   return a;
 }
 
@@ -125,7 +124,6 @@ DequantizeArgs check_dequantize(const te_tensor* input, const te_tensor* scale_i
   Arg(output, "output").same_shape(*input, "input").same_device(*input, "input");
   a.output = output->data;
   a.output_dtype = output->dtype;
-  if (on_cuda(*input)) use_cuda_device(input->device_index);
   return a;
 }
 
@@ -137,24 +135,37 @@ using namespace te::mxfp8;
 
 extern "C" {
 
+te_status te_mxfp8_quantize(const te_tensor* input, te_tensor* rowwise,
+                            te_tensor* rowwise_scale_inv, te_tensor* columnwise,
+                            te_tensor* columnwise_scale_inv, int use_2d_blocks, int swizzled_scales,
+                            te_stream stream) {
+  return guarded("te_mxfp8_quantize", [&] {
+    const QuantizeArgs args = check_quantize(input, rowwise, rowwise_scale_inv, columnwise,
+                                             columnwise_scale_inv, use_2d_blocks, swizzled_scales);
+    TE_DISPATCH(*input, cpu::quantize(args), cuda::quantize(args, stream));
+  });
+}
+
+te_status te_mxfp8_dequantize(const te_tensor* input, const te_tensor* scale_inv, te_tensor* output,
+                              int columnwise, int swizzled_scales, te_stream stream) {
+  return guarded("te_mxfp8_dequantize", [&] {
+    const DequantizeArgs args =
+        check_dequantize(input, scale_inv, output, columnwise, swizzled_scales);
+    TE_DISPATCH(*input, cpu::dequantize(args), cuda::dequantize(args, stream));
+  });
+}
+
+// Deprecated aliases (te/mxfp8.h): forward to the new names.
 te_status te_quantize_mxfp8(const te_tensor* input, te_tensor* rowwise,
                             te_tensor* rowwise_scale_inv, te_tensor* columnwise,
                             te_tensor* columnwise_scale_inv, int use_2d_blocks, int swizzled_scales,
                             te_stream stream) {
-  return guarded("te_quantize_mxfp8", [&] {
-    const QuantizeArgs args = check_quantize(input, rowwise, rowwise_scale_inv, columnwise,
-                                             columnwise_scale_inv, use_2d_blocks, swizzled_scales);
-    TE_DISPATCH(on_cuda(*input), cpu::quantize(args), cuda::quantize(args, stream));
-  });
+  return te_mxfp8_quantize(input, rowwise, rowwise_scale_inv, columnwise, columnwise_scale_inv,
+                           use_2d_blocks, swizzled_scales, stream);
 }
 
 te_status te_dequantize_mxfp8(const te_tensor* input, const te_tensor* scale_inv, te_tensor* output,
                               int columnwise, int swizzled_scales, te_stream stream) {
-  return guarded("te_dequantize_mxfp8", [&] {
-    const DequantizeArgs args =
-        check_dequantize(input, scale_inv, output, columnwise, swizzled_scales);
-    TE_DISPATCH(on_cuda(*input), cpu::dequantize(args), cuda::dequantize(args, stream));
-  });
+  return te_mxfp8_dequantize(input, scale_inv, output, columnwise, swizzled_scales, stream);
 }
-
 }  // extern "C"

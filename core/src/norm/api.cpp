@@ -124,8 +124,19 @@ FwdArgs check_forward(const te_tensor* x, const te_tensor* gamma, float eps,
     a.y_amax = static_cast<float*>(y_amax->data);
   }
   a.rsigma = optional_per_row(rsigma, "rsigma", a.rows, *x);
-  if (on_cuda(*x)) use_cuda_device(x->device_index);
   return a;
+}
+
+// Bytes of workspace the backward of x [rows, cols] needs: 0 on the CPU; on
+// CUDA the size depends on the launch plan (grid) of the device, made current.
+size_t backward_workspace_bytes(const te_tensor& x, int64_t rows, int64_t cols, bool layernorm) {
+  if (!on_cuda(x)) return 0;
+#ifdef TE_WITH_CUDA
+  use_cuda_device(x.device_index);
+  return cuda::backward_workspace_bytes(x.dtype, rows, cols, layernorm);
+#else
+  fail_no_cuda();
+#endif
 }
 
 // Everything the two backward entry points share.
@@ -155,13 +166,7 @@ BwdArgs check_backward(bool layernorm, const te_tensor* dz, const te_tensor* x,
   check_same_type(dgamma, "dgamma", *gamma, "gamma");
   a.dgamma = dgamma->data;
 
-  if (on_cuda(*x)) use_cuda_device(x->device_index);
-#ifdef TE_WITH_CUDA
-  const size_t needed =
-      on_cuda(*x) ? cuda::backward_workspace_bytes(x->dtype, a.rows, a.cols, layernorm) : 0;
-#else
-  const size_t needed = 0;
-#endif
+  const size_t needed = backward_workspace_bytes(*x, a.rows, a.cols, layernorm);
   if (needed > 0 || workspace != nullptr) {
     Arg ws(workspace, "workspace");
     ws.dtype(TE_DTYPE_BYTE).same_device(*x, "x");
@@ -180,13 +185,7 @@ size_t workspace_bytes(const te_tensor* x, bool layernorm) {
   int64_t rows = 0, cols = 0;
   check_descriptor(x, "x");
   check_x(x, &rows, &cols);
-  if (!on_cuda(*x)) return 0;
-#ifdef TE_WITH_CUDA
-  use_cuda_device(x->device_index);
-  return cuda::backward_workspace_bytes(x->dtype, rows, cols, layernorm);
-#else
-  fail_no_cuda();
-#endif
+  return backward_workspace_bytes(*x, rows, cols, layernorm);
 }
 
 void write_size(size_t* out, size_t bytes) {
@@ -202,31 +201,29 @@ using namespace te::norm;
 
 extern "C" {
 
-te_status te_layernorm_fwd(const te_tensor* x, const te_tensor* gamma, const te_tensor* beta,
-                           float eps, int zero_centered_gamma, te_tensor* y,
-                           const te_tensor* y_scale, te_tensor* y_scale_inv, te_tensor* y_amax,
-                           te_tensor* mu, te_tensor* rsigma, te_stream stream) {
+te_status te_layernorm_fwd(const te_norm_fwd_params* params, te_stream stream) {
   return guarded("te_layernorm_fwd", [&] {
-    FwdArgs a =
-        check_forward(x, gamma, eps, zero_centered_gamma, y, y_scale, y_scale_inv, y_amax, rsigma);
+    const te_norm_fwd_params& p = required_params(params);
+    FwdArgs a = check_forward(p.x, p.gamma, p.eps, p.zero_centered_gamma, p.y, p.y_scale,
+                              p.y_scale_inv, p.y_amax, p.rsigma);
     a.layernorm = true;
-    check_per_column(beta, "beta", a.cols, *x);
-    check_same_type(beta, "beta", *gamma, "gamma");
-    a.beta = beta->data;
-    a.mu = optional_per_row(mu, "mu", a.rows, *x);
-    TE_DISPATCH(on_cuda(*x), cpu::forward(a), cuda::forward(a, stream));
+    check_per_column(p.beta, "beta", a.cols, *p.x);
+    check_same_type(p.beta, "beta", *p.gamma, "gamma");
+    a.beta = p.beta->data;
+    a.mu = optional_per_row(p.mu, "mu", a.rows, *p.x);
+    TE_DISPATCH(*p.x, cpu::forward(a), cuda::forward(a, stream));
   });
 }
 
-te_status te_rmsnorm_fwd(const te_tensor* x, const te_tensor* gamma, float eps,
-                         int zero_centered_gamma, te_tensor* y, const te_tensor* y_scale,
-                         te_tensor* y_scale_inv, te_tensor* y_amax, te_tensor* rsigma,
-                         te_stream stream) {
+te_status te_rmsnorm_fwd(const te_norm_fwd_params* params, te_stream stream) {
   return guarded("te_rmsnorm_fwd", [&] {
-    FwdArgs a =
-        check_forward(x, gamma, eps, zero_centered_gamma, y, y_scale, y_scale_inv, y_amax, rsigma);
+    const te_norm_fwd_params& p = required_params(params);
+    require_null(p.beta, "beta", "RMSNorm has no beta");
+    require_null(p.mu, "mu", "RMSNorm has no mean");
+    FwdArgs a = check_forward(p.x, p.gamma, p.eps, p.zero_centered_gamma, p.y, p.y_scale,
+                              p.y_scale_inv, p.y_amax, p.rsigma);
     a.layernorm = false;
-    TE_DISPATCH(on_cuda(*x), cpu::forward(a), cuda::forward(a, stream));
+    TE_DISPATCH(*p.x, cpu::forward(a), cuda::forward(a, stream));
   });
 }
 
@@ -240,28 +237,27 @@ te_status te_rmsnorm_bwd_workspace_size(const te_tensor* x, size_t* workspace_by
                  [&] { write_size(workspace_bytes, te::norm::workspace_bytes(x, false)); });
 }
 
-te_status te_layernorm_bwd(const te_tensor* dz, const te_tensor* x, const te_tensor* mu,
-                           const te_tensor* rsigma, const te_tensor* gamma, int zero_centered_gamma,
-                           te_tensor* dx, te_tensor* dgamma, te_tensor* dbeta, te_tensor* workspace,
-                           te_stream stream) {
+te_status te_layernorm_bwd(const te_norm_bwd_params* params, te_stream stream) {
   return guarded("te_layernorm_bwd", [&] {
-    BwdArgs a =
-        check_backward(true, dz, x, rsigma, gamma, zero_centered_gamma, dx, dgamma, workspace);
-    a.mu = per_row(mu, "mu", a.rows, *x);
-    check_per_column(dbeta, "dbeta", a.cols, *x);
-    check_same_type(dbeta, "dbeta", *gamma, "gamma");
-    a.dbeta = dbeta->data;
-    TE_DISPATCH(on_cuda(*x), cpu::backward(a), cuda::backward(a, stream));
+    const te_norm_bwd_params& p = required_params(params);
+    BwdArgs a = check_backward(true, p.dz, p.x, p.rsigma, p.gamma, p.zero_centered_gamma, p.dx,
+                               p.dgamma, p.workspace);
+    a.mu = per_row(p.mu, "mu", a.rows, *p.x);
+    check_per_column(p.dbeta, "dbeta", a.cols, *p.x);
+    check_same_type(p.dbeta, "dbeta", *p.gamma, "gamma");
+    a.dbeta = p.dbeta->data;
+    TE_DISPATCH(*p.x, cpu::backward(a), cuda::backward(a, stream));
   });
 }
 
-te_status te_rmsnorm_bwd(const te_tensor* dz, const te_tensor* x, const te_tensor* rsigma,
-                         const te_tensor* gamma, int zero_centered_gamma, te_tensor* dx,
-                         te_tensor* dgamma, te_tensor* workspace, te_stream stream) {
+te_status te_rmsnorm_bwd(const te_norm_bwd_params* params, te_stream stream) {
   return guarded("te_rmsnorm_bwd", [&] {
-    BwdArgs a =
-        check_backward(false, dz, x, rsigma, gamma, zero_centered_gamma, dx, dgamma, workspace);
-    TE_DISPATCH(on_cuda(*x), cpu::backward(a), cuda::backward(a, stream));
+    const te_norm_bwd_params& p = required_params(params);
+    require_null(p.mu, "mu", "RMSNorm has no mean");
+    require_null(p.dbeta, "dbeta", "RMSNorm has no beta");
+    BwdArgs a = check_backward(false, p.dz, p.x, p.rsigma, p.gamma, p.zero_centered_gamma, p.dx,
+                               p.dgamma, p.workspace);
+    TE_DISPATCH(*p.x, cpu::backward(a), cuda::backward(a, stream));
   });
 }
 

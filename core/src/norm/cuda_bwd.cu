@@ -215,7 +215,7 @@ __global__ void __launch_bounds__(kLoopThreads)
     const float m2 = __fdiv_rn(block_sum(s2, exchange), n);
     for (int64_t i = threadIdx.x; i < H; i += kLoopThreads) {
       const float xh = xhat_at(i), dzi = to_f32(dz[start + i]);
-      dx[start + i] = from_f32<Tx>(dx_value(dy_at(i), xh, m1, m2, rsigma));
+      dx[start + i] = from_float<Tx>(dx_value(dy_at(i), xh, m1, m2, rsigma));
       dgamma[i] = __fadd_rn(dgamma[i], __fmul_rn(dzi, xh));
       if (kLayerNorm) dbeta[i] = __fadd_rn(dbeta[i], dzi);
     }

@@ -25,6 +25,7 @@
 #include <cstdint>
 
 #include "norm/backend.h"
+#include "runtime/cuda_elem.cuh"
 #include "runtime/cuda_launch.h"
 #include "runtime/cuda_utils.cuh"
 #include "runtime/numerics.h"
@@ -184,20 +185,9 @@ __device__ __forceinline__ void load_weights(const float* w_c, int part, float (
   }
 }
 
-template <class T>
-__device__ __forceinline__ T from_f32(float v);
-template <>
-__device__ __forceinline__ float from_f32<float>(float v) {
-  return v;
-}
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float v) {
-  return __float2bfloat16_rn(v);
-}
-template <>
-__device__ __forceinline__ __half from_f32<__half>(float v) {
-  return __float2half_rn(v);
-}
+// float -> T as the CPU backend rounds (RNE; NaN keeps its sign and becomes
+// 0x7FFF in BF16/FP16, as te::float_to_bf16 / float_to_fp16).
+using cuda_elem::from_float;
 
 // Rounds the 8 values of the chunk at p to T and stores those in the row
 // (`left` of them if fewer than 8): one vector store (vec: aligned, whole
@@ -208,13 +198,13 @@ __device__ __forceinline__ void store_chunk(T* p, int left, bool vec, const floa
     if (left <= 0) return;
     Vec<T, kChunk> r;
 #pragma unroll
-    for (int j = 0; j < kChunk; ++j) r.v[j] = from_f32<T>(v[j]);
+    for (int j = 0; j < kChunk; ++j) r.v[j] = from_float<T>(v[j]);
     store_vec(p, r);
     return;
   }
 #pragma unroll
   for (int j = 0; j < kChunk; ++j)
-    if (j < left) p[j] = from_f32<T>(v[j]);
+    if (j < left) p[j] = from_float<T>(v[j]);
 }
 
 // FP8 byte of an already-scaled value, as numerics.h defines it: RNE,

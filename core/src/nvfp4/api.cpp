@@ -105,10 +105,6 @@ void check_aligned(const void* p, const char* name) {
          "' must be 16-byte aligned for the CUDA NVFP4 kernels");
 }
 
-void prepare_device(const te_tensor& t) {
-  if (on_cuda(t)) use_cuda_device(t.device_index);
-}
-
 }  // namespace
 }  // namespace te::nvfp4
 
@@ -134,11 +130,9 @@ te_status te_nvfp4_compute_amax(const te_tensor* input, te_tensor* amax_rowwise,
       col = check_amax(amax_columnwise, "amax_columnwise", *input);
       if (opt.random_hadamard) require_rows_multiple_of_16(v.rows, "random Hadamard transform");
     }
-    prepare_device(*input);
     if (on_cuda(*input)) check_aligned(input->data, "input");
     TE_DISPATCH(
-        on_cuda(*input),
-        cpu::compute_amax(input->data, input->dtype, v.rows, v.cols, row, col, opt),
+        *input, cpu::compute_amax(input->data, input->dtype, v.rows, v.cols, row, col, opt),
         cuda::compute_amax(input->data, input->dtype, v.rows, v.cols, row, col, opt, stream));
   });
 }
@@ -182,13 +176,12 @@ te_status te_nvfp4_quantize(const te_tensor* input, const te_tensor* amax_rowwis
                                   static_cast<uint8_t*>(columnwise_scale->data), s.rows, s.cols,
                                   check_amax(amax_columnwise, "amax_columnwise", *input)};
     }
-    prepare_device(*input);
     if (on_cuda(*input)) {
       check_aligned(input->data, "input");
       if (row) check_aligned(rowwise->data, "rowwise");
       if (col) check_aligned(columnwise->data, "columnwise");
     }
-    TE_DISPATCH(on_cuda(*input), cpu::quantize(args), cuda::quantize(args, stream));
+    TE_DISPATCH(*input, cpu::quantize(args), cuda::quantize(args, stream));
   });
 }
 
@@ -203,7 +196,6 @@ te_status te_nvfp4_dequantize(const te_tensor* data, const te_tensor* scale, con
         .dtype_in(kHighPrecision, kHighPrecisionText)
         .same_shape(*data, "data")
         .same_device(*data, "data");
-    prepare_device(*data);
     if (on_cuda(*data)) {
       check_aligned(data->data, "data");
       check_aligned(output->data, "output");
@@ -216,7 +208,7 @@ te_status te_nvfp4_dequantize(const te_tensor* data, const te_tensor* scale, con
                               static_cast<const float*>(amax->data),
                               output->data,
                               output->dtype};
-    TE_DISPATCH(on_cuda(*data), cpu::dequantize(args), cuda::dequantize(args, stream));
+    TE_DISPATCH(*data, cpu::dequantize(args), cuda::dequantize(args, stream));
   });
 }
 
@@ -236,7 +228,6 @@ te_status te_nvfp4_transpose_2d(const te_tensor* rowwise, const te_tensor* rowwi
            v.rows, "] (rowwise viewed as [M, K], transposed), got ", shape_string(*columnwise));
     const ScaleShape cs =
         check_scale(columnwise_scale, "columnwise_scale", v.cols, v.rows, *rowwise, "rowwise");
-    prepare_device(*rowwise);
     if (on_cuda(*rowwise)) {
       check_aligned(rowwise->data, "rowwise");
       check_aligned(columnwise->data, "columnwise");
@@ -250,7 +241,7 @@ te_status te_nvfp4_transpose_2d(const te_tensor* rowwise, const te_tensor* rowwi
                              static_cast<uint8_t*>(columnwise_scale->data),
                              cs.rows,
                              cs.cols};
-    TE_DISPATCH(on_cuda(*rowwise), cpu::transpose_2d(args), cuda::transpose_2d(args, stream));
+    TE_DISPATCH(*rowwise, cpu::transpose_2d(args), cuda::transpose_2d(args, stream));
   });
 }
 

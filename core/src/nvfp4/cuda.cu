@@ -18,6 +18,7 @@
 #include "nvfp4/cuda_common.cuh"
 #include "nvfp4/hadamard.h"
 #include "runtime/cuda_check.h"
+#include "runtime/cuda_elem.cuh"
 #include "runtime/cuda_launch.h"
 #include "runtime/numerics.h"
 
@@ -83,24 +84,8 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-template <class Out>
-__device__ __forceinline__ Out from_float(float v);
-template <>
-__device__ __forceinline__ float from_float<float>(float v) {
-  return v;
-}
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
-  __nv_bfloat16_raw r;
-  r.x = te::float_to_bf16(v);  // NaN -> sign | 0x7FFF, as the CPU
-  return r;
-}
-template <>
-__device__ __forceinline__ __half from_float<__half>(float v) {
-  __half_raw r;
-  r.x = te::float_to_fp16(v);
-  return r;
-}
+// float -> output element (NaN keeps its sign, as te::float_to_bf16 / _fp16).
+using cuda_elem::from_float;
 
 // Two non-NaN floats -> two output elements, rounded to nearest even: the
 // hardware conversions give numerics.h's bits for every value but NaN.

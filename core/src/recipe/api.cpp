@@ -9,13 +9,11 @@
 using namespace te;
 using namespace te::recipe;
 
-extern "C" te_status te_delayed_scaling_update(const te_tensor* amax_reduction_buffer,
-                                               te_tensor* const* amax_histories,
-                                               te_tensor* const* scales,
-                                               te_tensor* const* scale_invs, size_t num_tensors,
-                                               te_amax_compute_algo algo, te_dtype fp8_dtype,
-                                               float margin, te_stream stream) {
-  return guarded("te_delayed_scaling_update", [&] {
+extern "C" te_status te_recipe_delayed_scaling_update(
+    const te_tensor* amax_reduction_buffer, te_tensor* const* amax_histories,
+    te_tensor* const* scales, te_tensor* const* scale_invs, size_t num_tensors,
+    te_amax_compute_algo algo, te_dtype fp8_dtype, float margin, te_stream stream) {
+  return guarded("te_recipe_delayed_scaling_update", [&] {
     if (num_tensors == 0) return;
     if (amax_histories == nullptr || scales == nullptr)
       fail(TE_ERROR_INVALID_ARGUMENT, "arguments 'amax_histories' and 'scales' are required");
@@ -72,8 +70,18 @@ extern "C" te_status te_delayed_scaling_update(const te_tensor* amax_reduction_b
           .same_device(first, "amax_histories[0]");
       args.reduction_buffer = static_cast<const float*>(amax_reduction_buffer->data);
     }
-    if (on_cuda(first)) use_cuda_device(first.device_index);
-    TE_DISPATCH(on_cuda(first), cpu::delayed_scaling_update(args),
+    TE_DISPATCH(first, cpu::delayed_scaling_update(args),
                 cuda::delayed_scaling_update(args, stream));
   });
+}
+
+// Deprecated alias (te/recipe.h): forwards to the new name.
+extern "C" te_status te_delayed_scaling_update(const te_tensor* amax_reduction_buffer,
+                                               te_tensor* const* amax_histories,
+                                               te_tensor* const* scales,
+                                               te_tensor* const* scale_invs, size_t num_tensors,
+                                               te_amax_compute_algo algo, te_dtype fp8_dtype,
+                                               float margin, te_stream stream) {
+  return te_recipe_delayed_scaling_update(amax_reduction_buffer, amax_histories, scales, scale_invs,
+                                          num_tensors, algo, fp8_dtype, margin, stream);
 }

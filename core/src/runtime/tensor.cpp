@@ -143,4 +143,14 @@ const Arg& Arg::shape2d(int64_t rows, int64_t cols) const {
   return *this;
 }
 
+float* optional_fp32_scalar(te_tensor* t, const char* name, const te_tensor& input) {
+  if (t == nullptr) return nullptr;
+  Arg(t, name).scalar_fp32().same_device(input, "input");
+  return static_cast<float*>(t->data);
+}
+
+void require_null(const te_tensor* t, const char* name, const char* why) {
+  if (t != nullptr) fail(TE_ERROR_INVALID_ARGUMENT, "argument '", name, "' must be NULL: ", why);
+}
+
 }  // namespace te

@@ -6,6 +6,7 @@
 #include <initializer_list>
 #include <string>
 
+#include "runtime/status.h"
 #include "te/types.h"
 
 namespace te {
@@ -55,5 +56,22 @@ constexpr const char* kFp8Text = "float8_e4m3 or float8_e5m2";
 
 // Validates the shape/dtype fields themselves (rank, non-negative dims).
 void check_descriptor(const te_tensor* t, const char* name);
+
+// An optional FP32 scalar output (scale_inv, amax): nullptr when t is NULL,
+// else t checked (one FP32 element on the device of the argument 'input') and
+// its data.
+float* optional_fp32_scalar(te_tensor* t, const char* name, const te_tensor& input);
+
+// The params struct of an entry point that takes one; NULL fails.
+template <class Params>
+const Params& required_params(const Params* params) {
+  if (params == nullptr)
+    fail(TE_ERROR_INVALID_ARGUMENT, "argument 'params' is required (got NULL)");
+  return *params;
+}
+
+// A field of a shared params struct that this entry point does not take
+// (RMSNorm's beta) must be NULL; `why` completes the message.
+void require_null(const te_tensor* t, const char* name, const char* why);
 
 }  // namespace te

@@ -33,7 +33,6 @@ SwizzleArgs check_swizzle(const te_tensor* input, te_tensor* output, int columnw
   const int64_t n = rows * cols;
   if (n > 0 && in_bytes < out_bytes + n && out_bytes < in_bytes + n)
     fail(TE_ERROR_INVALID_ARGUMENT, "arguments 'input' and 'output' must not overlap");
-  if (on_cuda(*input)) use_cuda_device(input->device_index);
   return SwizzleArgs{in_bytes, out_bytes, rows, cols, columnwise != 0, unswizzle};
 }
 
@@ -42,7 +41,7 @@ te_status run(const char* name, const te_tensor* input, te_tensor* output, int c
   return guarded(name, [&] {
     const SwizzleArgs args = check_swizzle(input, output, columnwise, unswizzle);
     if (args.rows * args.cols == 0) return;
-    TE_DISPATCH(on_cuda(*input), cpu::swizzle(args), cuda::swizzle(args, stream));
+    TE_DISPATCH(*input, cpu::swizzle(args), cuda::swizzle(args, stream));
   });
 }
 
@@ -56,9 +55,15 @@ te_status te_swizzle_block_scales(const te_tensor* input, te_tensor* output, int
   return te::swizzle::run("te_swizzle_block_scales", input, output, columnwise, false, stream);
 }
 
-te_status te_unswizzle_block_scales(const te_tensor* input, te_tensor* output, int columnwise,
-                                    te_stream stream) {
-  return te::swizzle::run("te_unswizzle_block_scales", input, output, columnwise, true, stream);
+te_status te_swizzle_block_scales_inverse(const te_tensor* input, te_tensor* output, int columnwise,
+                                          te_stream stream) {
+  return te::swizzle::run("te_swizzle_block_scales_inverse", input, output, columnwise, true,
+                          stream);
 }
 
+// Deprecated aliases (te/swizzle.h): forward to the new names.
+te_status te_unswizzle_block_scales(const te_tensor* input, te_tensor* output, int columnwise,
+                                    te_stream stream) {
+  return te_swizzle_block_scales_inverse(input, output, columnwise, stream);
+}
 }  // extern "C"

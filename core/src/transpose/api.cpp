@@ -18,9 +18,8 @@ extern "C" te_status te_transpose(const te_tensor* input, te_tensor* output, te_
     if (output->ndim != 2 || output->shape[0] != cols || output->shape[1] != rows)
       fail(TE_ERROR_INVALID_ARGUMENT, "argument 'output' must have shape [", cols, ", ", rows,
            "], got ", shape_string(*output));
-    if (on_cuda(*input)) use_cuda_device(input->device_index);
     TE_DISPATCH(
-        on_cuda(*input), transpose::cpu::transpose(input->data, output->data, rows, cols, bits / 8),
+        *input, transpose::cpu::transpose(input->data, output->data, rows, cols, bits / 8),
         transpose::cuda::transpose(input->data, output->data, rows, cols, bits / 8, stream));
   });
 }

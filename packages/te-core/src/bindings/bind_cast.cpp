@@ -10,8 +10,8 @@ void bind_cast(nb::module_& m) {
       [](TensorDesc& input, TensorDesc& scale, Opt rowwise, Opt columnwise, Opt scale_inv, Opt amax,
          uintptr_t stream) {
         call([&] {
-          return te_quantize_fp8(&input.t, &scale.t, opt(rowwise), opt(columnwise), opt(scale_inv),
-                                 opt(amax), as_stream(stream));
+          return te_cast_quantize_fp8(&input.t, &scale.t, opt(rowwise), opt(columnwise),
+                                      opt(scale_inv), opt(amax), as_stream(stream));
         });
       },
       nb::arg("input"), nb::arg("scale"), nb::arg("rowwise").none(), nb::arg("columnwise").none(),
@@ -20,7 +20,7 @@ void bind_cast(nb::module_& m) {
   m.def(
       "compute_amax",
       [](TensorDesc& input, TensorDesc& amax, uintptr_t stream) {
-        call([&] { return te_compute_amax(&input.t, &amax.t, as_stream(stream)); });
+        call([&] { return te_cast_compute_amax(&input.t, &amax.t, as_stream(stream)); });
       },
       nb::arg("input"), nb::arg("amax"), nb::arg("stream") = 0);
 
@@ -29,9 +29,9 @@ void bind_cast(nb::module_& m) {
       [](TensorDesc& amax, TensorDesc& scale, Opt scale_inv, int fp8_dtype, bool force_pow2,
          float epsilon, uintptr_t stream) {
         call([&] {
-          return te_compute_scale_from_amax(&amax.t, &scale.t, opt(scale_inv),
-                                            static_cast<te_dtype>(fp8_dtype), force_pow2, epsilon,
-                                            as_stream(stream));
+          return te_cast_compute_scale_from_amax(&amax.t, &scale.t, opt(scale_inv),
+                                                 static_cast<te_dtype>(fp8_dtype), force_pow2,
+                                                 epsilon, as_stream(stream));
         });
       },
       nb::arg("amax"), nb::arg("scale"), nb::arg("scale_inv").none(), nb::arg("fp8_dtype"),
@@ -42,9 +42,9 @@ void bind_cast(nb::module_& m) {
       [](TensorDesc& input, Opt rowwise, Opt columnwise, TensorDesc& scale, TensorDesc& scale_inv,
          TensorDesc& amax, bool force_pow2, float epsilon, uintptr_t stream) {
         call([&] {
-          return te_quantize_fp8_current_scaling(&input.t, opt(rowwise), opt(columnwise), &scale.t,
-                                                 &scale_inv.t, &amax.t, force_pow2, epsilon,
-                                                 as_stream(stream));
+          return te_cast_quantize_fp8_current_scaling(&input.t, opt(rowwise), opt(columnwise),
+                                                      &scale.t, &scale_inv.t, &amax.t, force_pow2,
+                                                      epsilon, as_stream(stream));
         });
       },
       nb::arg("input"), nb::arg("rowwise").none(), nb::arg("columnwise").none(), nb::arg("scale"),
@@ -55,7 +55,7 @@ void bind_cast(nb::module_& m) {
       "dequantize_fp8",
       [](TensorDesc& input, TensorDesc& scale_inv, TensorDesc& output, uintptr_t stream) {
         call([&] {
-          return te_dequantize_fp8(&input.t, &scale_inv.t, &output.t, as_stream(stream));
+          return te_cast_dequantize_fp8(&input.t, &scale_inv.t, &output.t, as_stream(stream));
         });
       },
       nb::arg("input"), nb::arg("scale_inv"), nb::arg("output"), nb::arg("stream") = 0);

@@ -14,7 +14,7 @@ void bind_mxfp8(nb::module_& m) {
       [](TensorDesc& input, Opt rowwise, Opt rowwise_scale_inv, Opt columnwise,
          Opt columnwise_scale_inv, bool use_2d_blocks, bool swizzled_scales, uintptr_t stream) {
         call([&] {
-          return te_quantize_mxfp8(&input.t, opt(rowwise), opt(rowwise_scale_inv), opt(columnwise),
+          return te_mxfp8_quantize(&input.t, opt(rowwise), opt(rowwise_scale_inv), opt(columnwise),
                                    opt(columnwise_scale_inv), use_2d_blocks, swizzled_scales,
                                    as_stream(stream));
         });
@@ -28,7 +28,7 @@ void bind_mxfp8(nb::module_& m) {
       [](TensorDesc& input, TensorDesc& scale_inv, TensorDesc& output, bool columnwise,
          bool swizzled_scales, uintptr_t stream) {
         call([&] {
-          return te_dequantize_mxfp8(&input.t, &scale_inv.t, &output.t, columnwise, swizzled_scales,
+          return te_mxfp8_dequantize(&input.t, &scale_inv.t, &output.t, columnwise, swizzled_scales,
                                      as_stream(stream));
         });
       },
@@ -39,7 +39,7 @@ void bind_mxfp8(nb::module_& m) {
   using SwizzleFn = te_status (*)(const te_tensor*, te_tensor*, int, te_stream);
   const std::pair<const char*, SwizzleFn> swizzles[] = {
       {"swizzle_block_scales", &te_swizzle_block_scales},
-      {"unswizzle_block_scales", &te_unswizzle_block_scales}};
+      {"unswizzle_block_scales", &te_swizzle_block_scales_inverse}};
   for (const auto& [name, fn] : swizzles) {
     m.def(
         name,

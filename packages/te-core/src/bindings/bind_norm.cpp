@@ -11,9 +11,10 @@ void bind_norm(nb::module_& m) {
          TensorDesc& y, Opt y_scale, Opt y_scale_inv, Opt y_amax, Opt mu, Opt rsigma,
          uintptr_t stream) {
         call([&] {
-          return te_layernorm_fwd(&x.t, &gamma.t, &beta.t, eps, zero_centered_gamma, &y.t,
-                                  opt(y_scale), opt(y_scale_inv), opt(y_amax), opt(mu), opt(rsigma),
-                                  as_stream(stream));
+          const te_norm_fwd_params p{
+              &x.t,         &gamma.t,         &beta.t,     eps,     zero_centered_gamma, &y.t,
+              opt(y_scale), opt(y_scale_inv), opt(y_amax), opt(mu), opt(rsigma)};
+          return te_layernorm_fwd(&p, as_stream(stream));
         });
       },
       nb::arg("x"), nb::arg("gamma"), nb::arg("beta"), nb::arg("eps"),
@@ -26,8 +27,10 @@ void bind_norm(nb::module_& m) {
       [](TensorDesc& x, TensorDesc& gamma, float eps, bool zero_centered_gamma, TensorDesc& y,
          Opt y_scale, Opt y_scale_inv, Opt y_amax, Opt rsigma, uintptr_t stream) {
         call([&] {
-          return te_rmsnorm_fwd(&x.t, &gamma.t, eps, zero_centered_gamma, &y.t, opt(y_scale),
-                                opt(y_scale_inv), opt(y_amax), opt(rsigma), as_stream(stream));
+          const te_norm_fwd_params p{
+              &x.t,         &gamma.t,         nullptr,     eps,     zero_centered_gamma, &y.t,
+              opt(y_scale), opt(y_scale_inv), opt(y_amax), nullptr, opt(rsigma)};
+          return te_rmsnorm_fwd(&p, as_stream(stream));
         });
       },
       nb::arg("x"), nb::arg("gamma"), nb::arg("eps"), nb::arg("zero_centered_gamma"), nb::arg("y"),
@@ -58,8 +61,10 @@ void bind_norm(nb::module_& m) {
          bool zero_centered_gamma, TensorDesc& dx, TensorDesc& dgamma, TensorDesc& dbeta,
          Opt workspace, uintptr_t stream) {
         call([&] {
-          return te_layernorm_bwd(&dz.t, &x.t, &mu.t, &rsigma.t, &gamma.t, zero_centered_gamma,
-                                  &dx.t, &dgamma.t, &dbeta.t, opt(workspace), as_stream(stream));
+          const te_norm_bwd_params p{
+              &dz.t, &x.t,      &mu.t,    &rsigma.t,     &gamma.t, zero_centered_gamma,
+              &dx.t, &dgamma.t, &dbeta.t, opt(workspace)};
+          return te_layernorm_bwd(&p, as_stream(stream));
         });
       },
       nb::arg("dz"), nb::arg("x"), nb::arg("mu"), nb::arg("rsigma"), nb::arg("gamma"),
@@ -72,8 +77,10 @@ void bind_norm(nb::module_& m) {
          bool zero_centered_gamma, TensorDesc& dx, TensorDesc& dgamma, Opt workspace,
          uintptr_t stream) {
         call([&] {
-          return te_rmsnorm_bwd(&dz.t, &x.t, &rsigma.t, &gamma.t, zero_centered_gamma, &dx.t,
-                                &dgamma.t, opt(workspace), as_stream(stream));
+          const te_norm_bwd_params p{
+              &dz.t, &x.t,      nullptr, &rsigma.t,     &gamma.t, zero_centered_gamma,
+              &dx.t, &dgamma.t, nullptr, opt(workspace)};
+          return te_rmsnorm_bwd(&p, as_stream(stream));
         });
       },
       nb::arg("dz"), nb::arg("x"), nb::arg("rsigma"), nb::arg("gamma"),

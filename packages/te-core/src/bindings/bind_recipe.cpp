@@ -22,7 +22,7 @@ void bind_recipe(nb::module_& m) {
         if (scale_invs)
           for (auto* d : *scale_invs) inv.push_back(&d->t);
         call([&] {
-          return te_delayed_scaling_update(
+          return te_recipe_delayed_scaling_update(
               opt(reduction_buffer), h.data(), s.data(), scale_invs ? inv.data() : nullptr,
               h.size(), algo, static_cast<te_dtype>(fp8_dtype), margin, as_stream(stream));
         });

@@ -19,21 +19,22 @@ using ffi::AnyBuffer;
 using ffi::Error;
 using ffi::Result;
 
-// The descriptors of an activation's (optional) outputs.
+// The descriptors of an activation's output: the (optional) rowwise and
+// columnwise copies, then its scaling buffers.
 struct ActOutput {
-  te_tensor row{}, col{}, scale{}, scale_inv{}, amax{};
-  te_tensor *row_ptr = nullptr, *col_ptr = nullptr, *scale_ptr = nullptr;
-  te_tensor *scale_inv_ptr = nullptr, *amax_ptr = nullptr;
+  te_tensor row{}, col{};
+  te_tensor *row_ptr = nullptr, *col_ptr = nullptr;
+  Scaling s;
 };
 
 Error describe_output(const Device& d, const char* row_name, const AnyBuffer& scale,
                       const AnyBuffer& row, const AnyBuffer& col, const AnyBuffer& scale_inv,
                       const AnyBuffer& amax, ActOutput* o) {
-  return describe_all(d, {{row, row_name, &o->row, &o->row_ptr},
-                          {col, "columnwise", &o->col, &o->col_ptr},
-                          {scale, "scale", &o->scale, &o->scale_ptr},
-                          {scale_inv, "scale_inv", &o->scale_inv, &o->scale_inv_ptr},
-                          {amax, "amax", &o->amax, &o->amax_ptr}});
+  if (Error e = describe_all(
+          d, {{row, row_name, &o->row, &o->row_ptr}, {col, "columnwise", &o->col, &o->col_ptr}});
+      e.failure())
+    return e;
+  return describe_scaling(d, scale, scale_inv, amax, &o->s);
 }
 
 Error activation_fwd(const Device& d, AnyBuffer x, AnyBuffer scale, AnyBuffer /*amax_in*/,
@@ -48,7 +49,7 @@ Error activation_fwd(const Device& d, AnyBuffer x, AnyBuffer scale, AnyBuffer /*
     return e;
   const te_activation_params p{limit, alpha, glu_linear_offset};
   return from_status(te_activation_fwd(static_cast<te_activation>(kind), &p, &tx, o.row_ptr,
-                                       o.col_ptr, o.scale_ptr, o.scale_inv_ptr, o.amax_ptr,
+                                       o.col_ptr, o.s.scale_ptr, o.s.scale_inv_ptr, o.s.amax_ptr,
                                        d.stream));
 }
 
@@ -87,9 +88,18 @@ Error activation_bwd(const Device& d, AnyBuffer grad, AnyBuffer x, AnyBuffer sca
   if (Error e = allocate_workspace(d, bytes, "te_activation_bwd", &host, &tws, &pws); e.failure())
     return e;
   const te_activation_params p{limit, alpha, glu_linear_offset};
-  return from_status(te_activation_bwd(static_cast<te_activation>(kind), &p, &tg, &tx, o.row_ptr,
-                                       o.col_ptr, o.scale_ptr, o.scale_inv_ptr, o.amax_ptr, pdb,
-                                       pws, d.stream));
+  const te_activation_bwd_params bp{static_cast<te_activation>(kind),
+                                    &p,
+                                    &tg,
+                                    &tx,
+                                    o.row_ptr,
+                                    o.col_ptr,
+                                    o.s.scale_ptr,
+                                    o.s.scale_inv_ptr,
+                                    o.s.amax_ptr,
+                                    pdb,
+                                    pws};
+  return from_status(te_activation_bwd(&bp, d.stream));
 }
 
 #define TE_JAX_ACTIVATION_BWD_ARGS(b) \

@@ -19,17 +19,16 @@ Error quantize_fp8(const Device& d, AnyBuffer x, AnyBuffer scale, AnyBuffer /*am
                    Result<AnyBuffer> row, Result<AnyBuffer> col, Result<AnyBuffer> scale_inv,
                    Result<AnyBuffer> amax_out) {
   // (rowwise/columnwise: a placeholder means "not asked")
-  te_tensor tx, ts, trow, tcol, tsi, ta;
+  te_tensor tx, trow, tcol;
   te_tensor *prow, *pcol;
-  if (Error e = describe_all(d, {{x, "x", &tx},
-                                 {scale, "scale", &ts},
-                                 {*row, "rowwise", &trow, &prow},
-                                 {*col, "columnwise", &tcol, &pcol},
-                                 {*scale_inv, "scale_inv", &tsi},
-                                 {*amax_out, "amax", &ta}});
+  Scaling s;
+  if (Error e = describe_all(
+          d, {{x, "x", &tx}, {*row, "rowwise", &trow, &prow}, {*col, "columnwise", &tcol, &pcol}});
       e.failure())
     return e;
-  return from_status(te_quantize_fp8(&tx, &ts, prow, pcol, &tsi, &ta, d.stream));
+  if (Error e = describe_scaling(d, scale, *scale_inv, *amax_out, &s); e.failure()) return e;
+  return from_status(
+      te_cast_quantize_fp8(&tx, s.scale_ptr, prow, pcol, s.scale_inv_ptr, s.amax_ptr, d.stream));
 }
 
 #define TE_JAX_QUANTIZE_FP8_ARGS(b) \
@@ -46,18 +45,17 @@ Error quantize_fp8_current_scaling(const Device& d, AnyBuffer x, Result<AnyBuffe
                                    Result<AnyBuffer> col, Result<AnyBuffer> scale,
                                    Result<AnyBuffer> scale_inv, Result<AnyBuffer> amax,
                                    bool force_pow_2_scales, float amax_epsilon) {
-  te_tensor tx, trow, tcol, ts, tsi, ta;
+  te_tensor tx, trow, tcol;
   te_tensor *prow, *pcol;
-  if (Error e = describe_all(d, {{x, "x", &tx},
-                                 {*row, "rowwise", &trow, &prow},
-                                 {*col, "columnwise", &tcol, &pcol},
-                                 {*scale, "scale", &ts},
-                                 {*scale_inv, "scale_inv", &tsi},
-                                 {*amax, "amax", &ta}});
+  Scaling s;
+  if (Error e = describe_all(
+          d, {{x, "x", &tx}, {*row, "rowwise", &trow, &prow}, {*col, "columnwise", &tcol, &pcol}});
       e.failure())
     return e;
-  return from_status(te_quantize_fp8_current_scaling(
-      &tx, prow, pcol, &ts, &tsi, &ta, force_pow_2_scales ? 1 : 0, amax_epsilon, d.stream));
+  if (Error e = describe_scaling(d, *scale, *scale_inv, *amax, &s); e.failure()) return e;
+  return from_status(te_cast_quantize_fp8_current_scaling(
+      &tx, prow, pcol, s.scale_ptr, s.scale_inv_ptr, s.amax_ptr, force_pow_2_scales ? 1 : 0,
+      amax_epsilon, d.stream));
 }
 
 #define TE_JAX_QUANTIZE_FP8_CURRENT_ARGS(b) \
@@ -77,7 +75,7 @@ Error dequantize_fp8(const Device& d, AnyBuffer q, AnyBuffer scale_inv, Result<A
           describe_all(d, {{q, "data", &tq}, {scale_inv, "scale_inv", &tsi}, {*out, "out", &to}});
       e.failure())
     return e;
-  return from_status(te_dequantize_fp8(&tq, &tsi, &to, d.stream));
+  return from_status(te_cast_dequantize_fp8(&tq, &tsi, &to, d.stream));
 }
 
 #define TE_JAX_DEQUANTIZE_FP8_ARGS(b) b.Arg<AnyBuffer>().Arg<AnyBuffer>().Ret<AnyBuffer>()
@@ -86,7 +84,7 @@ Error dequantize_fp8(const Device& d, AnyBuffer q, AnyBuffer scale_inv, Result<A
 Error compute_amax(const Device& d, AnyBuffer x, Result<AnyBuffer> amax) {
   te_tensor tx, ta;
   if (Error e = describe_all(d, {{x, "x", &tx}, {*amax, "amax", &ta}}); e.failure()) return e;
-  return from_status(te_compute_amax(&tx, &ta, d.stream));
+  return from_status(te_cast_compute_amax(&tx, &ta, d.stream));
 }
 
 #define TE_JAX_COMPUTE_AMAX_ARGS(b) b.Arg<AnyBuffer>().Ret<AnyBuffer>()
@@ -106,9 +104,9 @@ Error delayed_scaling_update(const Device& d, AnyBuffer /*history_in*/, AnyBuffe
   te_tensor* histories[] = {&th};
   te_tensor* scales[] = {&ts};
   te_tensor* scale_invs[] = {&tsi};
-  return from_status(te_delayed_scaling_update(nullptr, histories, scales, scale_invs, 1,
-                                               static_cast<te_amax_compute_algo>(algo),
-                                               static_cast<te_dtype>(fp8_dtype), margin, d.stream));
+  return from_status(te_recipe_delayed_scaling_update(
+      nullptr, histories, scales, scale_invs, 1, static_cast<te_amax_compute_algo>(algo),
+      static_cast<te_dtype>(fp8_dtype), margin, d.stream));
 }
 
 #define TE_JAX_DELAYED_SCALING_UPDATE_ARGS(b) \

@@ -86,6 +86,14 @@ ffi::Error describe_all(const Device& device, std::initializer_list<Named> buffe
   return ffi::Error::Success();
 }
 
+ffi::Error describe_scaling(const Device& device, const ffi::AnyBuffer& scale,
+                            const ffi::AnyBuffer& scale_inv, const ffi::AnyBuffer& amax,
+                            Scaling* out, const ScalingNames& names) {
+  return describe_all(device, {{scale, names.scale, &out->scale, &out->scale_ptr},
+                               {scale_inv, names.scale_inv, &out->scale_inv, &out->scale_inv_ptr},
+                               {amax, names.amax, &out->amax, &out->amax_ptr}});
+}
+
 ffi::Error allocate_workspace(const Device& device, size_t bytes, const char* what,
                               std::vector<unsigned char>* host, te_tensor* storage,
                               te_tensor** out) {

@@ -85,6 +85,29 @@ struct Named {
 // Describes the buffers in order; the first failure is returned.
 ffi::Error describe_all(const Device& device, std::initializer_list<Named> buffers);
 
+// The scaling buffers of an output, the same in every handler: scale (an
+// input with delayed scaling, a result with current scaling), scale_inv and
+// amax (results; an amax that is max-accumulated aliases its input). Each may
+// be a placeholder for "not used" (a high-precision output has no scale or
+// scale_inv; an amax not asked for); its pointer is then nullptr, which is how
+// te-core's entry points take an absent one.
+struct Scaling {
+  te_tensor scale{}, scale_inv{}, amax{};
+  te_tensor *scale_ptr = nullptr, *scale_inv_ptr = nullptr, *amax_ptr = nullptr;
+};
+
+// The argument names the errors use (te-core's parameter names).
+struct ScalingNames {
+  const char* scale = "scale";
+  const char* scale_inv = "scale_inv";
+  const char* amax = "amax";
+};
+
+// Describes scale, scale_inv and amax in that order into *out.
+ffi::Error describe_scaling(const Device& device, const ffi::AnyBuffer& scale,
+                            const ffi::AnyBuffer& scale_inv, const ffi::AnyBuffer& amax,
+                            Scaling* out, const ScalingNames& names = {});
+
 // A te-core workspace of `bytes` on `device`: XLA's scratch memory for the
 // CUDA handlers (stream-ordered, freed after the call), `host` otherwise.
 // *out = nullptr when bytes is 0 (te-core takes NULL then). `what` names the

@@ -22,16 +22,15 @@ using ffi::Result;
 
 // The descriptors of a forward's y and its optional FP8 scale, scale_inv and amax.
 struct NormOutput {
-  te_tensor y{}, scale{}, scale_inv{}, amax{};
-  te_tensor *scale_ptr = nullptr, *scale_inv_ptr = nullptr, *amax_ptr = nullptr;
+  te_tensor y{};
+  Scaling s;
 };
 
 Error describe_output(const Device& d, const AnyBuffer& y_scale, const AnyBuffer& y,
                       const AnyBuffer& y_scale_inv, const AnyBuffer& amax, NormOutput* o) {
-  return describe_all(d, {{y, "y", &o->y},
-                          {y_scale, "y_scale", &o->scale, &o->scale_ptr},
-                          {y_scale_inv, "y_scale_inv", &o->scale_inv, &o->scale_inv_ptr},
-                          {amax, "y_amax", &o->amax, &o->amax_ptr}});
+  if (Error e = describe(y, d, "y", &o->y); e.failure()) return e;
+  return describe_scaling(d, y_scale, y_scale_inv, amax, &o->s,
+                          {"y_scale", "y_scale_inv", "y_amax"});
 }
 
 Error layernorm_fwd(const Device& d, AnyBuffer x, AnyBuffer gamma, AnyBuffer beta,
@@ -46,9 +45,18 @@ Error layernorm_fwd(const Device& d, AnyBuffer x, AnyBuffer gamma, AnyBuffer bet
   if (Error e = describe_output(d, y_scale, *y, *y_scale_inv, *amax, &o); e.failure()) return e;
   if (Error e = describe_all(d, {{*mu, "mu", &tmu}, {*rsigma, "rsigma", &trs}}); e.failure())
     return e;
-  return from_status(te_layernorm_fwd(&tx, &tg, &tb, eps, zero_centered_gamma ? 1 : 0, &o.y,
-                                      o.scale_ptr, o.scale_inv_ptr, o.amax_ptr, &tmu, &trs,
-                                      d.stream));
+  const te_norm_fwd_params p{&tx,
+                             &tg,
+                             &tb,
+                             eps,
+                             zero_centered_gamma ? 1 : 0,
+                             &o.y,
+                             o.s.scale_ptr,
+                             o.s.scale_inv_ptr,
+                             o.s.amax_ptr,
+                             &tmu,
+                             &trs};
+  return from_status(te_layernorm_fwd(&p, d.stream));
 }
 
 #define TE_JAX_LAYERNORM_FWD_ARGS(b) \
@@ -74,8 +82,11 @@ Error rmsnorm_fwd(const Device& d, AnyBuffer x, AnyBuffer gamma, AnyBuffer y_sca
   if (Error e = describe_all(d, {{x, "x", &tx}, {gamma, "gamma", &tg}}); e.failure()) return e;
   if (Error e = describe_output(d, y_scale, *y, *y_scale_inv, *amax, &o); e.failure()) return e;
   if (Error e = describe_all(d, {{*rsigma, "rsigma", &trs}}); e.failure()) return e;
-  return from_status(te_rmsnorm_fwd(&tx, &tg, eps, zero_centered_gamma ? 1 : 0, &o.y, o.scale_ptr,
-                                    o.scale_inv_ptr, o.amax_ptr, &trs, d.stream));
+  const te_norm_fwd_params p{
+      &tx,  &tg,           nullptr,           eps,          zero_centered_gamma ? 1 : 0,
+      &o.y, o.s.scale_ptr, o.s.scale_inv_ptr, o.s.amax_ptr, nullptr,
+      &trs};
+  return from_status(te_rmsnorm_fwd(&p, d.stream));
 }
 
 #define TE_JAX_RMSNORM_FWD_ARGS(b) \
@@ -119,8 +130,9 @@ Error layernorm_bwd(const Device& d, AnyBuffer dz, AnyBuffer x, AnyBuffer mu, An
                                &tws, &pws);
       e.failure())
     return e;
-  return from_status(te_layernorm_bwd(&tdz, &tx, &tmu, &trs, &tg, zero_centered_gamma ? 1 : 0, &tdx,
-                                      &tdg, &tdb, pws, d.stream));
+  const te_norm_bwd_params p{&tdz, &tx,  &tmu, &trs, &tg, zero_centered_gamma ? 1 : 0,
+                             &tdx, &tdg, &tdb, pws};
+  return from_status(te_layernorm_bwd(&p, d.stream));
 }
 
 #define TE_JAX_LAYERNORM_BWD_ARGS(b) \
@@ -151,8 +163,9 @@ Error rmsnorm_bwd(const Device& d, AnyBuffer dz, AnyBuffer x, AnyBuffer rsigma, 
           norm_workspace(d, te_rmsnorm_bwd_workspace_size, tx, "te_rmsnorm_bwd", &host, &tws, &pws);
       e.failure())
     return e;
-  return from_status(
-      te_rmsnorm_bwd(&tdz, &tx, &trs, &tg, zero_centered_gamma ? 1 : 0, &tdx, &tdg, pws, d.stream));
+  const te_norm_bwd_params p{&tdz, &tx,  nullptr, &trs, &tg, zero_centered_gamma ? 1 : 0,
+                             &tdx, &tdg, nullptr, pws};
+  return from_status(te_rmsnorm_bwd(&p, d.stream));
 }
 
 #define TE_JAX_RMSNORM_BWD_ARGS(b) \

@@ -18,24 +18,16 @@ from ._native import lib
 from .cast import Fp8Tensor
 from .dtypes import FP8_DTYPES, te_dtype
 
-# te_activation codes, in order; the names are LayerNormMLP's `activation` values.
-ACTIVATIONS = (
-    "gelu",
-    "relu",
-    "silu",
-    "qgelu",
-    "srelu",
-    "geglu",
-    "reglu",
-    "swiglu",
-    "qgeglu",
-    "sreglu",
-    "glu",
-    "clamped_swiglu",
-)
-GATED_ACTIVATIONS = frozenset(ACTIVATIONS[5:])
-# clamped_swiglu's defaults (the reference's activation_params).
-DEFAULT_PARAMS = {"limit": 7.0, "alpha": 1.702, "glu_linear_offset": 1.0}
+# The core's table of kinds (TE_ACTIVATION_KINDS in te/activation.h), in code
+# order: [{"name", "code", "gated", "params"}]. The names are LayerNormMLP's
+# `activation` values; "params" holds the defaults of the parameters a kind reads.
+ACTIVATION_KINDS = tuple(lib.activation_kinds())
+ACTIVATIONS = tuple(k["name"] for k in ACTIVATION_KINDS)
+GATED_ACTIVATIONS = frozenset(k["name"] for k in ACTIVATION_KINDS if k["gated"])
+# The defaults of te_activation_params (the reference's activation_params; only
+# clamped_swiglu reads them).
+DEFAULT_PARAMS = {name: value for k in ACTIVATION_KINDS for name, value in k["params"].items()}
+_GATED_CODES = frozenset(k["code"] for k in ACTIVATION_KINDS if k["gated"])
 
 
 def activation_code(kind: str | int) -> int:
@@ -49,7 +41,9 @@ def activation_code(kind: str | int) -> int:
 
 
 def is_gated(kind: str | int) -> bool:
-    return ACTIVATIONS[activation_code(kind)] in GATED_ACTIVATIONS
+    """Whether a kind (name or code) is gated; False for a code outside the table,
+    which the core then rejects with its own message."""
+    return activation_code(kind) in _GATED_CODES
 
 
 class HighPrecisionOutput(NamedTuple):
@@ -130,9 +124,9 @@ def activation_forward(
     rowwise=True,
     columnwise=False,
     amax=None,
-    limit=7.0,
-    alpha=1.702,
-    glu_linear_offset=1.0,
+    limit=DEFAULT_PARAMS["limit"],
+    alpha=DEFAULT_PARAMS["alpha"],
+    glu_linear_offset=DEFAULT_PARAMS["glu_linear_offset"],
 ):
     """f(x) (plain kinds) or f(a) * lin(b) (gated kinds: last dim halved).
 
@@ -180,9 +174,9 @@ def activation_backward(
     fwd_columnwise=None,
     fwd_scale=None,
     fwd_values_dtype=np.float32,
-    limit=7.0,
-    alpha=1.702,
-    glu_linear_offset=1.0,
+    limit=DEFAULT_PARAMS["limit"],
+    alpha=DEFAULT_PARAMS["alpha"],
+    glu_linear_offset=DEFAULT_PARAMS["glu_linear_offset"],
 ) -> ActivationGrad:
     """grad_input = grad * f'(x) (gated: both halves), with an optional bias gradient.
 

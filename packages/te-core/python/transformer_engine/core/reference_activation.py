@@ -17,21 +17,16 @@ from __future__ import annotations
 
 import numpy as np
 
-ACTIVATIONS = (
-    "gelu",
-    "relu",
-    "silu",
-    "qgelu",
-    "srelu",
-    "geglu",
-    "reglu",
-    "swiglu",
-    "qgeglu",
-    "sreglu",
-    "glu",
-    "clamped_swiglu",
-)
-GATED = frozenset(ACTIVATIONS[5:])
+from . import activation as _table
+
+# The kinds, their gated flags and the default parameters are the core's table
+# (te/activation.h, an interface fact, not a formula); the formulas below are
+# the oracle's own, keyed by name, so a kind added to the table without its
+# oracle formula fails the tests (BASE has no entry for it).
+ACTIVATIONS = _table.ACTIVATIONS
+GATED = _table.GATED_ACTIVATIONS
+DEFAULT_PARAMS = _table.DEFAULT_PARAMS
+
 # The activated function of each kind.
 BASE = {
     "gelu": "gelu",
@@ -50,7 +45,6 @@ BASE = {
 GELU_K = np.sqrt(2.0 / np.pi)
 GELU_C = 0.044715
 QGELU_ALPHA = 1.702
-DEFAULT_PARAMS = {"limit": 7.0, "alpha": 1.702, "glu_linear_offset": 1.0}
 CHUNK_ROWS = 64  # the bias-gradient reduction order (te/activation.h)
 GROUP_ROWS = 4
 

@@ -32,7 +32,7 @@ import numpy as np
 
 import jax
 import jax.numpy as jnp
-from transformer_engine.core.activation import ACTIVATIONS, GATED_ACTIVATIONS
+from transformer_engine.core.activation import ACTIVATION_KINDS, ACTIVATIONS, DEFAULT_PARAMS, GATED_ACTIVATIONS
 
 from . import _registry  # noqa: F401 - registers the FFI targets
 from ._checks import HIGH_PRECISION, check_dtype, dtype_name
@@ -58,7 +58,7 @@ def _kind_code(kind) -> int:
 def _attributes(kind: str, limit, alpha, glu_linear_offset) -> dict:
     """The FFI attributes; clamped_swiglu's parameters are checked (the other kinds ignore them)."""
     code = _kind_code(kind)
-    if ACTIVATIONS[code] == "clamped_swiglu":
+    if ACTIVATION_KINDS[code]["params"]:
         if not limit > 0:
             raise ValueError(f"argument 'limit' must be > 0 (inf: no clamping), got {limit}")
         for name, value in (("alpha", alpha), ("glu_linear_offset", glu_linear_offset)):
@@ -123,9 +123,9 @@ def activation_fwd(
     amax=None,
     rowwise=True,
     columnwise=False,
-    limit=7.0,
-    alpha=1.702,
-    glu_linear_offset=1.0,
+    limit=DEFAULT_PARAMS["limit"],
+    alpha=DEFAULT_PARAMS["alpha"],
+    glu_linear_offset=DEFAULT_PARAMS["glu_linear_offset"],
 ):
     """f(x) (plain kinds) or f(a) * lin(b) (gated kinds: the last dim halved).
 
@@ -161,9 +161,9 @@ def activation_bwd(
     columnwise=False,
     dbias=False,
     dbias_dtype=jnp.float32,
-    limit=7.0,
-    alpha=1.702,
-    glu_linear_offset=1.0,
+    limit=DEFAULT_PARAMS["limit"],
+    alpha=DEFAULT_PARAMS["alpha"],
+    glu_linear_offset=DEFAULT_PARAMS["glu_linear_offset"],
 ):
     """grad_input = dy * f'(x) (gated kinds: both halves), x's shape.
 

@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 
 from transformer_engine.core import lib
-from transformer_engine.core.activation import ACTIVATIONS
+from transformer_engine.core.activation import ACTIVATION_KINDS, ACTIVATIONS, DEFAULT_PARAMS, is_gated
 
 from ._common import (
     FLOAT32,
@@ -43,8 +43,7 @@ from ._common import (
 )
 from .cast import _check_fp8, fp8_shapes
 
-_GATED_FIRST = 5  # te_activation codes >= 5 are the gated kinds
-_CODES = {name: code for code, name in enumerate(ACTIVATIONS)}
+_CODES = {k["name"]: k["code"] for k in ACTIVATION_KINDS}
 
 
 def _code(kind: str) -> int:
@@ -55,7 +54,7 @@ def _code(kind: str) -> int:
 
 
 def _out_shape(x: torch.Tensor, code: int) -> tuple:
-    if code < _GATED_FIRST:
+    if not is_gated(code):
         return tuple(x.shape)
     if x.dim() == 0 or x.shape[-1] % 2:
         raise ValueError(
@@ -123,9 +122,9 @@ def activation_fwd(
     amax: Tensor | None = None,
     rowwise: bool = True,
     columnwise: bool = False,
-    limit: float = 7.0,
-    alpha: float = 1.702,
-    glu_linear_offset: float = 1.0,
+    limit: float = DEFAULT_PARAMS["limit"],
+    alpha: float = DEFAULT_PARAMS["alpha"],
+    glu_linear_offset: float = DEFAULT_PARAMS["glu_linear_offset"],
 ) -> _Outputs:
     """y = f(x) (plain kinds) or f(a) * lin(b) (gated: last dim halved).
 
@@ -165,9 +164,9 @@ def activation_bwd_fwd_columnwise(
     rowwise: bool = True,
     columnwise: bool = False,
     dbias: bool = False,
-    limit: float = 7.0,
-    alpha: float = 1.702,
-    glu_linear_offset: float = 1.0,
+    limit: float = DEFAULT_PARAMS["limit"],
+    alpha: float = DEFAULT_PARAMS["alpha"],
+    glu_linear_offset: float = DEFAULT_PARAMS["glu_linear_offset"],
 ) -> tuple[Tensor | None, Tensor | None, Tensor | None, Tensor | None, Tensor, Tensor]:
     """`activation_bwd` that also writes, in the same pass, the forward output
     y = f(x) quantized to FP8 columnwise ([H, M]) with `fwd_scale`: the bytes of

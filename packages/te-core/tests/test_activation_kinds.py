@@ -1,0 +1,67 @@
+"""The core's table of activation kinds (TE_ACTIVATION_KINDS in te/activation.h)
+as lib.activation_kinds() exports it, and what te-core derives from it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from transformer_engine.core import activation as act
+from transformer_engine.core import lib
+from transformer_engine.core import reference_activation as ra
+
+# The codes are ABI (te_activation): these must never change; new kinds append.
+SHIPPED_CODES = {
+    "gelu": 0,
+    "relu": 1,
+    "silu": 2,
+    "qgelu": 3,
+    "srelu": 4,
+    "geglu": 5,
+    "reglu": 6,
+    "swiglu": 7,
+    "qgeglu": 8,
+    "sreglu": 9,
+    "glu": 10,
+    "clamped_swiglu": 11,
+}
+SHIPPED_GATED = {"geglu", "reglu", "swiglu", "qgeglu", "sreglu", "glu", "clamped_swiglu"}
+
+
+def test_table_rows_are_in_code_order_with_unique_names():
+    kinds = lib.activation_kinds()
+    assert [k["code"] for k in kinds] == list(range(len(kinds)))
+    names = [k["name"] for k in kinds]
+    assert len(set(names)) == len(names)
+    assert all(set(k) == {"name", "code", "gated", "params"} for k in kinds)
+
+
+def test_shipped_kinds_keep_their_codes_and_gated_flags():
+    by_name = {k["name"]: k for k in lib.activation_kinds()}
+    for name, code in SHIPPED_CODES.items():
+        assert by_name[name]["code"] == code, name
+        assert by_name[name]["gated"] == (name in SHIPPED_GATED), name
+
+
+def test_only_clamped_swiglu_reads_parameters_with_the_reference_defaults():
+    with_params = {k["name"]: k["params"] for k in lib.activation_kinds() if k["params"]}
+    assert with_params == {"clamped_swiglu": {"limit": 7.0, "alpha": 1.702, "glu_linear_offset": 1.0}}
+
+
+def test_python_names_come_from_the_table():
+    kinds = lib.activation_kinds()
+    assert act.ACTIVATIONS == tuple(k["name"] for k in kinds)
+    assert act.GATED_ACTIVATIONS == {k["name"] for k in kinds if k["gated"]}
+    assert act.DEFAULT_PARAMS == {"limit": 7.0, "alpha": 1.702, "glu_linear_offset": 1.0}
+    assert all(act.is_gated(k["name"]) == k["gated"] for k in kinds)
+
+
+def test_every_kind_has_an_oracle_formula():
+    assert set(ra.BASE) == set(act.ACTIVATIONS)
+
+
+@pytest.mark.parametrize("kind", act.ACTIVATIONS)
+def test_gated_flag_decides_the_output_width(kind):
+    x = np.linspace(-3, 3, 2 * 8, dtype=np.float32).reshape(2, 8)
+    y = act.activation_forward(x, kind)
+    assert y.shape == ((2, 4) if kind in act.GATED_ACTIVATIONS else (2, 8))
