@@ -276,9 +276,9 @@ def test_is_first_microbatch_caches_both_fp8_weights():
 
 @pytest.mark.parametrize(
     "kwargs",
-    [{"sequence_parallel": True}, {"set_parallel_mode": True}, {"checkpoint": True}, {"ub_bulk_wgrad": True}],
+    [{"sequence_parallel": True}, {"set_parallel_mode": True}, {"ub_bulk_wgrad": True}],
 )
-def test_parallel_and_recompute_arguments_are_not_yet_supported(kwargs):
+def test_parallel_arguments_are_not_yet_supported(kwargs):
     name = next(iter(kwargs))
     with pytest.raises(NotImplementedError, match=f"te.LayerNormMLP: {name}=True is not yet supported"):
         te.LayerNormMLP(32, 64, device="cpu", **kwargs)

@@ -229,3 +229,40 @@ def test_rng_tracker_rules():
     assert not torch.equal(first, second)
     tracker.reset()
     assert tracker.get_states() == {}
+
+
+@pytest.mark.parametrize("kind", [None, *RECIPES])
+def test_layernorm_mlp_checkpoint_is_identical_and_saves_less(device, kind):
+    """LayerNormMLP(checkpoint=True): the same outputs, gradients and FP8 state
+    as checkpoint=False over several steps, keeping only its input for backward."""
+    hidden, steps = 64, 3
+    torch.manual_seed(4)
+    plain = torch.nn.Sequential(te.LayerNormMLP(hidden, 2 * hidden, activation="swiglu", device=device))
+    ckpt = copy.deepcopy(plain)
+    ckpt[0].checkpoint = True
+    inputs = [torch.randn(4, 8, hidden, device=device) for _ in range(steps)]
+
+    def train(model):
+        if kind is None:
+            opt = torch.optim.SGD(model.parameters(), lr=0.05)
+            outs, grads = [], []
+            for x in inputs:
+                x = x.clone().requires_grad_(True)
+                opt.zero_grad()
+                y = model(x)
+                (y**2).mean().backward()
+                outs.append(y.detach().clone())
+                grads.append([x.grad.clone()] + [p.grad.clone() for p in model.parameters()])
+                opt.step()
+            return outs, grads, []
+        return _train(model, kind, steps, inputs)
+
+    _assert_same(train(plain), train(ckpt))
+
+    saved = []
+    x = inputs[0].clone().requires_grad_(True)
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        ckpt(x)
+    params = {p.data_ptr() for p in ckpt.parameters()}
+    kept = [t for t in saved if t.data_ptr() not in params and t.data_ptr() != x.data_ptr()]
+    assert kept == [], [tuple(t.shape) for t in kept]

@@ -90,6 +90,7 @@ class MLPArgs:
         "return_ln",
         "reuse_weight",
         "scales",
+        "skip_fc2",
         "split_acc",
         "weight_cache",
         "weight_scales",
@@ -107,6 +108,7 @@ class MLPArgs:
         # the dict afterwards (the function writes no module state).
         self.weight_cache = None
         self.weight_scales = {}  # slot -> the FP32 [1] scale current scaling gave that weight in forward
+        self.skip_fc2 = False  # checkpoint=True's recompute: fc2's output is not used
 
 
 def _code(quantizer) -> int:
@@ -202,6 +204,11 @@ def _columnwise(op: Operand) -> Operand:
 # --------------------------------------------------------------------------- forward
 
 
+def _unused_output(x, w2, dtype):
+    """fc2's output shape, not computed (checkpoint=True's recompute discards it)."""
+    return torch.empty(x.shape[0], w2.shape[0], dtype=dtype, device=x.device)
+
+
 def _forward_q(ctx, x, gamma, beta, w1, b1, w2, b2, a: MLPArgs):
     q = a.fwd_q
     grads = a.grads
@@ -238,7 +245,10 @@ def _forward_q(ctx, x, gamma, beta, w1, b1, w2, b2, a: MLPArgs):
         if _operand.FUSE_ACT_RECOMPUTE and w2.requires_grad:
             act_scale = _current_scale(q[3], amax, act_hp)
         del act_hp
-    out = operand_gemm(act_op, False, w2_op, False, out_dtype=dt, bias=b2, use_split_accumulator=a.split_acc[0])
+    if a.skip_fc2:
+        out = _unused_output(x, w2, dt)
+    else:
+        out = operand_gemm(act_op, False, w2_op, False, out_dtype=dt, bias=b2, use_split_accumulator=a.split_acc[0])
     ln_keep = None
     if grads[3]:  # fc1's wgrad reads ln columnwise (per-tensor: transposed in backward)
         ln_keep = ln_op if per_tensor else ln_op.drop(rowwise=True)
@@ -254,7 +264,7 @@ def _forward_hp(ctx, x, gamma, beta, w1, b1, w2, b2, a: MLPArgs):
     w1, w2 = w1.to(dt), w2.to(dt)
     h = kernels.gemm(ln, w1, transb=True, out_dtype=dt, bias=b1)[0]
     act = kernels.activation_fwd(h, a.kind, **a.act_params)[0]
-    out = kernels.gemm(act, w2, transb=True, out_dtype=dt, bias=b2)[0]
+    out = _unused_output(x, w2, dt) if a.skip_fc2 else kernels.gemm(act, w2, transb=True, out_dtype=dt, bias=b2)[0]
     if a.calibrate:  # delayed-scaling calibration: record the amaxes FP8 would see
         for slot, t in ((0, ln), (1, w1), (3, act), (4, w2)):
             a.fwd_q[slot].calibrate(t)

@@ -6,6 +6,7 @@ import torch
 
 from transformer_engine.core.activation import ACTIVATIONS, DEFAULT_PARAMS, is_gated
 
+from ..distributed import checkpoint
 from ..quantization import FP8GlobalStateManager
 from ._layernorm_mlp_fn import LayerNormMLPFunction, MLPArgs
 from ._norm_parts import allocate_norm_params, check_normalization, reset_norm_params
@@ -23,8 +24,12 @@ class LayerNormMLP(TransformerEngineBaseModule):
     clamped_swiglu), else ffn_hidden_size).
 
     Constructor arguments and defaults are the reference's (§2.2); the
-    tensor/sequence-parallel, overlap and selective-recompute (checkpoint)
-    arguments must keep their defaults for now. forward returns out, then
+    tensor/sequence-parallel and overlap arguments must keep their defaults
+    for now. checkpoint=True is selective activation recompute: the forward
+    keeps only its input for backward (te.checkpoint, non-reentrant, with the
+    FP8 state handled as there), and backward recomputes the norm, fc1 and the
+    activation before running; fc2's GEMM is skipped in the recompute (its
+    output is not needed there), as in the reference. forward returns out, then
     fc2's bias when return_bias, then the normalized input when
     return_layernorm_output (or _gathered).
     """
@@ -77,7 +82,6 @@ class LayerNormMLP(TransformerEngineBaseModule):
             ub_bulk_wgrad=(ub_bulk_wgrad, False),
             delay_wgrad_compute=(delay_wgrad_compute, False),
             symmetric_ar_type=(symmetric_ar_type, None),
-            checkpoint=(checkpoint, False),
         )
         reject_tp_group(_OWNER, tp_group)
         self._norm_has_bias = check_normalization(_OWNER, normalization)
@@ -109,6 +113,7 @@ class LayerNormMLP(TransformerEngineBaseModule):
         self.use_bias = bias
         self.return_bias = return_bias
         self.return_layernorm_output = return_layernorm_output or return_layernorm_output_gathered
+        self.checkpoint = checkpoint
         self.return_layernorm_output_gathered = return_layernorm_output_gathered
         self.fuse_wgrad_accumulation = fuse_wgrad_accumulation
         self.name = name
@@ -160,8 +165,23 @@ class LayerNormMLP(TransformerEngineBaseModule):
         reset_norm_params(self, self.zero_centered_gamma)
 
     def forward(self, inp: torch.Tensor, is_first_microbatch: bool | None = None):
+        if self.checkpoint and torch.is_grad_enabled():
+            calls = []
+
+            def run(x):
+                # The second call is the recompute: non-reentrant checkpointing
+                # keeps only the tensors it saves, so fc2's output is not needed.
+                skip_fc2 = bool(calls)
+                calls.append(True)
+                return self._forward(x, is_first_microbatch, skip_fc2)
+
+            return checkpoint(run, inp, use_reentrant=False)
+        return self._forward(inp, is_first_microbatch, False)
+
+    def _forward(self, inp: torch.Tensor, is_first_microbatch, skip_fc2: bool):
         _check_input(inp, self.fc1_weight, self.hidden_size, _OWNER)
         a = MLPArgs()
+        a.skip_fc2 = skip_fc2
         device_type = inp.device.type
         a.act_dtype = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else inp.dtype
         a.kind = self.activation
