@@ -13,4 +13,6 @@
 #include "te/swizzle.h"
 #include "te/gemm_block.h"
 #include "te/activation.h"
+#include "te/rope.h"
+#include "te/softmax.h"
 #endif
