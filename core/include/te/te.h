@@ -13,6 +13,7 @@
 #include "te/swizzle.h"
 #include "te/gemm_block.h"
 #include "te/activation.h"
+#include "te/attention.h"
 #include "te/rope.h"
 #include "te/softmax.h"
 #endif

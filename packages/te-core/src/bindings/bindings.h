@@ -55,6 +55,7 @@ void bind_nvfp4(nb::module_& m);
 void bind_mxfp8(nb::module_& m);
 void bind_gemm_block(nb::module_& m);
 void bind_activation(nb::module_& m);
+void bind_attention(nb::module_& m);
 void bind_rope(nb::module_& m);
 void bind_softmax(nb::module_& m);
 

@@ -1,0 +1,290 @@
+// C entry points of the attention family: validate once (validate.cpp), then
+// run the CPU backend for host tensors; on CUDA, cuDNN's fused attention when
+// this build has it (TE_WITH_CUDNN) and it supports the combination, else the
+// core's own CUDA kernel (TE_ATTENTION_FALLBACK). Both passes of a training
+// step make the same choice: it depends on the shared Inputs only.
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <set>
+#include <string>
+
+#include "attention/backend.h"
+#include "attention/validate.h"
+#include "runtime/device.h"
+#include "runtime/status.h"
+#include "runtime/tensor.h"
+#include "te/attention.h"
+
+namespace te::attention {
+namespace {
+
+InputTensors shared_tensors(const te_attention_fwd_params& p) {
+  return {p.q,
+          p.k,
+          p.v,
+          p.bias,
+          p.alibi_slopes,
+          p.cu_seqlens_q,
+          p.cu_seqlens_kv,
+          p.cu_seqlens_q_padded,
+          p.cu_seqlens_kv_padded,
+          p.attn_mask,
+          p.softmax_offset,
+          p.rng_state,
+          p.q_scale_inv,
+          p.k_scale_inv,
+          p.v_scale_inv};
+}
+
+InputTensors shared_tensors(const te_attention_bwd_params& p) {
+  return {p.q,
+          p.k,
+          p.v,
+          p.bias,
+          p.alibi_slopes,
+          p.cu_seqlens_q,
+          p.cu_seqlens_kv,
+          p.cu_seqlens_q_padded,
+          p.cu_seqlens_kv_padded,
+          p.attn_mask,
+          p.softmax_offset,
+          p.rng_state,
+          nullptr,
+          nullptr,
+          nullptr};
+}
+
+template <class Params>
+const Params& require(const Params* p) {
+  if (p == nullptr) fail(TE_ERROR_INVALID_ARGUMENT, "argument 'params' is required (got NULL)");
+  return *p;
+}
+
+// NVTE_FUSED_ATTN=0 (the reference's switch) turns cuDNN's fused attention
+// off; the core's own CUDA kernel runs instead. Read at every call (cheap),
+// so tests can flip it.
+[[maybe_unused]] bool fused_attention_disabled() {
+  const char* v = std::getenv("NVTE_FUSED_ATTN");
+  return v != nullptr && std::strcmp(v, "0") == 0;
+}
+
+#if defined(TE_WITH_CUDNN) && defined(TE_ATTENTION_FALLBACK)
+// One line on stderr per combination that falls back (the issue: "warned
+// once, naming the combination").
+void warn_fallback_once(const Inputs& in, const std::string& why) {
+  static std::mutex mutex;
+  static std::set<std::string> seen;
+  const std::string key = concat("format ", in.qkv_format, ", mask ", in.mask_type, ", bias ",
+                                 in.bias_type, ", softmax ", in.softmax_type, ", dtype ",
+                                 dtype_name(in.dtype), ", d ", in.dims.d, ", dv ", in.dims.dv,
+                                 ", dropout ", in.dropout > 0 ? 1 : 0);
+  std::lock_guard<std::mutex> lock(mutex);
+  if (!seen.insert(key).second) return;
+  std::fprintf(stderr,
+               "transformer_engine: attention (%s) runs on the core's CUDA kernel, not cuDNN: %s\n",
+               key.c_str(), why.c_str());
+}
+#endif
+
+// The backend for validated inputs on q's device.
+te_attention_backend_kind choose(const Inputs& in, const te_tensor& q) {
+  if (!on_cuda(q)) return TE_ATTENTION_BACKEND_CPU;
+#if !defined(TE_WITH_CUDA)
+  fail_no_cuda();
+#else
+  std::string why = "NVTE_FUSED_ATTN=0";
+#if defined(TE_WITH_CUDNN)
+  if (!fused_attention_disabled()) {
+    why.clear();
+    if (cudnn::supports(in, &why)) return TE_ATTENTION_BACKEND_CUDNN;
+  }
+#endif
+#if defined(TE_ATTENTION_FALLBACK)
+#if defined(TE_WITH_CUDNN)
+  warn_fallback_once(in, why);
+#endif
+  return TE_ATTENTION_BACKEND_CUDA_FALLBACK;
+#else
+  fail(TE_ERROR_UNSUPPORTED,
+       "attention on CUDA needs cuDNN's fused attention (a TE_WITH_CUDNN build) or the core's "
+       "CUDA attention kernel (a TE_ATTENTION_FALLBACK build); this build ",
+#if defined(TE_WITH_CUDNN)
+       "has no fallback kernel and cuDNN cannot run this call: ", why
+#else
+       "has neither (pass CPU tensors)"
+#endif
+  );
+#endif
+#endif
+}
+
+// Forward arguments: everything validated, workspace sized for the backend.
+FwdArgs check_forward(const te_attention_fwd_params& p, te_attention_backend_kind* backend,
+                      bool with_outputs) {
+  FwdArgs a{};
+  static_cast<Inputs&>(a) = check_inputs(p.config, shared_tensors(p));
+  if (on_cuda(*p.q)) use_cuda_device(p.q->device_index);
+  *backend = choose(a, *p.q);
+  if (!with_outputs) return a;
+  check_output(p.o, "o", a, *p.q);
+  a.o = p.o->data;
+  a.lse = check_lse(p.softmax_lse, "softmax_lse", a, *p.q);
+  return a;
+}
+
+size_t fwd_workspace(const FwdArgs& a, te_attention_backend_kind backend) {
+  switch (backend) {
+#if defined(TE_WITH_CUDNN)
+    case TE_ATTENTION_BACKEND_CUDNN:
+      return cudnn::fwd_workspace(a);
+#endif
+#if defined(TE_ATTENTION_FALLBACK)
+    case TE_ATTENTION_BACKEND_CUDA_FALLBACK:
+      return cuda_fallback::fwd_workspace(a);
+#endif
+    default:
+      return 0;  // the CPU backend allocates its own host scratch
+  }
+}
+
+size_t bwd_workspace(const BwdArgs& a, te_attention_backend_kind backend) {
+  switch (backend) {
+#if defined(TE_WITH_CUDNN)
+    case TE_ATTENTION_BACKEND_CUDNN:
+      return cudnn::bwd_workspace(a);
+#endif
+#if defined(TE_ATTENTION_FALLBACK)
+    case TE_ATTENTION_BACKEND_CUDA_FALLBACK:
+      return cuda_fallback::bwd_workspace(a);
+#endif
+    default:
+      return 0;
+  }
+}
+
+BwdArgs check_backward(const te_attention_bwd_params& p, te_attention_backend_kind* backend,
+                       bool with_outputs) {
+  BwdArgs a{};
+  static_cast<Inputs&>(a) = check_inputs(p.config, shared_tensors(p));
+  if (on_cuda(*p.q)) use_cuda_device(p.q->device_index);
+  *backend = choose(a, *p.q);
+  if (!with_outputs) return a;
+  check_output(p.o, "o", a, *p.q);
+  check_output(p.d_o, "d_o", a, *p.q);
+  a.o = p.o->data;
+  a.d_o = p.d_o->data;
+  a.lse = check_lse(p.softmax_lse, "softmax_lse", a, *p.q);
+  check_like(p.dq, "dq", *p.q, "q", a.dtype);
+  check_like(p.dk, "dk", *p.k, "k", a.dtype);
+  check_like(p.dv, "dv", *p.v, "v", a.dtype);
+  a.dq = p.dq->data;
+  a.dk = p.dk->data;
+  a.dv = p.dv->data;
+  if (p.dbias) {
+    if (a.bias == nullptr)
+      fail(TE_ERROR_INVALID_ARGUMENT,
+           "argument 'dbias' is only for bias_type pre_scale_bias or post_scale_bias (pass NULL)");
+    check_like(p.dbias, "dbias", *p.bias, "bias", a.dtype);
+    a.dbias = p.dbias->data;
+  }
+  if (p.dsoftmax_offset) {
+    if (a.softmax_type != TE_SOFTMAX_LEARNABLE)
+      fail(TE_ERROR_INVALID_ARGUMENT,
+           "argument 'dsoftmax_offset' is only for softmax_type learnable (pass NULL)");
+    a.dsoftmax_offset = check_per_head(p.dsoftmax_offset, "dsoftmax_offset", a, *p.q);
+  }
+  return a;
+}
+
+void write_size(size_t* out, size_t bytes) {
+  if (out == nullptr) fail(TE_ERROR_INVALID_ARGUMENT, "argument 'workspace_bytes' is required");
+  *out = bytes;
+}
+
+void run_forward(const FwdArgs& a, te_attention_backend_kind backend, te_stream stream) {
+  switch (backend) {
+#if defined(TE_WITH_CUDNN)
+    case TE_ATTENTION_BACKEND_CUDNN:
+      return cudnn::forward(a, stream);
+#endif
+#if defined(TE_ATTENTION_FALLBACK)
+    case TE_ATTENTION_BACKEND_CUDA_FALLBACK:
+      return cuda_fallback::forward(a, stream);
+#endif
+    default:
+      return cpu::forward(a);
+  }
+}
+
+void run_backward(const BwdArgs& a, te_attention_backend_kind backend, te_stream stream) {
+  switch (backend) {
+#if defined(TE_WITH_CUDNN)
+    case TE_ATTENTION_BACKEND_CUDNN:
+      return cudnn::backward(a, stream);
+#endif
+#if defined(TE_ATTENTION_FALLBACK)
+    case TE_ATTENTION_BACKEND_CUDA_FALLBACK:
+      return cuda_fallback::backward(a, stream);
+#endif
+    default:
+      return cpu::backward(a);
+  }
+}
+
+}  // namespace
+}  // namespace te::attention
+
+using namespace te;
+using namespace te::attention;
+
+extern "C" {
+
+te_status te_attention_fwd_workspace_size(const te_attention_fwd_params* params,
+                                          size_t* workspace_bytes) {
+  return guarded("te_attention_fwd_workspace_size", [&] {
+    te_attention_backend_kind backend;
+    const FwdArgs a = check_forward(require(params), &backend, false);
+    write_size(workspace_bytes, fwd_workspace(a, backend));
+  });
+}
+
+te_status te_attention_fwd(const te_attention_fwd_params* params, te_stream stream) {
+  return guarded("te_attention_fwd", [&] {
+    te_attention_backend_kind backend;
+    FwdArgs a = check_forward(require(params), &backend, true);
+    a.workspace_bytes = fwd_workspace(a, backend);
+    a.workspace = check_workspace(params->workspace, a.workspace_bytes, *params->q);
+    run_forward(a, backend, stream);
+  });
+}
+
+te_status te_attention_bwd_workspace_size(const te_attention_bwd_params* params,
+                                          size_t* workspace_bytes) {
+  return guarded("te_attention_bwd_workspace_size", [&] {
+    te_attention_backend_kind backend;
+    const BwdArgs a = check_backward(require(params), &backend, false);
+    write_size(workspace_bytes, bwd_workspace(a, backend));
+  });
+}
+
+te_status te_attention_bwd(const te_attention_bwd_params* params, te_stream stream) {
+  return guarded("te_attention_bwd", [&] {
+    te_attention_backend_kind backend;
+    BwdArgs a = check_backward(require(params), &backend, true);
+    a.workspace_bytes = bwd_workspace(a, backend);
+    a.workspace = check_workspace(params->workspace, a.workspace_bytes, *params->q);
+    run_backward(a, backend, stream);
+  });
+}
+
+te_status te_attention_backend(const te_attention_fwd_params* params, int* backend) {
+  return guarded("te_attention_backend", [&] {
+    if (backend == nullptr) fail(TE_ERROR_INVALID_ARGUMENT, "argument 'backend' is required");
+    te_attention_backend_kind kind;
+    check_forward(require(params), &kind, false);
+    *backend = kind;
+  });
+}
+
+}  // extern "C"
