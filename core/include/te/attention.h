@@ -84,7 +84,11 @@
 extern "C" {
 #endif
 
-typedef enum { TE_QKV_FORMAT_BSHD = 0, TE_QKV_FORMAT_SBHD = 1, TE_QKV_FORMAT_THD = 2 } te_qkv_format;
+typedef enum {
+  TE_QKV_FORMAT_BSHD = 0,
+  TE_QKV_FORMAT_SBHD = 1,
+  TE_QKV_FORMAT_THD = 2
+} te_qkv_format;
 
 typedef enum {
   TE_ATTN_MASK_NO_MASK = 0,
@@ -103,7 +107,11 @@ typedef enum {
   TE_ATTN_BIAS_ALIBI = 3
 } te_attn_bias_type;
 
-typedef enum { TE_SOFTMAX_VANILLA = 0, TE_SOFTMAX_OFF_BY_ONE = 1, TE_SOFTMAX_LEARNABLE = 2 } te_softmax_type;
+typedef enum {
+  TE_SOFTMAX_VANILLA = 0,
+  TE_SOFTMAX_OFF_BY_ONE = 1,
+  TE_SOFTMAX_LEARNABLE = 2
+} te_softmax_type;
 
 /* Which backend runs a call (te_attention_backend). */
 typedef enum {

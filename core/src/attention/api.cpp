@@ -75,10 +75,10 @@ const Params& require(const Params* p) {
 void warn_fallback_once(const Inputs& in, const std::string& why) {
   static std::mutex mutex;
   static std::set<std::string> seen;
-  const std::string key = concat("format ", in.qkv_format, ", mask ", in.mask_type, ", bias ",
-                                 in.bias_type, ", softmax ", in.softmax_type, ", dtype ",
-                                 dtype_name(in.dtype), ", d ", in.dims.d, ", dv ", in.dims.dv,
-                                 ", dropout ", in.dropout > 0 ? 1 : 0);
+  const std::string key =
+      concat("format ", in.qkv_format, ", mask ", in.mask_type, ", bias ", in.bias_type,
+             ", softmax ", in.softmax_type, ", dtype ", dtype_name(in.dtype), ", d ", in.dims.d,
+             ", dv ", in.dims.dv, ", dropout ", in.dropout > 0 ? 1 : 0);
   std::lock_guard<std::mutex> lock(mutex);
   if (!seen.insert(key).second) return;
   std::fprintf(stderr,
@@ -133,36 +133,6 @@ FwdArgs check_forward(const te_attention_fwd_params& p, te_attention_backend_kin
   return a;
 }
 
-size_t fwd_workspace(const FwdArgs& a, te_attention_backend_kind backend) {
-  switch (backend) {
-#if defined(TE_WITH_CUDNN)
-    case TE_ATTENTION_BACKEND_CUDNN:
-      return cudnn::fwd_workspace(a);
-#endif
-#if defined(TE_ATTENTION_FALLBACK)
-    case TE_ATTENTION_BACKEND_CUDA_FALLBACK:
-      return cuda_fallback::fwd_workspace(a);
-#endif
-    default:
-      return 0;  // the CPU backend allocates its own host scratch
-  }
-}
-
-size_t bwd_workspace(const BwdArgs& a, te_attention_backend_kind backend) {
-  switch (backend) {
-#if defined(TE_WITH_CUDNN)
-    case TE_ATTENTION_BACKEND_CUDNN:
-      return cudnn::bwd_workspace(a);
-#endif
-#if defined(TE_ATTENTION_FALLBACK)
-    case TE_ATTENTION_BACKEND_CUDA_FALLBACK:
-      return cuda_fallback::bwd_workspace(a);
-#endif
-    default:
-      return 0;
-  }
-}
-
 BwdArgs check_backward(const te_attention_bwd_params& p, te_attention_backend_kind* backend,
                        bool with_outputs) {
   BwdArgs a{};
@@ -202,34 +172,44 @@ void write_size(size_t* out, size_t bytes) {
   *out = bytes;
 }
 
-void run_forward(const FwdArgs& a, te_attention_backend_kind backend, te_stream stream) {
-  switch (backend) {
+// Runs the call of the chosen backend; a backend this build lacks is never
+// chosen (choose() fails first), so its case is compiled out.
 #if defined(TE_WITH_CUDNN)
-    case TE_ATTENTION_BACKEND_CUDNN:
-      return cudnn::forward(a, stream);
+#define TE_ATTN_CUDNN_CASE(call) \
+  case TE_ATTENTION_BACKEND_CUDNN: return call;
+#else
+#define TE_ATTN_CUDNN_CASE(call)
 #endif
 #if defined(TE_ATTENTION_FALLBACK)
-    case TE_ATTENTION_BACKEND_CUDA_FALLBACK:
-      return cuda_fallback::forward(a, stream);
+#define TE_ATTN_FALLBACK_CASE(call) \
+  case TE_ATTENTION_BACKEND_CUDA_FALLBACK: return call;
+#else
+#define TE_ATTN_FALLBACK_CASE(call)
 #endif
-    default:
-      return cpu::forward(a);
+#define TE_ATTN_SWITCH(backend, cudnn_call, fallback_call, cpu_call) \
+  switch (backend) {                                                 \
+    TE_ATTN_CUDNN_CASE(cudnn_call)                                   \
+    TE_ATTN_FALLBACK_CASE(fallback_call)                             \
+    default: return cpu_call;                                        \
   }
+
+// Workspace bytes; the CPU backend allocates its own host scratch.
+size_t fwd_workspace(const FwdArgs& a, te_attention_backend_kind backend) {
+  TE_ATTN_SWITCH(backend, cudnn::fwd_workspace(a), cuda_fallback::fwd_workspace(a), size_t{0});
+}
+
+size_t bwd_workspace(const BwdArgs& a, te_attention_backend_kind backend) {
+  TE_ATTN_SWITCH(backend, cudnn::bwd_workspace(a), cuda_fallback::bwd_workspace(a), size_t{0});
+}
+
+void run_forward(const FwdArgs& a, te_attention_backend_kind backend, te_stream stream) {
+  TE_ATTN_SWITCH(backend, cudnn::forward(a, stream), cuda_fallback::forward(a, stream),
+                 cpu::forward(a));
 }
 
 void run_backward(const BwdArgs& a, te_attention_backend_kind backend, te_stream stream) {
-  switch (backend) {
-#if defined(TE_WITH_CUDNN)
-    case TE_ATTENTION_BACKEND_CUDNN:
-      return cudnn::backward(a, stream);
-#endif
-#if defined(TE_ATTENTION_FALLBACK)
-    case TE_ATTENTION_BACKEND_CUDA_FALLBACK:
-      return cuda_fallback::backward(a, stream);
-#endif
-    default:
-      return cpu::backward(a);
-  }
+  TE_ATTN_SWITCH(backend, cudnn::backward(a, stream), cuda_fallback::backward(a, stream),
+                 cpu::backward(a));
 }
 
 }  // namespace

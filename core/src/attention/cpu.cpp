@@ -68,7 +68,8 @@ void forward_block(const FwdArgs& a, const Problem& p, const Seq& s, int64_t h, 
                    int64_t nq, FwdScratch& w) {
   const Dims& d = a.dims;
   const int64_t hk = h / (d.h / d.hk);
-  for (int64_t r = 0; r < nq; ++r) load(a.q, a.dtype, p.q_offset(s.b, i0 + r, h), d.d, &w.q[r * d.d]);
+  for (int64_t r = 0; r < nq; ++r)
+    load(a.q, a.dtype, p.q_offset(s.b, i0 + r, h), d.d, &w.q[r * d.d]);
   // A sink is one more logit with no value vector: it starts the running
   // maximum and contributes exp(0) = 1 to the denominator.
   const float m0 = p.has_sink() ? p.sink_logit(h) : -std::numeric_limits<float>::infinity();

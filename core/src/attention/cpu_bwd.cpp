@@ -41,8 +41,8 @@ struct Tile {
   Tile() : s(kBlockQ * kBlockK), keep(kBlockK), p(kBlockK), ds(kBlockK) {}
 };
 
-void load_queries(const BwdArgs& a, const Problem& p, const std::vector<float>& delta,
-                  const Seq& s, int64_t h, int64_t i0, int64_t nq, QueryBlock& qb) {
+void load_queries(const BwdArgs& a, const Problem& p, const std::vector<float>& delta, const Seq& s,
+                  int64_t h, int64_t i0, int64_t nq, QueryBlock& qb) {
   const Dims& d = a.dims;
   for (int64_t r = 0; r < nq; ++r) {
     load(a.q, a.dtype, p.q_offset(s.b, i0 + r, h), d.d, &qb.q[r * d.d]);
@@ -53,8 +53,8 @@ void load_queries(const BwdArgs& a, const Problem& p, const std::vector<float>& 
   }
 }
 
-void load_keys(const BwdArgs& a, const Problem& p, const Seq& s, int64_t hk, int64_t j0,
-               int64_t nk, KeyBlock& kb) {
+void load_keys(const BwdArgs& a, const Problem& p, const Seq& s, int64_t hk, int64_t j0, int64_t nk,
+               KeyBlock& kb) {
   const Dims& d = a.dims;
   for (int64_t c = 0; c < nk; ++c) {
     load(a.k, a.dtype, p.k_offset(s.b, j0 + c, hk), d.d, &kb.k[c * d.d]);
@@ -180,7 +180,8 @@ void query_block_grads(const BwdArgs& a, const Problem& p, const std::vector<flo
       }
     }
   }
-  for (int64_t r = 0; r < nq; ++r) store(a.dq, a.dtype, p.q_offset(s.b, i0 + r, h), d.d, &dq[r * d.d]);
+  for (int64_t r = 0; r < nq; ++r)
+    store(a.dq, a.dtype, p.q_offset(s.b, i0 + r, h), d.d, &dq[r * d.d]);
 }
 
 // Pass 2 over tasks (bias batch, bias head, query block): the batches and

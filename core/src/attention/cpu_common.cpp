@@ -27,23 +27,17 @@ Seq Problem::seq(int64_t b) const {
 
 int64_t Problem::q_row(int64_t b, int64_t i) const {
   switch (in_.qkv_format) {
-    case TE_QKV_FORMAT_BSHD:
-      return b * in_.dims.sq + i;
-    case TE_QKV_FORMAT_SBHD:
-      return i * in_.dims.b + b;
-    default:
-      return in_.cu_q_padded[b] + i;
+    case TE_QKV_FORMAT_BSHD: return b * in_.dims.sq + i;
+    case TE_QKV_FORMAT_SBHD: return i * in_.dims.b + b;
+    default: return in_.cu_q_padded[b] + i;
   }
 }
 
 int64_t Problem::kv_row(int64_t b, int64_t j) const {
   switch (in_.qkv_format) {
-    case TE_QKV_FORMAT_BSHD:
-      return b * in_.dims.skv + j;
-    case TE_QKV_FORMAT_SBHD:
-      return j * in_.dims.b + b;
-    default:
-      return in_.cu_kv_padded[b] + j;
+    case TE_QKV_FORMAT_BSHD: return b * in_.dims.skv + j;
+    case TE_QKV_FORMAT_SBHD: return j * in_.dims.b + b;
+    default: return in_.cu_kv_padded[b] + j;
   }
 }
 
@@ -88,7 +82,8 @@ void Problem::logits(const Seq& s, int64_t h, const float* qt, int64_t i0, int64
   const int64_t plane = d.sq * d.skv;
   const uint8_t* mask = nullptr;
   if (in_.mask)
-    mask = in_.mask + ((in_.mask_b == 1 ? 0 : s.b) * in_.mask_h + (in_.mask_h == 1 ? 0 : h)) * plane;
+    mask =
+        in_.mask + ((in_.mask_b == 1 ? 0 : s.b) * in_.mask_h + (in_.mask_h == 1 ? 0 : h)) * plane;
   const int64_t bias_plane =
       in_.bias ? ((in_.bias_b == 1 ? 0 : s.b) * in_.bias_h + (in_.bias_h == 1 ? 0 : h)) * plane : 0;
   const float slope_h = in_.bias_type == TE_ATTN_BIAS_ALIBI ? slope(s.b, h) : 0.0f;
@@ -106,24 +101,18 @@ void Problem::logits(const Seq& s, int64_t h, const float* qt, int64_t i0, int64
       }
       const float qk = dot(qt + r * d.d, kt + c * d.d, d.d);
       switch (in_.bias_type) {
-        case TE_ATTN_BIAS_PRE_SCALE_BIAS:
-          o = in_.scale * (qk + bias_row[c]);
-          break;
-        case TE_ATTN_BIAS_POST_SCALE_BIAS:
-          o = in_.scale * qk + bias_row[c];
-          break;
+        case TE_ATTN_BIAS_PRE_SCALE_BIAS: o = in_.scale * (qk + bias_row[c]); break;
+        case TE_ATTN_BIAS_POST_SCALE_BIAS: o = in_.scale * qk + bias_row[c]; break;
         case TE_ATTN_BIAS_ALIBI:
           o = in_.scale * qk + alibi_bias(slope_h, i, j, s.len_q, s.len_kv);
           break;
-        default:
-          o = in_.scale * qk;
+        default: o = in_.scale * qk;
       }
     }
   }
 }
 
-void Problem::keep_row(int64_t b, int64_t h, int64_t i, int64_t j0, int64_t nk,
-                       float* out) const {
+void Problem::keep_row(int64_t b, int64_t h, int64_t i, int64_t j0, int64_t nk, float* out) const {
   if (in_.dropout == 0.0f) {
     std::fill(out, out + nk, 1.0f);
     return;
@@ -187,8 +176,7 @@ float dot(const float* a, const float* b, int64_t n) {
     for (int l = 0; l < 8; ++l) acc[l] += a[k + l] * b[k + l];
   float tail = 0.0f;
   for (; k < n; ++k) tail += a[k] * b[k];
-  return (((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]))) +
-         tail;
+  return (((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]))) + tail;
 }
 
 }  // namespace te::attention::cpu_detail

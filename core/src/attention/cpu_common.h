@@ -71,7 +71,7 @@ class Problem {
   float slope(int64_t b, int64_t h) const;
 
   const Inputs& in_;
-  int64_t group_;     // query heads per kv head
+  int64_t group_;  // query heads per kv head
   uint32_t threshold_;
   float keep_scale_;  // 1 / (1 - p)
 };

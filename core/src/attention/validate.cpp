@@ -34,9 +34,10 @@ void check_config(const te_attention_config& c) {
     fail(TE_ERROR_INVALID_ARGUMENT,
          "argument 'config.bias_type' must be a te_attn_bias_type (0 to 3), got ", c.bias_type);
   if (c.softmax_type < 0 || c.softmax_type > 2)
-    fail(TE_ERROR_INVALID_ARGUMENT,
-         "argument 'config.softmax_type' must be 0 (vanilla), 1 (off_by_one) or 2 (learnable), got ",
-         c.softmax_type);
+    fail(
+        TE_ERROR_INVALID_ARGUMENT,
+        "argument 'config.softmax_type' must be 0 (vanilla), 1 (off_by_one) or 2 (learnable), got ",
+        c.softmax_type);
   if (!std::isfinite(c.scale))
     fail(TE_ERROR_INVALID_ARGUMENT, "argument 'config.scale' must be finite, got ", c.scale);
   if (!(c.dropout >= 0.0f && c.dropout < 1.0f))
@@ -84,7 +85,10 @@ void check_qkv_types(const InputTensors& t) {
   for (const te_tensor* x : {t.q, t.k, t.v})
     if (is_fp8(x->dtype))
       fail(TE_ERROR_UNSUPPORTED, "FP8 attention is not yet supported (argument '",
-           x == t.q ? "q" : x == t.k ? "k" : "v", "' is ", dtype_name(x->dtype), ")");
+           x == t.q   ? "q"
+           : x == t.k ? "k"
+                      : "v",
+           "' is ", dtype_name(x->dtype), ")");
   Arg(t.q, "q").dtype_in(kHighPrecision, kHighPrecisionText);
   for (const te_tensor* x : {t.k, t.v}) {
     const char* name = x == t.k ? "k" : "v";
@@ -155,8 +159,8 @@ const int32_t* check_cu(const te_tensor* t, const char* name, int64_t* b, const 
            offsets ? ">= 0" : "0", ", got ", v[0]);
     for (int64_t i = 0; i < *b; ++i)
       if (v[i + 1] < v[i])
-        fail(TE_ERROR_INVALID_ARGUMENT, "argument '", name, "' must be non-decreasing, got ",
-             v[i], " then ", v[i + 1], " at index ", i);
+        fail(TE_ERROR_INVALID_ARGUMENT, "argument '", name, "' must be non-decreasing, got ", v[i],
+             " then ", v[i + 1], " at index ", i);
   }
   return v;
 }
@@ -173,8 +177,7 @@ void check_lengths(const int32_t* cu, const int32_t* padded, int64_t b, int64_t 
            max_len);
     if (thd && padded[i] + len > padded[i + 1])
       fail(TE_ERROR_INVALID_ARGUMENT, "sequence ", i, " (length ", len, ", argument '", name,
-           "') overlaps the next one at its offset ", padded[i], " (argument '", padded_name,
-           "')");
+           "') overlaps the next one at its offset ", padded[i], " (argument '", padded_name, "')");
   }
   if (thd && padded[b] > rows)
     fail(TE_ERROR_INVALID_ARGUMENT, "argument '", padded_name, "' ends at row ", padded[b],
@@ -229,12 +232,11 @@ void check_broadcast4(const te_tensor& t, const char* name, const Dims& d, int64
 }
 
 void check_bias(const InputTensors& t, Inputs* in) {
-  const bool with_bias = in->bias_type == TE_ATTN_BIAS_PRE_SCALE_BIAS ||
-                         in->bias_type == TE_ATTN_BIAS_POST_SCALE_BIAS;
+  const bool with_bias =
+      in->bias_type == TE_ATTN_BIAS_PRE_SCALE_BIAS || in->bias_type == TE_ATTN_BIAS_POST_SCALE_BIAS;
   if (with_bias != (t.bias != nullptr))
-    fail(TE_ERROR_INVALID_ARGUMENT, "argument 'bias' is ",
-         with_bias ? "required with" : "only for", " bias_type pre_scale_bias or post_scale_bias",
-         with_bias ? "" : " (pass NULL)");
+    fail(TE_ERROR_INVALID_ARGUMENT, "argument 'bias' is ", with_bias ? "required with" : "only for",
+         " bias_type pre_scale_bias or post_scale_bias", with_bias ? "" : " (pass NULL)");
   if (t.bias) {
     Arg(t.bias, "bias").same_device(*t.q, "q");
     if (t.bias->dtype != t.q->dtype)
@@ -252,8 +254,8 @@ void check_bias(const InputTensors& t, Inputs* in) {
     const bool per_head = a.ndim == 1 && a.shape[0] == d.h;
     const bool per_batch = a.ndim == 2 && a.shape[0] == d.b && a.shape[1] == d.h;
     if (!per_head && !per_batch)
-      fail(TE_ERROR_INVALID_ARGUMENT, "argument 'alibi_slopes' must be [", d.h, "] or [", d.b,
-           ", ", d.h, "] ([H] or [B, H]), got shape ", shape_string(a));
+      fail(TE_ERROR_INVALID_ARGUMENT, "argument 'alibi_slopes' must be [", d.h, "] or [", d.b, ", ",
+           d.h, "] ([H] or [B, H]), got shape ", shape_string(a));
     check_aligned(a, "alibi_slopes");
     in->alibi_slopes = static_cast<const float*>(a.data);
     in->alibi_per_batch = per_batch;
@@ -370,9 +372,9 @@ float* check_lse(const te_tensor* t, const char* name, const Inputs& in, const t
   Arg(t, name).dtype(TE_DTYPE_FLOAT32).same_device(q, "q");
   const Dims& d = in.dims;
   const bool thd = in.qkv_format == TE_QKV_FORMAT_THD;
-  const bool ok = thd ? t->ndim == 2 && t->shape[0] == d.tq && t->shape[1] == d.h
-                      : t->ndim == 3 && t->shape[0] == d.b && t->shape[1] == d.h &&
-                            t->shape[2] == d.sq;
+  const bool ok =
+      thd ? t->ndim == 2 && t->shape[0] == d.tq && t->shape[1] == d.h
+          : t->ndim == 3 && t->shape[0] == d.b && t->shape[1] == d.h && t->shape[2] == d.sq;
   if (!ok)
     fail(TE_ERROR_INVALID_ARGUMENT, "argument '", name, "' must be FP32 ",
          thd ? concat("[", d.tq, ", ", d.h, "] ([Tq, H] for thd)")

@@ -223,3 +223,57 @@ def test_gradient_is_deterministic(rng):
         runs.append((f, tec.attention_bwd(q, k, v, f.o, d_o, f.softmax_lse, **kw)))
     for a, b in zip(runs[0][0] + runs[0][1][:4], runs[1][0] + runs[1][1][:4]):
         assert np.array_equal(a, b)
+
+
+def random_case(rng):
+    """Inputs and options of a random combination of every feature (thd excluded)."""
+    fmt = str(rng.choice(["bshd", "sbhd"]))
+    dtype = str(rng.choice(list(DTYPES)))
+    b, h = int(rng.integers(1, 4)), int(rng.choice([2, 4, 6]))
+    hk = int(rng.choice([x for x in (1, 2, h) if h % x == 0]))
+    sq, skv = int(rng.integers(1, 40)), int(rng.integers(1, 40))
+    d, dv = int(rng.choice([4, 8, 12])), int(rng.choice([4, 8, 12]))
+    q, k, v, d_o = make(rng, dtype, fmt, b, sq, skv, h, hk, d, dv)
+    mask = str(rng.choice(MASKS))
+    opts = {"qkv_format": fmt, **mask_opts(rng, mask, b, h, sq, skv)}
+    left, right = int(rng.integers(-1, 6)), int(rng.integers(-1, 6))
+    opts["window_size"] = (left, 0 if "causal" in mask else right)
+    bias_type = str(rng.choice(["no_bias", "pre_scale_bias", "post_scale_bias", "alibi"]))
+    opts["attn_bias_type"] = bias_type
+    if "scale" in bias_type:
+        opts["attn_bias"] = rand(rng, (int(rng.choice([1, b])), int(rng.choice([1, h])), sq, skv), dtype)
+    softmax = str(rng.choice(["vanilla", "off_by_one", "learnable"]))
+    opts["softmax_type"] = softmax
+    if softmax == "learnable":
+        opts["softmax_offset"] = rng.standard_normal(h).astype(np.float32)
+    if rng.random() < 0.5:
+        opts.update(dropout=float(rng.choice([0.1, 0.5])), rng_state=(int(rng.integers(1 << 62)), int(rng.integers(9))))
+    return q, k, v, d_o, opts, dtype
+
+
+@pytest.mark.parametrize("case", range(40))
+def test_random_combinations(case):
+    rng = np.random.default_rng(1000 + case)
+    q, k, v, d_o, opts, dtype = random_case(rng)
+    check_against_oracle(q, k, v, d_o, opts, dtype)
+
+
+@pytest.mark.parametrize("case", range(15))
+def test_random_thd_combinations(case):
+    rng = np.random.default_rng(5000 + case)
+    b = int(rng.integers(1, 4))
+    lq, lkv = list(rng.integers(0, 12, b)), list(rng.integers(0, 12, b))
+    pads = (list(rng.integers(0, 3, b)), list(rng.integers(0, 3, b))) if rng.random() < 0.5 else (None, None)
+    dtype = str(rng.choice(list(DTYPES)))
+    q, k, v, d_o, opts = thd_case(rng, dtype, lq, lkv, *pads)
+    mask = str(rng.choice(["padding", "padding_causal", "padding_causal_bottom_right", "no_mask"]))
+    opts.update(attn_mask_type=mask, window_size=(int(rng.integers(-1, 5)), -1 if "causal" in mask else 2))
+    bias_type = str(rng.choice(["no_bias", "post_scale_bias", "pre_scale_bias", "alibi"]))
+    opts["attn_bias_type"] = bias_type
+    if "scale" in bias_type:
+        opts["attn_bias"] = rand(rng, (1, 4, opts["max_seqlen_q"], opts["max_seqlen_kv"]), dtype)
+    if rng.random() < 0.5:
+        opts.update(softmax_type="learnable", softmax_offset=rng.standard_normal(4).astype(np.float32))
+    if rng.random() < 0.5:
+        opts.update(dropout=0.2, rng_state=(int(rng.integers(1 << 62)), 1))
+    check_against_oracle(q, k, v, d_o, opts, dtype)

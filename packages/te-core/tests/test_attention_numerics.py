@@ -11,7 +11,7 @@ import textwrap
 
 import numpy as np
 import pytest
-from attention_helpers import check_against_oracle, rand
+from attention_helpers import check_against_oracle
 from test_attention import make, mask_opts
 
 import transformer_engine.core as tec
@@ -178,3 +178,11 @@ _LONG = textwrap.dedent(
 def test_long_sequence_in_bounded_memory():
     out = subprocess.run([sys.executable, "-c", _LONG], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0 and "ok" in out.stdout, out.stderr
+
+
+def test_dropout_seed_is_a_64_bit_word(rng):
+    q, k, v, _ = make(rng, "fp32")
+    run = lambda seed: tec.attention_fwd(q, k, v, dropout=0.5, rng_state=(seed, 0)).o  # noqa: E731
+    # 2^64 - 1 and -1 are the same word; the high half of the seed matters.
+    assert np.array_equal(run(2**64 - 1), run(-1))
+    assert not np.array_equal(run(2**63 + 5), run(5))

@@ -23,9 +23,9 @@ Common common(int qkv_format, int mask_type, int bias_type, int softmax_type, fl
               Opt cu_seqlens_q, Opt cu_seqlens_kv, Opt cu_seqlens_q_padded,
               Opt cu_seqlens_kv_padded, Opt attn_mask, Opt softmax_offset, Opt rng_state) {
   Common c;
-  c.config = te_attention_config{qkv_format,   mask_type,    bias_type,    softmax_type,
-                                 scale,        dropout,      window_left,  window_right,
-                                 max_seqlen_q, max_seqlen_kv, deterministic ? 1 : 0};
+  c.config = te_attention_config{
+      qkv_format,   mask_type,    bias_type,     softmax_type,         scale, dropout, window_left,
+      window_right, max_seqlen_q, max_seqlen_kv, deterministic ? 1 : 0};
   c.bias = opt(bias);
   c.alibi_slopes = opt(alibi_slopes);
   c.cu_q = opt(cu_seqlens_q);
@@ -38,22 +38,28 @@ Common common(int qkv_format, int mask_type, int bias_type, int softmax_type, fl
   return c;
 }
 
+// The fields te_attention_fwd_params and te_attention_bwd_params share.
+template <class Params>
+void fill_common(const Common& c, TensorDesc& q, TensorDesc& k, TensorDesc& v, Params* p) {
+  p->config = c.config;
+  p->q = &q.t;
+  p->k = &k.t;
+  p->v = &v.t;
+  p->bias = c.bias;
+  p->alibi_slopes = c.alibi_slopes;
+  p->cu_seqlens_q = c.cu_q;
+  p->cu_seqlens_kv = c.cu_kv;
+  p->cu_seqlens_q_padded = c.cu_q_padded;
+  p->cu_seqlens_kv_padded = c.cu_kv_padded;
+  p->attn_mask = c.attn_mask;
+  p->softmax_offset = c.softmax_offset;
+  p->rng_state = c.rng_state;
+}
+
 te_attention_fwd_params fwd_params(const Common& c, TensorDesc& q, TensorDesc& k, TensorDesc& v,
                                    Opt o, Opt softmax_lse, Opt workspace) {
   te_attention_fwd_params p{};
-  p.config = c.config;
-  p.q = &q.t;
-  p.k = &k.t;
-  p.v = &v.t;
-  p.bias = c.bias;
-  p.alibi_slopes = c.alibi_slopes;
-  p.cu_seqlens_q = c.cu_q;
-  p.cu_seqlens_kv = c.cu_kv;
-  p.cu_seqlens_q_padded = c.cu_q_padded;
-  p.cu_seqlens_kv_padded = c.cu_kv_padded;
-  p.attn_mask = c.attn_mask;
-  p.softmax_offset = c.softmax_offset;
-  p.rng_state = c.rng_state;
+  fill_common(c, q, k, v, &p);
   p.o = opt(o);
   p.softmax_lse = opt(softmax_lse);
   p.workspace = opt(workspace);
@@ -63,22 +69,10 @@ te_attention_fwd_params fwd_params(const Common& c, TensorDesc& q, TensorDesc& k
 te_attention_bwd_params bwd_params(const Common& c, TensorDesc& q, TensorDesc& k, TensorDesc& v,
                                    Opt o, Opt d_o, Opt softmax_lse) {
   te_attention_bwd_params p{};
-  p.config = c.config;
-  p.q = &q.t;
-  p.k = &k.t;
-  p.v = &v.t;
+  fill_common(c, q, k, v, &p);
   p.o = opt(o);
   p.d_o = opt(d_o);
   p.softmax_lse = opt(softmax_lse);
-  p.bias = c.bias;
-  p.alibi_slopes = c.alibi_slopes;
-  p.cu_seqlens_q = c.cu_q;
-  p.cu_seqlens_kv = c.cu_kv;
-  p.cu_seqlens_q_padded = c.cu_q_padded;
-  p.cu_seqlens_kv_padded = c.cu_kv_padded;
-  p.attn_mask = c.attn_mask;
-  p.softmax_offset = c.softmax_offset;
-  p.rng_state = c.rng_state;
   return p;
 }
 
@@ -86,30 +80,29 @@ te_attention_bwd_params bwd_params(const Common& c, TensorDesc& q, TensorDesc& k
 
 // The keyword arguments of the configuration and the shared optional inputs,
 // in the order of common()'s parameters.
-#define TE_ATTN_COMMON_ARGS                                                                 \
-  nb::arg("qkv_format"), nb::arg("mask_type"), nb::arg("bias_type") = 0,                    \
-      nb::arg("softmax_type") = 0, nb::arg("scale"), nb::arg("dropout") = 0.0f,             \
-      nb::arg("window_left") = -1, nb::arg("window_right") = -1,                            \
-      nb::arg("max_seqlen_q") = 0, nb::arg("max_seqlen_kv") = 0,                            \
-      nb::arg("deterministic") = false, nb::arg("bias").none() = nb::none(),                \
-      nb::arg("alibi_slopes").none() = nb::none(), nb::arg("cu_seqlens_q").none() = nb::none(), \
-      nb::arg("cu_seqlens_kv").none() = nb::none(),                                         \
-      nb::arg("cu_seqlens_q_padded").none() = nb::none(),                                   \
-      nb::arg("cu_seqlens_kv_padded").none() = nb::none(),                                  \
-      nb::arg("attn_mask").none() = nb::none(), nb::arg("softmax_offset").none() = nb::none(), \
+#define TE_ATTN_COMMON_ARGS                                                                        \
+  nb::arg("qkv_format"), nb::arg("mask_type"),                                                     \
+      nb::arg("bias_type") = 0, nb::arg("softmax_type") = 0, nb::arg("scale"),                     \
+      nb::arg("dropout") = 0.0f, nb::arg("window_left") = -1, nb::arg("window_right") = -1,        \
+      nb::arg("max_seqlen_q") = 0, nb::arg("max_seqlen_kv") = 0, nb::arg("deterministic") = false, \
+      nb::arg("bias").none() = nb::none(), nb::arg("alibi_slopes").none() = nb::none(),            \
+      nb::arg("cu_seqlens_q").none() = nb::none(), nb::arg("cu_seqlens_kv").none() = nb::none(),   \
+      nb::arg("cu_seqlens_q_padded").none() = nb::none(),                                          \
+      nb::arg("cu_seqlens_kv_padded").none() = nb::none(),                                         \
+      nb::arg("attn_mask").none() = nb::none(), nb::arg("softmax_offset").none() = nb::none(),     \
       nb::arg("rng_state").none() = nb::none()
 
-#define TE_ATTN_COMMON_PARAMS                                                                  \
+#define TE_ATTN_COMMON_PARAMS                                                                 \
   int qkv_format, int mask_type, int bias_type, int softmax_type, float scale, float dropout, \
       int64_t window_left, int64_t window_right, int64_t max_seqlen_q, int64_t max_seqlen_kv, \
       bool deterministic, Opt bias, Opt alibi_slopes, Opt cu_seqlens_q, Opt cu_seqlens_kv,    \
       Opt cu_seqlens_q_padded, Opt cu_seqlens_kv_padded, Opt attn_mask, Opt softmax_offset,   \
       Opt rng_state
 
-#define TE_ATTN_COMMON_VALUES                                                                  \
-  common(qkv_format, mask_type, bias_type, softmax_type, scale, dropout, window_left,         \
-         window_right, max_seqlen_q, max_seqlen_kv, deterministic, bias, alibi_slopes,        \
-         cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded, attn_mask,   \
+#define TE_ATTN_COMMON_VALUES                                                               \
+  common(qkv_format, mask_type, bias_type, softmax_type, scale, dropout, window_left,       \
+         window_right, max_seqlen_q, max_seqlen_kv, deterministic, bias, alibi_slopes,      \
+         cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded, attn_mask, \
          softmax_offset, rng_state)
 
 void bind_attention(nb::module_& m) {
@@ -150,7 +143,8 @@ void bind_attention(nb::module_& m) {
       [](TensorDesc& q, TensorDesc& k, TensorDesc& v, TensorDesc& o, TensorDesc& d_o,
          TensorDesc& softmax_lse, TensorDesc& dq, TensorDesc& dk, TensorDesc& dv,
          TE_ATTN_COMMON_PARAMS, Opt dbias, Opt dsoftmax_offset, Opt workspace, uintptr_t stream) {
-        te_attention_bwd_params p = bwd_params(TE_ATTN_COMMON_VALUES, q, k, v, &o, &d_o, &softmax_lse);
+        te_attention_bwd_params p =
+            bwd_params(TE_ATTN_COMMON_VALUES, q, k, v, &o, &d_o, &softmax_lse);
         p.dq = &dq.t;
         p.dk = &dk.t;
         p.dv = &dv.t;

@@ -86,11 +86,13 @@ def _config(q, k, v, kw: dict) -> tuple[dict, list]:
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
     bias = kw["attn_bias"]
-    bias = None if bias is None else np.ascontiguousarray(bias, dtype=q.dtype)
+    bias = None if bias is None else np.ascontiguousarray(bias)  # q's type: the core checks
     mask = kw["attn_mask"]
     mask = None if mask is None else np.ascontiguousarray(np.asarray(mask).astype(np.uint8))
     rng = kw["rng_state"]
-    rng = None if rng is None else np.ascontiguousarray(np.asarray(rng, dtype=np.int64).reshape(-1))
+    if rng is not None:  # (seed, offset): 64-bit words, signed or not
+        words = rng.reshape(-1).tolist() if isinstance(rng, np.ndarray) else list(rng)
+        rng = np.array([int(x) % 2**64 for x in words], dtype=np.uint64).view(np.int64)
     arrays = {
         "bias": bias,
         "alibi_slopes": _fp32(kw["alibi_slopes"]),
