@@ -16,7 +16,7 @@ torch = pytest.importorskip("torch")
 
 from attention_gpu_helpers import check_gpu, gpu_run  # noqa: E402
 from attention_helpers import DTYPES, rand  # noqa: E402
-from test_attention import MASKS, make, mask_opts, thd_case  # noqa: E402
+from test_attention import MASKS, make, mask_opts, random_case, thd_case  # noqa: E402
 
 import transformer_engine.core as tec  # noqa: E402
 
@@ -145,6 +145,32 @@ def test_thd_empty_sequence_and_long(rng):
     check_gpu(q, k, v, d_o, {**opts, "attn_mask_type": "padding"}, "fp32")
     q, k, v, d_o, opts = thd_case(rng, "bf16", [100, 37, 200], [90, 150, 200], [5, 0, 7], [0, 3, 1])
     check_gpu(q, k, v, d_o, {**opts, "attn_mask_type": "padding_causal_bottom_right"}, "bf16")
+
+
+@pytest.mark.parametrize("case", range(40))
+def test_random_combinations(case):
+    """The CPU tests' random combinations of every feature (same seeds)."""
+    q, k, v, d_o, opts, dtype = random_case(np.random.default_rng(1000 + case))
+    check_gpu(q, k, v, d_o, opts, dtype)
+
+
+@pytest.mark.parametrize("case", range(12))
+def test_random_thd(case):
+    """Random packed batches with sequences across several tiles, padded apart or not."""
+    rng = np.random.default_rng(7000 + case)
+    b = int(rng.integers(1, 5))
+    lq, lkv = [int(x) for x in rng.integers(0, 150, b)], [int(x) for x in rng.integers(0, 150, b)]
+    pads = ([int(x) for x in rng.integers(0, 4, b)], [int(x) for x in rng.integers(0, 4, b)])
+    dtype = str(rng.choice(list(DTYPES)))
+    q, k, v, d_o, opts = thd_case(rng, dtype, lq, lkv, *(pads if case % 2 else (None, None)))
+    mask = str(rng.choice(["padding", "padding_causal", "padding_causal_bottom_right"]))
+    opts.update(attn_mask_type=mask, window_size=(int(rng.integers(-1, 90)), -1 if "causal" in mask else 30))
+    if case % 3 == 0:
+        bias = rand(rng, (1, 4, opts["max_seqlen_q"], opts["max_seqlen_kv"]), dtype)
+        opts.update(attn_bias_type="post_scale_bias", attn_bias=bias)
+    if case % 4 == 1:
+        opts.update(dropout=0.3, rng_state=(int(rng.integers(1 << 62)), 5))
+    check_gpu(q, k, v, d_o, opts, dtype)
 
 
 def _keep_mask_problem(b=2, h=3, sq=5, skv=80):
