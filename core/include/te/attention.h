@@ -66,11 +66,12 @@
  * outputs are rounded to nearest even once. FP8 (E4M3/E5M2 with per-tensor
  * scale_inv tensors) is part of the parameters but returns
  * TE_ERROR_UNSUPPORTED ("FP8 attention is not yet supported") for now.
- * cu_seqlens*: INT32 [B + 1], starting at 0, non-decreasing (checked on the
- * host for CPU tensors; on CUDA the values are not read by the validation).
+ * cu_seqlens*: INT32 [B + 1], non-decreasing; cu_seqlens_q/kv start at 0, the
+ * padded offsets at >= 0 (checked on the host for CPU tensors; on CUDA the
+ * values are not read by the validation).
  *
- * Backends: the CPU backend (tiled over key blocks with an online softmax, so
- * memory is O(Sq * tile) per thread, not O(Sq * Skv); deterministic); on CUDA
+ * Backends: the CPU backend (tiled over key blocks with an online softmax: one
+ * [32, 64] tile of S per thread, never a whole S matrix; deterministic); on CUDA
  * cuDNN's fused attention when compiled in and it supports the combination,
  * else the core's own CUDA kernel. NVTE_FUSED_ATTN=0 forces the core's
  * kernel. te_attention_backend says which one a call would use.
@@ -163,7 +164,8 @@ typedef struct {
  * \param cu_seqlens_kv_padded thd only, optional: the same for k and v.
  * \param attn_mask            arbitrary mask only (required then): BYTE [Bm, Hm, Sq, Skv],
  *                             nonzero = masked out.
- * \param softmax_offset       learnable softmax only (required then): FP32 [H].
+ * \param softmax_offset       learnable softmax only (required then): FP32, H values (any
+ *                             shape, e.g. the reference's [1, H, 1, 1]).
  * \param rng_state            dropout > 0 only (required then): INT64 [2] = (seed, offset),
  *                             in host memory or on q's device.
  * \param q_scale_inv, k_scale_inv, v_scale_inv  FP8 only (not yet supported).
@@ -199,7 +201,7 @@ typedef struct {
  * \param softmax_lse       as written by te_attention_fwd.
  * \param dq, dk, dv        q's, k's, v's shapes, q's type (overwritten).
  * \param dbias             pre/post_scale_bias only, may be NULL: bias's shape and type.
- * \param dsoftmax_offset   learnable softmax only, may be NULL: FP32 [H] (overwritten).
+ * \param dsoftmax_offset   learnable softmax only, may be NULL: FP32, H values (overwritten).
  * \param workspace         as for the forward, te_attention_bwd_workspace_size bytes.
  */
 typedef struct {

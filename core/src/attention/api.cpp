@@ -95,14 +95,15 @@ te_attention_backend_kind choose(const Inputs& in, const te_tensor& q) {
 #else
   std::string why = "NVTE_FUSED_ATTN=0";
 #if defined(TE_WITH_CUDNN)
-  if (!fused_attention_disabled()) {
+  const bool forced = fused_attention_disabled();
+  if (!forced) {
     why.clear();
     if (cudnn::supports(in, &why)) return TE_ATTENTION_BACKEND_CUDNN;
   }
 #endif
 #if defined(TE_ATTENTION_FALLBACK)
 #if defined(TE_WITH_CUDNN)
-  warn_fallback_once(in, why);
+  if (!forced) warn_fallback_once(in, why);  // asked for, not fallen back to: no warning
 #endif
   return TE_ATTENTION_BACKEND_CUDA_FALLBACK;
 #else
@@ -120,8 +121,8 @@ te_attention_backend_kind choose(const Inputs& in, const te_tensor& q) {
 }
 
 // Forward arguments: everything validated, workspace sized for the backend.
-FwdArgs check_forward(const te_attention_fwd_params& p, te_attention_backend_kind* backend,
-                      bool with_outputs) {
+FwdArgs check_args(const te_attention_fwd_params& p, te_attention_backend_kind* backend,
+                   bool with_outputs) {
   FwdArgs a{};
   static_cast<Inputs&>(a) = check_inputs(p.config, shared_tensors(p));
   if (on_cuda(*p.q)) use_cuda_device(p.q->device_index);
@@ -133,8 +134,8 @@ FwdArgs check_forward(const te_attention_fwd_params& p, te_attention_backend_kin
   return a;
 }
 
-BwdArgs check_backward(const te_attention_bwd_params& p, te_attention_backend_kind* backend,
-                       bool with_outputs) {
+BwdArgs check_args(const te_attention_bwd_params& p, te_attention_backend_kind* backend,
+                   bool with_outputs) {
   BwdArgs a{};
   static_cast<Inputs&>(a) = check_inputs(p.config, shared_tensors(p));
   if (on_cuda(*p.q)) use_cuda_device(p.q->device_index);
@@ -194,22 +195,40 @@ void write_size(size_t* out, size_t bytes) {
   }
 
 // Workspace bytes; the CPU backend allocates its own host scratch.
-size_t fwd_workspace(const FwdArgs& a, te_attention_backend_kind backend) {
+size_t workspace_bytes(const FwdArgs& a, te_attention_backend_kind backend) {
   TE_ATTN_SWITCH(backend, cudnn::fwd_workspace(a), cuda_fallback::fwd_workspace(a), size_t{0});
 }
 
-size_t bwd_workspace(const BwdArgs& a, te_attention_backend_kind backend) {
+size_t workspace_bytes(const BwdArgs& a, te_attention_backend_kind backend) {
   TE_ATTN_SWITCH(backend, cudnn::bwd_workspace(a), cuda_fallback::bwd_workspace(a), size_t{0});
 }
 
-void run_forward(const FwdArgs& a, te_attention_backend_kind backend, te_stream stream) {
+void run(const FwdArgs& a, te_attention_backend_kind backend, te_stream stream) {
   TE_ATTN_SWITCH(backend, cudnn::forward(a, stream), cuda_fallback::forward(a, stream),
                  cpu::forward(a));
 }
 
-void run_backward(const BwdArgs& a, te_attention_backend_kind backend, te_stream stream) {
+void run(const BwdArgs& a, te_attention_backend_kind backend, te_stream stream) {
   TE_ATTN_SWITCH(backend, cudnn::backward(a, stream), cuda_fallback::backward(a, stream),
                  cpu::backward(a));
+}
+
+// What the two passes' entry points share (check_args, workspace_bytes and
+// run are overloaded on the pass).
+template <class Params>
+size_t query_workspace(const Params* params) {
+  te_attention_backend_kind backend;
+  const auto a = check_args(require(params), &backend, false);
+  return workspace_bytes(a, backend);
+}
+
+template <class Params>
+void validate_and_run(const Params* params, te_stream stream) {
+  te_attention_backend_kind backend;
+  auto a = check_args(require(params), &backend, true);
+  a.workspace_bytes = workspace_bytes(a, backend);
+  a.workspace = check_workspace(params->workspace, a.workspace_bytes, *params->q);
+  run(a, backend, stream);
 }
 
 }  // namespace
@@ -222,47 +241,29 @@ extern "C" {
 
 te_status te_attention_fwd_workspace_size(const te_attention_fwd_params* params,
                                           size_t* workspace_bytes) {
-  return guarded("te_attention_fwd_workspace_size", [&] {
-    te_attention_backend_kind backend;
-    const FwdArgs a = check_forward(require(params), &backend, false);
-    write_size(workspace_bytes, fwd_workspace(a, backend));
-  });
+  return guarded("te_attention_fwd_workspace_size",
+                 [&] { write_size(workspace_bytes, query_workspace(params)); });
 }
 
 te_status te_attention_fwd(const te_attention_fwd_params* params, te_stream stream) {
-  return guarded("te_attention_fwd", [&] {
-    te_attention_backend_kind backend;
-    FwdArgs a = check_forward(require(params), &backend, true);
-    a.workspace_bytes = fwd_workspace(a, backend);
-    a.workspace = check_workspace(params->workspace, a.workspace_bytes, *params->q);
-    run_forward(a, backend, stream);
-  });
+  return guarded("te_attention_fwd", [&] { validate_and_run(params, stream); });
 }
 
 te_status te_attention_bwd_workspace_size(const te_attention_bwd_params* params,
                                           size_t* workspace_bytes) {
-  return guarded("te_attention_bwd_workspace_size", [&] {
-    te_attention_backend_kind backend;
-    const BwdArgs a = check_backward(require(params), &backend, false);
-    write_size(workspace_bytes, bwd_workspace(a, backend));
-  });
+  return guarded("te_attention_bwd_workspace_size",
+                 [&] { write_size(workspace_bytes, query_workspace(params)); });
 }
 
 te_status te_attention_bwd(const te_attention_bwd_params* params, te_stream stream) {
-  return guarded("te_attention_bwd", [&] {
-    te_attention_backend_kind backend;
-    BwdArgs a = check_backward(require(params), &backend, true);
-    a.workspace_bytes = bwd_workspace(a, backend);
-    a.workspace = check_workspace(params->workspace, a.workspace_bytes, *params->q);
-    run_backward(a, backend, stream);
-  });
+  return guarded("te_attention_bwd", [&] { validate_and_run(params, stream); });
 }
 
 te_status te_attention_backend(const te_attention_fwd_params* params, int* backend) {
   return guarded("te_attention_backend", [&] {
     if (backend == nullptr) fail(TE_ERROR_INVALID_ARGUMENT, "argument 'backend' is required");
     te_attention_backend_kind kind;
-    check_forward(require(params), &kind, false);
+    check_args(require(params), &kind, false);
     *backend = kind;
   });
 }

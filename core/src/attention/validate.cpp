@@ -307,7 +307,7 @@ void check_softmax_and_dropout(const te_attention_config& c, const InputTensors&
 
 float* check_per_head(const te_tensor* t, const char* name, const Inputs& in, const te_tensor& q) {
   Arg(t, name).dtype(TE_DTYPE_FLOAT32).same_device(q, "q");
-  if (numel(*t) != in.dims.h || t->ndim > 2)
+  if (numel(*t) != in.dims.h)  // any shape: the reference keeps softmax_offset [1, H, 1, 1]
     fail(TE_ERROR_INVALID_ARGUMENT, "argument '", name, "' must hold one FP32 value per query ",
          "head ([", in.dims.h, "]), got shape ", shape_string(*t));
   check_aligned(*t, name);

@@ -225,23 +225,27 @@ def test_gradient_is_deterministic(rng):
         assert np.array_equal(a, b)
 
 
-def random_case(rng):
-    """Inputs and options of a random combination of every feature (thd excluded)."""
+def random_case(rng, long=False):
+    """Inputs and options of a random combination of every feature (thd excluded).
+    long: sequences of several query and key tiles (32 x 64), so that the CPU
+    backend's tile pruning by mask and window is exercised, with small heads."""
     fmt = str(rng.choice(["bshd", "sbhd"]))
     dtype = str(rng.choice(list(DTYPES)))
     b, h = int(rng.integers(1, 4)), int(rng.choice([2, 4, 6]))
     hk = int(rng.choice([x for x in (1, 2, h) if h % x == 0]))
-    sq, skv = int(rng.integers(1, 40)), int(rng.integers(1, 40))
-    d, dv = int(rng.choice([4, 8, 12])), int(rng.choice([4, 8, 12]))
-    q, k, v, d_o = make(rng, dtype, fmt, b, sq, skv, h, hk, d, dv)
+    sq, skv = (int(rng.integers(30, 160)), int(rng.integers(30, 200))) if long else tuple(rng.integers(1, 40, 2))
+    d, dv = (4, 4) if long else (int(rng.choice([4, 8, 12])), int(rng.choice([4, 8, 12])))
+    q, k, v, d_o = make(rng, dtype, fmt, b, int(sq), int(skv), h, hk, d, dv)
     mask = str(rng.choice(MASKS))
-    opts = {"qkv_format": fmt, **mask_opts(rng, mask, b, h, sq, skv)}
-    left, right = int(rng.integers(-1, 6)), int(rng.integers(-1, 6))
+    opts = {"qkv_format": fmt, **mask_opts(rng, mask, b, h, int(sq), int(skv))}
+    windows = [-1, 0, 5, 40, 100] if long else list(range(-1, 6))
+    left, right = int(rng.choice(windows)), int(rng.choice(windows))
     opts["window_size"] = (left, 0 if "causal" in mask else right)
     bias_type = str(rng.choice(["no_bias", "pre_scale_bias", "post_scale_bias", "alibi"]))
     opts["attn_bias_type"] = bias_type
     if "scale" in bias_type:
-        opts["attn_bias"] = rand(rng, (int(rng.choice([1, b])), int(rng.choice([1, h])), sq, skv), dtype)
+        shape = (int(rng.choice([1, b])), int(rng.choice([1, h])), int(sq), int(skv))
+        opts["attn_bias"] = rand(rng, shape, dtype)
     softmax = str(rng.choice(["vanilla", "off_by_one", "learnable"]))
     opts["softmax_type"] = softmax
     if softmax == "learnable":
@@ -255,6 +259,13 @@ def random_case(rng):
 def test_random_combinations(case):
     rng = np.random.default_rng(1000 + case)
     q, k, v, d_o, opts, dtype = random_case(rng)
+    check_against_oracle(q, k, v, d_o, opts, dtype)
+
+
+@pytest.mark.parametrize("case", range(8))
+def test_random_combinations_over_several_tiles(case):
+    rng = np.random.default_rng(9000 + case)
+    q, k, v, d_o, opts, dtype = random_case(rng, long=True)
     check_against_oracle(q, k, v, d_o, opts, dtype)
 
 
@@ -277,3 +288,13 @@ def test_random_thd_combinations(case):
     if rng.random() < 0.5:
         opts.update(dropout=0.2, rng_state=(int(rng.integers(1 << 62)), 1))
     check_against_oracle(q, k, v, d_o, opts, dtype)
+
+
+def test_softmax_offset_in_the_reference_shape(rng):
+    # The reference keeps its learnable offset as a [1, H, 1, 1] parameter.
+    q, k, v, d_o = make(rng, "fp32")
+    alpha = rng.standard_normal((1, 4, 1, 1)).astype(np.float32)
+    kw = {"softmax_type": "learnable", "attn_mask_type": "causal"}
+    want = check_against_oracle(q, k, v, d_o, {**kw, "softmax_offset": alpha.reshape(4)}, "fp32")
+    fwd = tec.attention_fwd(q, k, v, **kw, softmax_offset=alpha)
+    assert np.array_equal(fwd.o, want[0].o)

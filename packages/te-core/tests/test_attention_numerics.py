@@ -5,6 +5,7 @@ bounded memory."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -153,17 +154,20 @@ def test_oracle_backward_against_finite_differences(rng):
 
 _LONG = textwrap.dedent(
     """
-    import resource, numpy as np, transformer_engine.core as tec
+    import numpy as np, transformer_engine.core as tec
     rng = np.random.default_rng(1)
     s, d = 4096, 8
     q, k, v, d_o = (rng.standard_normal((1, s, 1, d)).astype(np.float32) for _ in range(4))
-    # Resident now (not the peak so far, which imports may have raised), in KiB.
-    before = int(next(l for l in open("/proc/self/status") if l.startswith("VmRSS")).split()[1])
+    def status(key):  # KiB, from /proc/self/status
+        return int(next(x for x in open("/proc/self/status") if x.startswith(key)).split()[1])
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # resets the peak (VmHWM) to the current resident size
+    before = status("VmRSS")
     o, lse = tec.attention_fwd(q, k, v, attn_mask_type="causal")
     g = tec.attention_bwd(q, k, v, o, d_o, lse, attn_mask_type="causal")
-    grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+    grown = status("VmHWM") - before
     # One full S matrix would be s * s * 4 bytes = 64 MiB.
-    assert grown < 24 * 1024, f"peak memory grew by {grown} KiB"
+    assert grown < 16 * 1024, f"peak memory grew by {grown} KiB"
     for i in (0, 1, 2047, 4095):  # rows against float64, straight from the definition
         sc = (k[0, : i + 1, 0].astype(np.float64) @ q[0, i, 0]) / np.sqrt(d)
         p = np.exp(sc - sc.max()); p /= p.sum()
@@ -175,6 +179,7 @@ _LONG = textwrap.dedent(
 )
 
 
+@pytest.mark.skipif(not os.path.exists("/proc/self/clear_refs"), reason="needs Linux's peak-RSS reset")
 def test_long_sequence_in_bounded_memory():
     out = subprocess.run([sys.executable, "-c", _LONG], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0 and "ok" in out.stdout, out.stderr
