@@ -154,6 +154,13 @@ def test_random_combinations(case):
     check_gpu(q, k, v, d_o, opts, dtype)
 
 
+@pytest.mark.parametrize("case", range(8))
+def test_random_combinations_over_several_tiles(case):
+    """The CPU tests' random combinations over several query and key tiles (same seeds)."""
+    q, k, v, d_o, opts, dtype = random_case(np.random.default_rng(9000 + case), long=True)
+    check_gpu(q, k, v, d_o, opts, dtype)
+
+
 @pytest.mark.parametrize("case", range(12))
 def test_random_thd(case):
     """Random packed batches with sequences across several tiles, padded apart or not."""
