@@ -14,4 +14,6 @@
 #include "te/gemm_block.h"
 #include "te/activation.h"
 #include "te/attention.h"
+#include "te/rope.h"
+#include "te/softmax.h"
 #endif

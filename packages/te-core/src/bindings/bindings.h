@@ -56,5 +56,7 @@ void bind_mxfp8(nb::module_& m);
 void bind_gemm_block(nb::module_& m);
 void bind_activation(nb::module_& m);
 void bind_attention(nb::module_& m);
+void bind_rope(nb::module_& m);
+void bind_softmax(nb::module_& m);
 
 }  // namespace te_py

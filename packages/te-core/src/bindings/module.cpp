@@ -72,4 +72,6 @@ NB_MODULE(_te_core, m) {
   bind_gemm_block(m);
   bind_activation(m);
   bind_attention(m);
+  bind_rope(m);
+  bind_softmax(m);
 }

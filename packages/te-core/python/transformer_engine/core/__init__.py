@@ -52,7 +52,18 @@ from .nvfp4 import (
     transpose_nvfp4_2d,
     unpack_fp4,
 )
+from .rope import fused_rope_backward, fused_rope_forward
 from .scaling import delayed_scaling_update
+from .softmax import (
+    scaled_aligned_causal_masked_softmax_backward,
+    scaled_aligned_causal_masked_softmax_forward,
+    scaled_masked_softmax_backward,
+    scaled_masked_softmax_forward,
+    scaled_softmax_backward,
+    scaled_softmax_forward,
+    scaled_upper_triang_masked_softmax_backward,
+    scaled_upper_triang_masked_softmax_forward,
+)
 from .swizzle import swizzle_block_scales, unswizzle_block_scales
 from .transpose import transpose
 
@@ -121,4 +132,14 @@ __all__ = [
     "transpose_nvfp4_2d",
     "unpack_fp4",
     "unswizzle_block_scales",
+    "fused_rope_backward",
+    "fused_rope_forward",
+    "scaled_aligned_causal_masked_softmax_backward",
+    "scaled_aligned_causal_masked_softmax_forward",
+    "scaled_masked_softmax_backward",
+    "scaled_masked_softmax_forward",
+    "scaled_softmax_backward",
+    "scaled_softmax_forward",
+    "scaled_upper_triang_masked_softmax_backward",
+    "scaled_upper_triang_masked_softmax_forward",
 ]
