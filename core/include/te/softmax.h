@@ -42,47 +42,49 @@ extern "C" {
  * \param[in]  scale  finite.
  * \param[out] y      x's shape and type.
  */
-TE_API te_status te_scaled_softmax_fwd(const te_tensor* x, float scale, te_tensor* y,
-                                       te_stream stream);
+TE_API te_status te_softmax_scaled_softmax_fwd(const te_tensor* x, float scale, te_tensor* y,
+                                               te_stream stream);
 
 /* dx = scale * y * (dy - sum(dy * y)) over the last dimension.
  * \param[in]  dy     the output gradient: y's shape and type.
  * \param[in]  y      the forward output.
  * \param[out] dx     y's shape and type (may be dy).
  */
-TE_API te_status te_scaled_softmax_bwd(const te_tensor* dy, const te_tensor* y, float scale,
-                                       te_tensor* dx, te_stream stream);
+TE_API te_status te_softmax_scaled_softmax_bwd(const te_tensor* dy, const te_tensor* y, float scale,
+                                               te_tensor* dx, te_stream stream);
 
 /* Softmax of x * scale with an explicit mask.
  * \param[in]  x     [b, h, sq, sk].
  * \param[in]  mask  TE_DTYPE_BYTE [b or 1, 1, sq, sk]; nonzero = masked out.
  * \param[out] y     x's shape and type.
  */
-TE_API te_status te_scaled_masked_softmax_fwd(const te_tensor* x, const te_tensor* mask,
-                                              float scale, te_tensor* y, te_stream stream);
+TE_API te_status te_softmax_scaled_masked_softmax_fwd(const te_tensor* x, const te_tensor* mask,
+                                                      float scale, te_tensor* y, te_stream stream);
 
-/* Backward of te_scaled_masked_softmax_fwd (the formula of te_scaled_softmax_bwd); y, dy,
- * dx [b, h, sq, sk]. */
-TE_API te_status te_scaled_masked_softmax_bwd(const te_tensor* dy, const te_tensor* y, float scale,
-                                              te_tensor* dx, te_stream stream);
+/* Backward of te_softmax_scaled_masked_softmax_fwd (the formula of te_softmax_scaled_softmax_bwd);
+ * y, dy, dx [b, h, sq, sk]. */
+TE_API te_status te_softmax_scaled_masked_softmax_bwd(const te_tensor* dy, const te_tensor* y,
+                                                      float scale, te_tensor* dx, te_stream stream);
 
 /* Causal softmax (j <= i) of x * scale; x [attn_batches, sq, sk] with sq == sk. */
-TE_API te_status te_scaled_upper_triang_masked_softmax_fwd(const te_tensor* x, float scale,
-                                                           te_tensor* y, te_stream stream);
+TE_API te_status te_softmax_scaled_upper_triang_masked_softmax_fwd(const te_tensor* x, float scale,
+                                                                   te_tensor* y, te_stream stream);
 
-/* Backward of te_scaled_upper_triang_masked_softmax_fwd; y, dy, dx [attn_batches, s, s]. */
-TE_API te_status te_scaled_upper_triang_masked_softmax_bwd(const te_tensor* dy, const te_tensor* y,
-                                                           float scale, te_tensor* dx,
-                                                           te_stream stream);
+/* Backward of te_softmax_scaled_upper_triang_masked_softmax_fwd; y, dy, dx [attn_batches, s, s]. */
+TE_API te_status te_softmax_scaled_upper_triang_masked_softmax_bwd(const te_tensor* dy,
+                                                                   const te_tensor* y, float scale,
+                                                                   te_tensor* dx, te_stream stream);
 
 /* Bottom-right aligned causal softmax (j <= i + sk - sq) of x * scale; x [b, h, sq, sk]. */
-TE_API te_status te_scaled_aligned_causal_masked_softmax_fwd(const te_tensor* x, float scale,
-                                                             te_tensor* y, te_stream stream);
+TE_API te_status te_softmax_scaled_aligned_causal_masked_softmax_fwd(const te_tensor* x,
+                                                                     float scale, te_tensor* y,
+                                                                     te_stream stream);
 
-/* Backward of te_scaled_aligned_causal_masked_softmax_fwd; y, dy, dx [b, h, sq, sk]. */
-TE_API te_status te_scaled_aligned_causal_masked_softmax_bwd(const te_tensor* dy,
-                                                             const te_tensor* y, float scale,
-                                                             te_tensor* dx, te_stream stream);
+/* Backward of te_softmax_scaled_aligned_causal_masked_softmax_fwd; y, dy, dx [b, h, sq, sk]. */
+TE_API te_status te_softmax_scaled_aligned_causal_masked_softmax_bwd(const te_tensor* dy,
+                                                                     const te_tensor* y,
+                                                                     float scale, te_tensor* dx,
+                                                                     te_stream stream);
 
 #ifdef __cplusplus
 }

@@ -178,7 +178,6 @@ Args check(bool backward, const te_tensor* in, const char* in_name, const te_ten
     fail(TE_ERROR_INVALID_ARGUMENT, "argument '", out_name, "' must not overlap '", in_name, "'");
   a.out = out->data;
   check_positions(a, !on_cuda(*in));
-  if (on_cuda(*in)) use_cuda_device(in->device_index);
   return a;
 }
 
@@ -197,7 +196,7 @@ te_status te_rope_fwd(const te_tensor* t, const te_tensor* freqs, const te_tenso
     const Args a = check(false, t, "t", freqs, cu_seqlens, start_positions, tensor_format,
                          interleaved, cp_size, cp_rank, out, "out");
     if (a.tokens * a.h * a.d == 0) return;
-    TE_DISPATCH(on_cuda(*t), cpu::run(a), cuda::run(a, stream));
+    TE_DISPATCH(*t, cpu::run(a), cuda::run(a, stream));
   });
 }
 
@@ -208,7 +207,7 @@ te_status te_rope_bwd(const te_tensor* d_out, const te_tensor* freqs, const te_t
     const Args a = check(true, d_out, "d_out", freqs, cu_seqlens, start_positions, tensor_format,
                          interleaved, cp_size, cp_rank, d_t, "d_t");
     if (a.tokens * a.h * a.d == 0) return;
-    TE_DISPATCH(on_cuda(*d_out), cpu::run(a), cuda::run(a, stream));
+    TE_DISPATCH(*d_out, cpu::run(a), cuda::run(a, stream));
   });
 }
 

@@ -86,8 +86,7 @@ void check_mask(const te_tensor* mask, const te_tensor& x, Args* a) {
 
 void run(const Args& a, const te_tensor& like, te_stream stream) {
   if (a.rows == 0) return;
-  if (on_cuda(like)) use_cuda_device(like.device_index);
-  TE_DISPATCH(on_cuda(like), cpu::run(a), cuda::run(a, stream));
+  TE_DISPATCH(like, cpu::run(a), cuda::run(a, stream));
 }
 
 void forward(Kind kind, const te_tensor* x, const te_tensor* mask, float scale, te_tensor* y,
@@ -136,49 +135,53 @@ using namespace te::softmax;
 
 extern "C" {
 
-te_status te_scaled_softmax_fwd(const te_tensor* x, float scale, te_tensor* y, te_stream stream) {
-  return guarded("te_scaled_softmax_fwd", [&] { forward(kPlain, x, nullptr, scale, y, stream); });
+te_status te_softmax_scaled_softmax_fwd(const te_tensor* x, float scale, te_tensor* y,
+                                        te_stream stream) {
+  return guarded("te_softmax_scaled_softmax_fwd",
+                 [&] { forward(kPlain, x, nullptr, scale, y, stream); });
 }
 
-te_status te_scaled_softmax_bwd(const te_tensor* dy, const te_tensor* y, float scale, te_tensor* dx,
-                                te_stream stream) {
-  return guarded("te_scaled_softmax_bwd", [&] { backward(kPlain, dy, y, scale, dx, stream); });
+te_status te_softmax_scaled_softmax_bwd(const te_tensor* dy, const te_tensor* y, float scale,
+                                        te_tensor* dx, te_stream stream) {
+  return guarded("te_softmax_scaled_softmax_bwd",
+                 [&] { backward(kPlain, dy, y, scale, dx, stream); });
 }
 
-te_status te_scaled_masked_softmax_fwd(const te_tensor* x, const te_tensor* mask, float scale,
-                                       te_tensor* y, te_stream stream) {
-  return guarded("te_scaled_masked_softmax_fwd",
+te_status te_softmax_scaled_masked_softmax_fwd(const te_tensor* x, const te_tensor* mask,
+                                               float scale, te_tensor* y, te_stream stream) {
+  return guarded("te_softmax_scaled_masked_softmax_fwd",
                  [&] { forward(kMasked, x, mask, scale, y, stream); });
 }
 
-te_status te_scaled_masked_softmax_bwd(const te_tensor* dy, const te_tensor* y, float scale,
-                                       te_tensor* dx, te_stream stream) {
-  return guarded("te_scaled_masked_softmax_bwd",
+te_status te_softmax_scaled_masked_softmax_bwd(const te_tensor* dy, const te_tensor* y, float scale,
+                                               te_tensor* dx, te_stream stream) {
+  return guarded("te_softmax_scaled_masked_softmax_bwd",
                  [&] { backward(kMasked, dy, y, scale, dx, stream); });
 }
 
-te_status te_scaled_upper_triang_masked_softmax_fwd(const te_tensor* x, float scale, te_tensor* y,
-                                                    te_stream stream) {
-  return guarded("te_scaled_upper_triang_masked_softmax_fwd",
+te_status te_softmax_scaled_upper_triang_masked_softmax_fwd(const te_tensor* x, float scale,
+                                                            te_tensor* y, te_stream stream) {
+  return guarded("te_softmax_scaled_upper_triang_masked_softmax_fwd",
                  [&] { forward(kCausal, x, nullptr, scale, y, stream); });
 }
 
-te_status te_scaled_upper_triang_masked_softmax_bwd(const te_tensor* dy, const te_tensor* y,
-                                                    float scale, te_tensor* dx, te_stream stream) {
-  return guarded("te_scaled_upper_triang_masked_softmax_bwd",
+te_status te_softmax_scaled_upper_triang_masked_softmax_bwd(const te_tensor* dy, const te_tensor* y,
+                                                            float scale, te_tensor* dx,
+                                                            te_stream stream) {
+  return guarded("te_softmax_scaled_upper_triang_masked_softmax_bwd",
                  [&] { backward(kCausal, dy, y, scale, dx, stream); });
 }
 
-te_status te_scaled_aligned_causal_masked_softmax_fwd(const te_tensor* x, float scale, te_tensor* y,
-                                                      te_stream stream) {
-  return guarded("te_scaled_aligned_causal_masked_softmax_fwd",
+te_status te_softmax_scaled_aligned_causal_masked_softmax_fwd(const te_tensor* x, float scale,
+                                                              te_tensor* y, te_stream stream) {
+  return guarded("te_softmax_scaled_aligned_causal_masked_softmax_fwd",
                  [&] { forward(kBottomRight, x, nullptr, scale, y, stream); });
 }
 
-te_status te_scaled_aligned_causal_masked_softmax_bwd(const te_tensor* dy, const te_tensor* y,
-                                                      float scale, te_tensor* dx,
-                                                      te_stream stream) {
-  return guarded("te_scaled_aligned_causal_masked_softmax_bwd",
+te_status te_softmax_scaled_aligned_causal_masked_softmax_bwd(const te_tensor* dy,
+                                                              const te_tensor* y, float scale,
+                                                              te_tensor* dx, te_stream stream) {
+  return guarded("te_softmax_scaled_aligned_causal_masked_softmax_bwd",
                  [&] { backward(kBottomRight, dy, y, scale, dx, stream); });
 }
 

@@ -98,7 +98,7 @@ def test_argument_errors():
         tc.scaled_softmax_forward(np.zeros((3, 4), np.int32), 1.0)
     with pytest.raises(TypeError, match="must have the type of 'y'"):
         tc.scaled_softmax_backward(np.zeros((3, 4), np.float16), np.zeros((3, 4), np.float32), 1.0)
-    with pytest.raises(ValueError, match="te_scaled_aligned_causal_masked_softmax_bwd"):
+    with pytest.raises(ValueError, match="te_softmax_scaled_aligned_causal_masked_softmax_bwd"):
         tc.scaled_aligned_causal_masked_softmax_backward(
             np.zeros((3, 4)).astype(np.float32), np.zeros((3, 4), np.float32), 1.0
         )

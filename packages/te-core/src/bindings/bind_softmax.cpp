@@ -29,23 +29,26 @@ void def_bwd(nb::module_& m, const char* name, Bwd f) {
 }  // namespace
 
 void bind_softmax(nb::module_& m) {
-  def_fwd(m, "scaled_softmax_fwd", te_scaled_softmax_fwd);
-  def_bwd(m, "scaled_softmax_bwd", te_scaled_softmax_bwd);
+  def_fwd(m, "scaled_softmax_fwd", te_softmax_scaled_softmax_fwd);
+  def_bwd(m, "scaled_softmax_bwd", te_softmax_scaled_softmax_bwd);
   m.def(
       "scaled_masked_softmax_fwd",
       [](TensorDesc& x, TensorDesc& mask, float scale, TensorDesc& y, uintptr_t stream) {
         call([&] {
-          return te_scaled_masked_softmax_fwd(&x.t, &mask.t, scale, &y.t, as_stream(stream));
+          return te_softmax_scaled_masked_softmax_fwd(&x.t, &mask.t, scale, &y.t,
+                                                      as_stream(stream));
         });
       },
       nb::arg("x"), nb::arg("mask"), nb::arg("scale"), nb::arg("y"), nb::arg("stream") = 0);
-  def_bwd(m, "scaled_masked_softmax_bwd", te_scaled_masked_softmax_bwd);
-  def_fwd(m, "scaled_upper_triang_masked_softmax_fwd", te_scaled_upper_triang_masked_softmax_fwd);
-  def_bwd(m, "scaled_upper_triang_masked_softmax_bwd", te_scaled_upper_triang_masked_softmax_bwd);
+  def_bwd(m, "scaled_masked_softmax_bwd", te_softmax_scaled_masked_softmax_bwd);
+  def_fwd(m, "scaled_upper_triang_masked_softmax_fwd",
+          te_softmax_scaled_upper_triang_masked_softmax_fwd);
+  def_bwd(m, "scaled_upper_triang_masked_softmax_bwd",
+          te_softmax_scaled_upper_triang_masked_softmax_bwd);
   def_fwd(m, "scaled_aligned_causal_masked_softmax_fwd",
-          te_scaled_aligned_causal_masked_softmax_fwd);
+          te_softmax_scaled_aligned_causal_masked_softmax_fwd);
   def_bwd(m, "scaled_aligned_causal_masked_softmax_bwd",
-          te_scaled_aligned_causal_masked_softmax_bwd);
+          te_softmax_scaled_aligned_causal_masked_softmax_bwd);
 }
 
 }  // namespace te_py
