@@ -30,7 +30,6 @@ from typing import Any
 import flax.linen as nn  # (ruff's isort files it apart: this package is named flax too)
 
 import jax
-
 import jax.numpy as jnp
 
 from ..activation import activation, canonicalize_activation_type
