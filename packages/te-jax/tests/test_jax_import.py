@@ -35,7 +35,20 @@ def test_flax_subpackage():
 
     assert te_flax is sys.modules["transformer_engine.jax.flax"]
     assert te_jax.flax is te_flax
-    assert te_flax.__all__ == ["DenseGeneral", "TransformerEngineBase"]
+    assert te_flax.__all__ == [
+        "DenseGeneral",
+        "LayerNorm",
+        "LayerNormDenseGeneral",
+        "LayerNormMLP",
+        "TransformerEngineBase",
+    ]
+
+
+def test_functional_op_submodules():
+    # the reference's module paths: te.layernorm.layernorm, te.layernorm_dense.layernorm_dense, ...
+    for module in ("activation", "layernorm", "layernorm_dense", "layernorm_mlp"):
+        assert callable(getattr(getattr(te_jax, module), module))
+    assert callable(te_jax.layernorm.canonicalize_norm_type)
 
 
 def test_unknown_attribute():
