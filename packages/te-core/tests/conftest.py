@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from transformer_engine.core.reference import FP8_NUMPY
+from transformer_engine.core.testing.seeds import draw_seed
 
 # Odd shapes by default: a single row, a few rows, non-power-of-two rows, 4-D.
 SHAPES = [(1, 16), (5, 160), (217, 256), (2, 3, 5, 64), (7,), (3, 1), (33, 17)]
@@ -16,8 +17,9 @@ FP8_FORMATS = ["e4m3", "e5m2"]
 
 @pytest.fixture
 def rng():
-    # Fresh inputs every run; the seed is printed on failure by pytest's repr of the test id.
-    return np.random.default_rng()
+    """Fresh random inputs per test; the seed is printed (pytest shows it when the test
+    fails) and TE_TEST_SEED=<seed> replays the failure."""
+    return np.random.default_rng(draw_seed())
 
 
 def finfo(dtype):

@@ -9,6 +9,8 @@ from conftest import FP8_FORMATS, INPUT_DTYPES, SHAPES, finfo, hostile
 import transformer_engine.core as tc
 from transformer_engine.core import reference as ref
 
+pytestmark = pytest.mark.cast
+
 
 def as_bytes(a: np.ndarray) -> np.ndarray:
     return a.view(np.uint8)

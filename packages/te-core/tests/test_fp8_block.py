@@ -12,6 +12,8 @@ from transformer_engine.core import reference_fp8_block as ref
 from transformer_engine.core._arrays import desc
 from transformer_engine.core.reference import FP8_MAX, FP8_NUMPY
 
+pytestmark = pytest.mark.fp8_block
+
 # Whole blocks, several blocks, rank 3, cut blocks (130 rows, K = 160 and 272), tiny.
 BLOCK_SHAPES = [(128, 128), (256, 384), (3, 128, 256), (130, 256), (5, 160), (1, 16), (217, 272)]
 LAYOUTS = ["gemm_ready", "compact"]

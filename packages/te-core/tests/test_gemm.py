@@ -30,6 +30,8 @@ import transformer_engine.core as tec
 from transformer_engine.core import lib
 from transformer_engine.core._arrays import desc
 
+pytestmark = pytest.mark.gemm
+
 BF16 = np.dtype(ml_dtypes.bfloat16)
 E4M3 = np.dtype(ml_dtypes.float8_e4m3fn)
 E5M2 = np.dtype(ml_dtypes.float8_e5m2)

@@ -22,6 +22,8 @@ from gemm_reference import assert_close, random_operand, reference
 
 import transformer_engine.core as tec
 
+pytestmark = pytest.mark.gemm_block
+
 BF16 = np.dtype(ml_dtypes.bfloat16)
 F16 = np.dtype(np.float16)
 F32 = np.dtype(np.float32)

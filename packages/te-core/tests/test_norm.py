@@ -20,6 +20,8 @@ import transformer_engine.core as tc
 from transformer_engine.core import norm_reference as nref
 from transformer_engine.core import reference as ref
 
+pytestmark = pytest.mark.norm
+
 DTYPE_COMBOS = list(itertools.product(FLOAT_DTYPES, FLOAT_DTYPES, FLOAT_DTYPES))  # x, gamma, y
 NAMES = {np.dtype(d): np.dtype(d).name for d in FLOAT_DTYPES}
 

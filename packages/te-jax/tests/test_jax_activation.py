@@ -23,6 +23,8 @@ from transformer_engine.core import reference as ref
 from transformer_engine.core import reference_activation as ra
 from transformer_engine.jax import cpp_extensions as ext
 
+pytestmark = pytest.mark.activation
+
 pytest_plugins = ["jax_fixtures"]  # the jax_device and jax_rng fixtures
 DTYPES = [np.float32, ml_dtypes.bfloat16, np.float16]
 PLAIN_SHAPES = [(1, 16), (5, 160), (33, 17), (7,), (2, 3, 5, 64)]

@@ -25,6 +25,8 @@ from transformer_engine.core import norm_reference as nref
 from transformer_engine.core import reference as ref
 from transformer_engine.jax import cpp_extensions as ext
 
+pytestmark = pytest.mark.norm
+
 pytest_plugins = ["jax_fixtures"]  # the jax_device and jax_rng fixtures
 DTYPES = [np.float32, ml_dtypes.bfloat16, np.float16]
 SHAPES = [(1, 16), (5, 160), (217, 256), (2, 3, 5, 64), (33, 17), (48,)]

@@ -37,7 +37,7 @@ from transformer_engine.core.nvfp4 import RHT_SIGN_MASK
 from transformer_engine.pytorch.module import _operand
 
 pytest_plugins = ["pt_fixtures"]
-pytestmark = pytest.mark.usefixtures("te_state")
+pytestmark = [pytest.mark.usefixtures("te_state"), pytest.mark.module]
 
 U_OUT = {torch.float32: 2.0**-24, torch.bfloat16: 2.0**-8}
 RECIPES = {

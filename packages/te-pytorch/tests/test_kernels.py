@@ -25,7 +25,14 @@ from transformer_engine.core import reference
 from transformer_engine.pytorch import kernels
 
 pytest_plugins = ["pt_fixtures"]
-pytestmark = pytest.mark.usefixtures("te_state")
+pytestmark = [
+    pytest.mark.usefixtures("te_state"),
+    pytest.mark.cast,
+    pytest.mark.gemm,
+    pytest.mark.norm,
+    pytest.mark.transpose,
+    pytest.mark.recipe,
+]
 
 CODE = {"e4m3": 7, "e5m2": 8}
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]

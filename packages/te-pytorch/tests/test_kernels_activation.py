@@ -22,7 +22,7 @@ from transformer_engine.core.activation import ACTIVATIONS, activation_code
 from transformer_engine.pytorch import kernels
 
 pytest_plugins = ["pt_fixtures"]
-pytestmark = pytest.mark.usefixtures("te_state")
+pytestmark = [pytest.mark.usefixtures("te_state"), pytest.mark.activation]
 
 U = {torch.float32: 2.0**-24, torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11}
 E4M3, E5M2 = 7, 8

@@ -25,7 +25,7 @@ from transformer_engine.common import recipe
 from transformer_engine.pytorch.module import base
 
 pytest_plugins = ["pt_fixtures"]
-pytestmark = pytest.mark.usefixtures("te_state")
+pytestmark = [pytest.mark.usefixtures("te_state"), pytest.mark.module]
 
 U_OUT = {torch.float32: 2.0**-24, torch.bfloat16: 2.0**-8}
 

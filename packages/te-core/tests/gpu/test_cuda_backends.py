@@ -23,8 +23,9 @@ torch = pytest.importorskip("torch")
 import transformer_engine.core as te_core  # noqa: E402
 from transformer_engine.core import lib  # noqa: E402
 from transformer_engine.core.dtypes import DType, te_dtype  # noqa: E402
+from transformer_engine.core.testing.seeds import draw_seed  # noqa: E402
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.cast, pytest.mark.transpose, pytest.mark.recipe]
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 INPUT_DTYPES = [np.dtype(np.float32), BF16, np.dtype(np.float16)]
@@ -210,7 +211,7 @@ def _ctx(rng_seed, **kw) -> str:
 
 @pytest.fixture
 def rng_and_seed():
-    seed = int(np.random.SeedSequence().entropy % (2**32))
+    seed = draw_seed()
     return np.random.default_rng(seed), seed
 
 

@@ -33,7 +33,7 @@ from test_cuda_backends import (
     make_input,
 )
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.fp8_block]
 
 
 @pytest.fixture(autouse=True)

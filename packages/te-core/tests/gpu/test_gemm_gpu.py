@@ -61,6 +61,7 @@ pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
     pytest.mark.skipif(not tec.built_with_cuda(), reason="te-core was built without CUDA"),
+    pytest.mark.gemm,
 ]
 
 

@@ -28,7 +28,7 @@ import transformer_engine.core as tc  # noqa: E402
 from transformer_engine.core import norm_reference as nref  # noqa: E402
 from transformer_engine.core.dtypes import te_dtype  # noqa: E402
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.norm]
 lib = tc.lib
 
 # Beyond the CPU shapes: long rows (8192; 16384 is the last register-resident forward
