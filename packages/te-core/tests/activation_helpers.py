@@ -14,8 +14,8 @@ from __future__ import annotations
 import numpy as np
 
 from transformer_engine.core import reference_activation as ra
+from transformer_engine.core.testing.shapes import GATED_SHAPES
 
-GATED_SHAPES = [(1, 16), (5, 160), (217, 256), (2, 3, 5, 64)]
 PLAIN_KINDS = list(ra.ACTIVATIONS[:5])
 GATED_KINDS = list(ra.ACTIVATIONS[5:])
 REL = 2.0**-17

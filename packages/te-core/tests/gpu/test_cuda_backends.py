@@ -24,6 +24,7 @@ import transformer_engine.core as te_core  # noqa: E402
 from transformer_engine.core import lib  # noqa: E402
 from transformer_engine.core.dtypes import DType, te_dtype  # noqa: E402
 from transformer_engine.core.testing.seeds import draw_seed  # noqa: E402
+from transformer_engine.core.testing.tolerances import smallest_normal, smallest_subnormal  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.cast, pytest.mark.transpose, pytest.mark.recipe]
 
@@ -54,11 +55,7 @@ NAN_BITS = {
     np.dtype(np.float16): (np.uint16, [0x7E00, 0xFE00, 0x7FFF, 0xFE01]),
 }
 # (smallest subnormal, smallest normal) of each input type.
-TINY = {
-    np.dtype(np.float32): (2.0**-149, 2.0**-126),
-    BF16: (2.0**-133, 2.0**-126),
-    np.dtype(np.float16): (2.0**-24, 2.0**-14),
-}
+TINY = {d: (smallest_subnormal(d), smallest_normal(d)) for d in (np.dtype(np.float32), BF16, np.dtype(np.float16))}
 
 
 def _cuda_ready() -> bool:

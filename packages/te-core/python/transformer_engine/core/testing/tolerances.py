@@ -14,6 +14,7 @@ UNIT_ROUNDOFF = {"float32": 2.0**-24, "bfloat16": 2.0**-8, "float16": 2.0**-11, 
 # Half the smallest subnormal: the largest absolute error of rounding a value
 # below the smallest normal (gradual underflow).
 HALF_SUBNORMAL = {"float32": 2.0**-150, "bfloat16": 2.0**-134, "float16": 2.0**-25}
+SMALLEST_NORMAL = {"float32": 2.0**-126, "bfloat16": 2.0**-126, "float16": 2.0**-14}
 FP8_NAMES = {"float8_e4m3fn": "e4m3", "float8_e5m2": "e5m2"}
 
 
@@ -39,3 +40,12 @@ def unit_roundoffs(*dtypes) -> dict:
 
 def half_subnormal(dtype) -> float:
     return HALF_SUBNORMAL[dtype_name(dtype)]
+
+
+def smallest_subnormal(dtype) -> float:
+    return 2 * HALF_SUBNORMAL[dtype_name(dtype)]
+
+
+def smallest_normal(dtype) -> float:
+    """2^-126 (FP32, BF16: the same exponent range) or 2^-14 (FP16)."""
+    return SMALLEST_NORMAL[dtype_name(dtype)]
