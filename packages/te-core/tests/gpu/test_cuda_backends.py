@@ -304,7 +304,7 @@ def test_quantize_unaligned_pointers(shape, dtype, layout, rng_and_seed):
         assert_same_bytes(d_amax.numpy(), want.amax, "amax", ctx)
 
 
-# (force_pow2_scales, amax_epsilon, input kind)
+# (force_pow_2_scales, amax_epsilon, input kind)
 CURRENT_CONFIGS = [
     (False, 0.0, "finite"),
     (True, 0.0, "finite"),
@@ -332,7 +332,7 @@ def test_quantize_current_scaling(shape, dtype, fp8, layout, rng_and_seed):
             dx.desc, _desc(row), _desc(col), d_scale.desc, d_inv.desc, d_amax.desc, pow2, eps, _stream()
         )
         want = te_core.quantize_fp8_current_scaling(
-            x, fp8, rowwise=rowwise, columnwise=columnwise, force_pow2_scales=pow2, amax_epsilon=eps
+            x, fp8, rowwise=rowwise, columnwise=columnwise, force_pow_2_scales=pow2, amax_epsilon=eps
         )
         assert_same_bytes(d_amax.numpy(), want.amax, "amax", ctx)
         assert_same_bytes(d_scale.numpy(), want.scale, "scale", ctx)
@@ -377,7 +377,7 @@ def test_scale_from_amax(fp8, pow2, eps):
     for amax in AMAX_VALUES:
         d_amax, d_scale, d_inv = scalar(amax), scalar(-1.0), scalar(-1.0)
         lib.compute_scale_from_amax(d_amax.desc, d_scale.desc, d_inv.desc, int(te_dtype(fp8)), pow2, eps, _stream())
-        scale, scale_inv = te_core.compute_scale_from_amax(amax, fp8, force_pow2_scales=pow2, amax_epsilon=eps)
+        scale, scale_inv = te_core.compute_scale_from_amax(amax, fp8, force_pow_2_scales=pow2, amax_epsilon=eps)
         ctx = f"amax={amax}"
         assert_same_bytes(d_scale.numpy(), np.float32(scale), "scale", ctx)
         assert_same_bytes(d_inv.numpy(), np.float32(scale_inv), "scale_inv", ctx)
