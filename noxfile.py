@@ -104,6 +104,7 @@ def tests(session: nox.Session) -> None:
     )
     session.run("cmake", "--build", c_build, env=env)
     session.run("ctest", "--test-dir", c_build, "--output-on-failure", external=True)
+    session.run("python", "ci/check_stubs.py")  # the checked-in .pyi of the nanobind module is current
     session.run("pytest", "-q", "-n", pytest_workers(), "-m", "not gpu", *TEST_DIRS, *session.posargs)
 
 
