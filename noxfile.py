@@ -105,7 +105,8 @@ def tests(session: nox.Session) -> None:
     session.run("cmake", "--build", c_build, env=env)
     session.run("ctest", "--test-dir", c_build, "--output-on-failure", external=True)
     session.run("python", "ci/check_stubs.py")  # the checked-in .pyi of the nanobind module is current
-    session.run("pytest", "-q", "-n", pytest_workers(), "-m", "not gpu", *TEST_DIRS, *session.posargs)
+    pytest = ["pytest", "-q", "-n", pytest_workers(), "--durations=15", "-m", "not gpu"]
+    session.run(*pytest, *TEST_DIRS, *session.posargs)
 
 
 @nox.session
@@ -127,7 +128,8 @@ def cuda_check(session: nox.Session) -> None:
 
 def installed_python(session: nox.Session) -> str:
     """The current Python when it imports te-core, else the tests session's (.nox/tests)."""
-    if shutil.which("python") and subprocess.run(["python", "-c", "import transformer_engine.core"]).returncode == 0:
+    probe = ["python", "-c", "import transformer_engine.core"]
+    if shutil.which("python") and subprocess.run(probe, stderr=subprocess.DEVNULL).returncode == 0:
         return "python"
     python = os.path.join(ROOT, ".nox", "tests", "bin", "python")
     if not os.path.exists(python):
