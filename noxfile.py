@@ -52,11 +52,19 @@ def compiler_cache(session: nox.Session) -> dict[str, str]:
 NATIVE_BUILD_TOOLS = ("scikit-build-core>=0.10", "nanobind>=2.0", "cmake>=3.21", "ninja")
 
 
-def install_core(session: nox.Session, cuda: str = "OFF") -> dict[str, str]:
+# te-core's build folder, shared by the sessions; with the C API tests (TE_BUILD_TESTS)
+# the core's CMake project builds them in CORE_BUILD/core, beside the library they test.
+CORE_BUILD = "build/te-core"
+
+
+def install_core(session: nox.Session, cuda: str = "OFF", c_tests: bool = False) -> dict[str, str]:
     """Builds and installs te-core (cuda is TE_WITH_CUDA: OFF, ON or AUTO); returns the build environment."""
     env = compiler_cache(session)
     session.install("numpy", "ml_dtypes", "pytest", *NATIVE_BUILD_TOOLS)
-    session.install("--no-build-isolation", f"./{CORE}", env={**env, "TE_WITH_CUDA": cuda})
+    options = [f"-Cbuild-dir={os.path.join(ROOT, CORE_BUILD)}"]
+    if c_tests:
+        options.append("-Ccmake.define.TE_BUILD_TESTS=ON")
+    session.install("--no-build-isolation", *options, f"./{CORE}", env={**env, "TE_WITH_CUDA": cuda})
     return env
 
 
@@ -94,16 +102,11 @@ TEST_DIRS = [f"{CORE}/tests"] + [f"{p}/tests" for p in FRAMEWORK_PACKAGES]
 
 @nox.session
 def tests(session: nox.Session) -> None:
-    """CPU build of the core + every package's tests + the C API tests (CI also runs cuda_check)."""
-    env = install_core(session, cuda="OFF")
+    """CPU build of the core with its C API tests + every package's tests (CI also runs cuda_check)."""
+    env = install_core(session, cuda="OFF", c_tests=True)
     install_frameworks(session, env)
     session.install("pytest-xdist")
-    c_build = "build/c-api-tests"
-    session.run(
-        "cmake", "-S", "core", "-B", c_build, "-G", "Ninja", "-DTE_WITH_CUDA=OFF", "-DTE_BUILD_TESTS=ON", env=env
-    )
-    session.run("cmake", "--build", c_build, env=env)
-    session.run("ctest", "--test-dir", c_build, "--output-on-failure", external=True)
+    session.run("ctest", "--test-dir", f"{CORE_BUILD}/core", "--output-on-failure", external=True)
     session.run("python", "ci/check_stubs.py")  # the checked-in .pyi of the nanobind module is current
     pytest = ["pytest", "-q", "-n", pytest_workers(), "--durations=15", "-m", "not gpu"]
     session.run(*pytest, *TEST_DIRS, *session.posargs)
