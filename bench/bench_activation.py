@@ -12,6 +12,7 @@ import sys
 
 import torch
 import torch.nn.functional as F
+from _timing import Table, copy_ceiling_gbs, time_ms
 from torch_desc import desc, stream
 
 import transformer_engine.core as tc
@@ -108,8 +109,6 @@ def bench_activation(table, time_ms, copy_gbs: float) -> None:
 
 
 if __name__ == "__main__":
-    from bench_core import Table, copy_ceiling_gbs, time_ms
-
     if not torch.cuda.is_available() or not tc.built_with_cuda():
         print("bench: needs a CUDA GPU and a te-core built with CUDA", file=sys.stderr)
         sys.exit(2)

@@ -8,7 +8,7 @@ MiB. Usage (on the GPU machine, te-core built with CUDA): python bench/bench_nor
 from __future__ import annotations
 
 import torch
-from bench_core import time_ms
+from _timing import time_ms
 from torch_desc import desc, stream
 
 import transformer_engine.core as tc

@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 
 import torch
-from bench_core import COLS, ROWS, Table, copy_ceiling_gbs, time_ms
+from _timing import COLS, ROWS, Table, copy_ceiling_gbs, time_ms
 from torch_desc import stream
 
 import transformer_engine.core as tc

@@ -74,7 +74,7 @@ def quantize_all(recipe, x, w, dy, rng, steps: int):
                 scalers[name].quantize(t * drift)
                 scalers[name].update()
         return {name: scalers[name].quantize(t, columnwise=True) for name, t in (("x", x), ("w", w), ("dy", dy))}
-    opts = dict(columnwise=True, force_pow2_scales=recipe.use_power_2_scales)
+    opts = dict(columnwise=True, force_pow_2_scales=recipe.use_power_2_scales)
     return {
         "x": tc.quantize_fp8_current_scaling(x, fwd, **opts),
         "w": tc.quantize_fp8_current_scaling(w, fwd, **opts),

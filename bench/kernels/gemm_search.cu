@@ -24,7 +24,7 @@
 // not bit-equal: max |diff| <= 2^-6 max |ref|, no NaN/Inf); then one screening
 // sample (3 calls); only candidates within 4% of the best so far get the full
 // timing (events around 10 back-to-back calls, median of 5 samples), the
-// method of bench_core.time_ms. A shape's time share is the remaining budget
+// method of bench/_timing.py time_ms. A shape's time share is the remaining budget
 // over the remaining shapes; a phase stops when its part is spent.
 //
 // Usage: gemm_search [--budget SECONDS] [--only SUBSTRING]

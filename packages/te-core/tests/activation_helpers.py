@@ -14,8 +14,8 @@ from __future__ import annotations
 import numpy as np
 
 from transformer_engine.core import reference_activation as ra
+from transformer_engine.core.testing.shapes import GATED_SHAPES
 
-GATED_SHAPES = [(1, 16), (5, 160), (217, 256), (2, 3, 5, 64)]
 PLAIN_KINDS = [k for k in ra.ACTIVATIONS if k not in ra.GATED]
 GATED_KINDS = [k for k in ra.ACTIVATIONS if k in ra.GATED]
 REL = 2.0**-17

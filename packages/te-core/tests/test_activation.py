@@ -21,6 +21,8 @@ from conftest import INPUT_DTYPES, hostile
 import transformer_engine.core as tc
 from transformer_engine.core import reference_activation as ra
 
+pytestmark = pytest.mark.activation
+
 ALL = list(ra.ACTIVATIONS)
 DEFAULTS = ra.params()
 CANONICAL_NAN = np.uint32(0x7FC00000)

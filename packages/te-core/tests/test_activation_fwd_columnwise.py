@@ -23,6 +23,8 @@ from transformer_engine.core import reference as ref
 from transformer_engine.core import reference_activation as ra
 from transformer_engine.core._arrays import desc
 
+pytestmark = pytest.mark.activation
+
 lib = tc.lib
 ALL = list(ra.ACTIVATIONS)
 FP8_NUMPY = {"e4m3": ml_dtypes.float8_e4m3fn, "e5m2": ml_dtypes.float8_e5m2}

@@ -11,6 +11,8 @@ from attention_helpers import DTYPES, check_against_oracle, layout_shape, rand
 
 import transformer_engine.core as tec
 
+pytestmark = [pytest.mark.attention]
+
 MASKS = [
     "no_mask",
     "causal",

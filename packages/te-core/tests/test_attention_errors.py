@@ -12,6 +12,8 @@ import transformer_engine.core as tec
 from transformer_engine.core import lib
 from transformer_engine.core._arrays import desc
 
+pytestmark = [pytest.mark.attention]
+
 
 def qkv(b=2, sq=4, skv=5, h=4, hk=2, d=8, dtype=np.float32, fmt="bshd"):
     shape = lambda s, n: (b, s, n, d) if fmt == "bshd" else (s, b, n, d)  # noqa: E731

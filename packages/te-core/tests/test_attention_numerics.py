@@ -18,6 +18,8 @@ from test_attention import make, mask_opts
 import transformer_engine.core as tec
 from transformer_engine.core import reference_attention as ref
 
+pytestmark = [pytest.mark.attention]
+
 
 def test_oracle_philox_known_answers():
     # The Random123 known-answer vectors of Philox4x32-10.

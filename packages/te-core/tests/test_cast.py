@@ -9,6 +9,8 @@ from conftest import FP8_FORMATS, INPUT_DTYPES, SHAPES, finfo, hostile
 import transformer_engine.core as tc
 from transformer_engine.core import reference as ref
 
+pytestmark = pytest.mark.cast
+
 
 def as_bytes(a: np.ndarray) -> np.ndarray:
     return a.view(np.uint8)
@@ -56,7 +58,7 @@ def test_single_output(rng, only):
 def test_current_scaling_is_bit_exact(rng, shape, dtype, fmt, pow2):
     x = hostile(rng, shape, dtype, fmt)
     x[np.isinf(x.astype(np.float32))] = 0  # an infinite amax gives scale 1; tested separately
-    out = tc.quantize_fp8_current_scaling(x, fmt, columnwise=True, force_pow2_scales=pow2)
+    out = tc.quantize_fp8_current_scaling(x, fmt, columnwise=True, force_pow_2_scales=pow2)
     amax = ref.amax(x)
     input_max = np.float32(finfo(dtype).max)
     scale = ref.scale_from_amax(amax, fmt, force_pow2=pow2, value_for_inf=input_max)
@@ -124,7 +126,7 @@ def test_scale_from_amax_edge_cases(amax, expected, fmt):
 
 @pytest.mark.parametrize("amax", [3.0, 1e-30, 0.7, 448.0, 1e30])
 def test_scale_from_amax_pow2_rounds_down(amax):
-    scale, _ = tc.compute_scale_from_amax(amax, "e4m3", force_pow2_scales=True)
+    scale, _ = tc.compute_scale_from_amax(amax, "e4m3", force_pow_2_scales=True)
     exact = np.float32(448.0) / np.float32(amax)
     assert scale <= exact < 2 * scale
     assert np.frexp(scale)[0] == 0.5  # a power of two
@@ -158,3 +160,29 @@ def test_round_trip_error_is_within_half_ulp(rng, fmt):
     back = tc.dequantize_fp8(out.rowwise, out.scale_inv)
     mantissa_bits = 3 if fmt == "e4m3" else 2
     assert np.max(np.abs(back - x) / x) <= 2.0 ** -(mantissa_bits + 1)
+
+
+def _pow2_calls():
+    x = np.array([[0.3, -5.0, 5.5, 1e-3] * 32], np.float32)
+    ones = np.ones(x.shape[-1], np.float32)
+    fp8 = {"out_dtype": "e4m3"}
+    return {
+        "compute_scale_from_amax": lambda **kw: tc.compute_scale_from_amax(3.0, "e4m3", **kw),
+        "quantize_fp8_current_scaling": lambda **kw: tc.quantize_fp8_current_scaling(x, **kw).scale,
+        "quantize_fp8_block": lambda **kw: tc.quantize_fp8_block(x, **kw).rowwise_scale_inv,
+        "layernorm_fwd": lambda **kw: tc.layernorm_fwd(x, ones, ones, **fp8, **kw).scale_inv,
+        "rmsnorm_fwd": lambda **kw: tc.rmsnorm_fwd(x, ones, **fp8, **kw).scale_inv,
+    }
+
+
+@pytest.mark.parametrize("name", list(_pow2_calls()))
+def test_force_pow2_scales_is_a_deprecated_spelling(name):
+    """The reference's name is force_pow_2_scales; the old te-core keyword still works, with a warning."""
+    call = _pow2_calls()[name]
+    want = call(force_pow_2_scales=False)
+    with pytest.warns(DeprecationWarning, match="'force_pow2_scales' is deprecated, use 'force_pow_2_scales'"):
+        got = call(force_pow2_scales=False)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    assert not np.array_equal(np.asarray(call(force_pow_2_scales=True)), np.asarray(want))
+    with pytest.raises(TypeError, match="both 'force_pow_2_scales' and its deprecated spelling"):
+        call(force_pow2_scales=True, force_pow_2_scales=True)

@@ -8,6 +8,8 @@ import pytest
 import transformer_engine.core as tc
 from transformer_engine.core._arrays import desc
 
+pytestmark = [pytest.mark.cast, pytest.mark.transpose, pytest.mark.recipe]
+
 lib = tc.lib
 
 

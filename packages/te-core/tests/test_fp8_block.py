@@ -12,6 +12,8 @@ from transformer_engine.core import reference_fp8_block as ref
 from transformer_engine.core._arrays import desc
 from transformer_engine.core.reference import FP8_MAX, FP8_NUMPY
 
+pytestmark = pytest.mark.fp8_block
+
 # Whole blocks, several blocks, rank 3, cut blocks (130 rows, K = 160 and 272), tiny.
 BLOCK_SHAPES = [(128, 128), (256, 384), (3, 128, 256), (130, 256), (5, 160), (1, 16), (217, 272)]
 LAYOUTS = ["gemm_ready", "compact"]
@@ -42,7 +44,7 @@ def assert_matches_oracle(out: tc.Fp8BlockTensor, expected: dict):
 @pytest.mark.parametrize("pow2", [True, False])
 def test_quantize_is_bit_exact(rng, shape, dtype, fmt, block_dim, layout, pow2):
     x = hostile(rng, shape, dtype, fmt)
-    out = tc.quantize_fp8_block(x, fmt, block_dim=block_dim, layout=layout, columnwise=True, force_pow2_scales=pow2)
+    out = tc.quantize_fp8_block(x, fmt, block_dim=block_dim, layout=layout, columnwise=True, force_pow_2_scales=pow2)
     assert out.rowwise.shape == x.shape
     assert out.rowwise.dtype == FP8_NUMPY[fmt]
     assert_matches_oracle(out, ref.quantize(x, fmt, block_dim, layout, pow2))
@@ -141,7 +143,7 @@ def test_hostile_blocks(rng, block_dim, pow2):
     tiny = np.float32(np.finfo(np.float32).smallest_subnormal)
     x[128:, 384:] = tiny * rng.integers(1, 50, (128, 128))  # FP32 denormals: scale overflows -> FLT_MAX
     x[128:, 256:384] = 1e-30  # tiny normal block
-    out = tc.quantize_fp8_block(x, block_dim=block_dim, columnwise=True, force_pow2_scales=pow2)
+    out = tc.quantize_fp8_block(x, block_dim=block_dim, columnwise=True, force_pow_2_scales=pow2)
     assert_matches_oracle(out, ref.quantize(x, "e4m3", block_dim, "gemm_ready", pow2))
     rows = u8(out.rowwise)
     assert np.all(rows[:128, :128] == 0)
@@ -163,7 +165,7 @@ def test_overflowing_scale_becomes_input_type_max(rng, dtype, pow2):
     """448 / amax overflows for subnormal-range amax: s = the input type's max (reference rule)."""
     tiny = np.float32(finfo(dtype).smallest_subnormal)
     x = (tiny * rng.integers(1, 4, (3, 128))).astype(dtype)
-    out = tc.quantize_fp8_block(x, force_pow2_scales=pow2, layout="compact")
+    out = tc.quantize_fp8_block(x, force_pow_2_scales=pow2, layout="compact")
     s = np.float32(2.0**127) if pow2 else ref.max_finite(dtype)
     assert np.all(out.rowwise_scale_inv == np.float32(1) / s)
     assert_matches_oracle(out, ref.quantize(x, "e4m3", 1, "compact", pow2))
@@ -175,8 +177,8 @@ def test_scale_values(rng, fmt):
     x = rng.uniform(-0.2, 0.2, (128, 256)).astype(np.float32)
     x[:, 0] = 0.3  # amax of every row's first block
     x[:, 128] = -17.5
-    p2 = tc.quantize_fp8_block(x, fmt, force_pow2_scales=True, layout="compact")
-    exact = tc.quantize_fp8_block(x, fmt, force_pow2_scales=False, layout="compact")
+    p2 = tc.quantize_fp8_block(x, fmt, force_pow_2_scales=True, layout="compact")
+    exact = tc.quantize_fp8_block(x, fmt, force_pow_2_scales=False, layout="compact")
     fmax = np.float32(FP8_MAX[fmt])
     for j, amax in enumerate([np.float32(0.3), np.float32(17.5)]):
         s = fmax / amax
@@ -191,7 +193,7 @@ def test_scale_values(rng, fmt):
 def test_amax_epsilon_floors_the_amax(rng, block_dim):
     x = (rng.standard_normal((128, 128)) * 1e-6).astype(np.float32)
     eps = 1e-3
-    out = tc.quantize_fp8_block(x, block_dim=block_dim, columnwise=True, amax_epsilon=eps, force_pow2_scales=False)
+    out = tc.quantize_fp8_block(x, block_dim=block_dim, columnwise=True, amax_epsilon=eps, force_pow_2_scales=False)
     assert_matches_oracle(out, ref.quantize(x, "e4m3", block_dim, "gemm_ready", False, eps))
     expected_inv = np.float32(1) / (np.float32(448) / np.float32(eps))
     assert np.all(out.rowwise_scale_inv[out.rowwise_scale_inv != 0] == expected_inv)

@@ -23,6 +23,8 @@ from transformer_engine.core import reference as ref
 from transformer_engine.core import reference_activation as ra
 from transformer_engine.core._arrays import desc
 
+pytestmark = [pytest.mark.activation, pytest.mark.norm]
+
 HIGH = [np.float32, ml_dtypes.bfloat16, np.float16]
 START = [0.0, 0.75, 1e30]
 # (kind, input dtype, output dtype)

@@ -4,7 +4,7 @@ Every case quantizes fresh random inputs with the core's quantizers and
 checks two things:
   * D is bit for bit te_gemm (`gemm`) on the FP32 dequantized operands, which
     is what the emulated path is defined to compute (te/gemm_block.h);
-  * D is within gemm_reference's FP32 bound of the float64 product of those
+  * D is within reference_gemm's FP32 bound of the float64 product of those
     dequantized operands (finite inputs; hostile inputs only for the first).
 Grouped GEMMs must equal the single GEMMs of their groups.
 """
@@ -18,9 +18,11 @@ import numpy as np
 import pytest
 from conftest import hostile
 from gemm_block_cases import FORMATS, dequantized, linear_cases, random_linear, same_bits
-from gemm_reference import assert_close, random_operand, reference
 
 import transformer_engine.core as tec
+from transformer_engine.core.reference_gemm import assert_close, random_operand, reference
+
+pytestmark = pytest.mark.gemm_block
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 F16 = np.dtype(np.float16)

@@ -11,11 +11,14 @@ import transformer_engine.core as tec
 from transformer_engine.core import BlockOperand, lib
 from transformer_engine.core._arrays import desc
 from transformer_engine.core.gemm_block import _prepare
+from transformer_engine.core.testing.seeds import draw_seed
+
+pytestmark = pytest.mark.gemm_block
 
 
 @pytest.fixture
 def cases():
-    rng = np.random.default_rng()
+    rng = np.random.default_rng(draw_seed())
     x, w, dy = random_linear(rng, 32, 64, 96)
     return {fmt: linear_cases(fmt, x, w, dy) for fmt in ("fp8_block", "mxfp8", "nvfp4")}
 

@@ -13,6 +13,8 @@ from transformer_engine.core import reference_mxfp8 as ref
 from transformer_engine.core._arrays import desc
 from transformer_engine.core.reference import FP8_MAX, FP8_NUMPY
 
+pytestmark = [pytest.mark.mxfp8, pytest.mark.swizzle]
+
 lib = tc.lib
 E8M0 = ml_dtypes.float8_e8m0fnu
 

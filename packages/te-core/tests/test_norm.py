@@ -1,7 +1,7 @@
-"""LayerNorm / RMSNorm on the CPU backend against the float64 oracle (norm_reference).
+"""LayerNorm / RMSNorm on the CPU backend against the float64 oracle (reference_norm).
 
 The core computes in FP32, so results are checked within the derived per-element bounds
-of norm_reference; the fused FP8 output is checked byte for byte against te_quantize_fp8
+of reference_norm; the fused FP8 output is checked byte for byte against te_quantize_fp8
 of the same backend's FP32 output.
 """
 
@@ -17,8 +17,10 @@ import pytest
 from norm_inputs import FLOAT_DTYPES, NORM_SHAPES, grad_input, norm_input, weights
 
 import transformer_engine.core as tc
-from transformer_engine.core import norm_reference as nref
 from transformer_engine.core import reference as ref
+from transformer_engine.core import reference_norm as nref
+
+pytestmark = pytest.mark.norm
 
 DTYPE_COMBOS = list(itertools.product(FLOAT_DTYPES, FLOAT_DTYPES, FLOAT_DTYPES))  # x, gamma, y
 NAMES = {np.dtype(d): np.dtype(d).name for d in FLOAT_DTYPES}

@@ -19,6 +19,8 @@ from nvfp4_helpers import (
 import transformer_engine.core as tc
 from transformer_engine.core import reference_nvfp4 as ref
 
+pytestmark = pytest.mark.nvfp4
+
 
 @pytest.mark.parametrize("shape", ROWWISE_SHAPES)
 @pytest.mark.parametrize("dtype", INPUT_DTYPES)

@@ -10,6 +10,8 @@ import transformer_engine.core as tc
 from transformer_engine.core._arrays import desc
 from transformer_engine.core.nvfp4 import _fp4_desc, scale_shape
 
+pytestmark = pytest.mark.nvfp4
+
 lib = tc.lib
 
 

@@ -20,6 +20,8 @@ import transformer_engine.core as tc
 from transformer_engine.core import reference_nvfp4 as ref
 from transformer_engine.core.nvfp4 import RHT_SIGN_MASK
 
+pytestmark = pytest.mark.nvfp4
+
 # Known-answer vectors of Philox4x32-10 (Random123's kat_vectors): counter, key, output.
 PHILOX_KAT = [
     ((0, 0, 0, 0), (0, 0), (0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8)),

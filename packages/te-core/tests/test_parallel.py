@@ -6,8 +6,11 @@ lone call gives."""
 import threading
 
 import numpy as np
+import pytest
 
 import transformer_engine.core as tc
+
+pytestmark = pytest.mark.runtime
 
 
 def test_concurrent_callers_get_the_same_results(rng):

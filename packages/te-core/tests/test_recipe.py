@@ -24,6 +24,8 @@ from transformer_engine.common.recipe import (
     RecipeValidationError,
 )
 
+pytestmark = pytest.mark.recipe
+
 ENV_NAMES = [var.name for var in _env.ENV_VARS]
 
 

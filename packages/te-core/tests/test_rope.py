@@ -1,4 +1,4 @@
-"""Fused RoPE on the CPU backend against the float64 oracle (rope_reference): every layout,
+"""Fused RoPE on the CPU backend against the float64 oracle (reference_rope): every layout,
 partial rotary, interleaved or not, thd with empty / trailing sequences, start positions,
 context parallelism; hostile values; argument errors."""
 
@@ -10,7 +10,9 @@ from rope_cases import CASES, FLOAT_DTYPES, case_inputs, freqs_for, rope_input
 
 import transformer_engine.core as tc
 from transformer_engine.core import norm_reference as nref
-from transformer_engine.core import rope_reference as rref
+from transformer_engine.core import reference_rope as rref
+
+pytestmark = [pytest.mark.rope]
 
 
 def run(case, x, freqs, interleaved, backward=False):

@@ -1,5 +1,5 @@
 """Fused scaled / masked / causal softmax on the CPU backend against the float64 oracle
-(softmax_reference): the four variants, odd shapes, long rows, fully masked rows,
+(reference_softmax): the four variants, odd shapes, long rows, fully masked rows,
 hostile logits (+-inf, NaN, underflowing exponentials), backward, argument errors."""
 
 from __future__ import annotations
@@ -10,7 +10,9 @@ from softmax_cases import BACKWARD, CASES, FLOAT_DTYPES, case_id, forward, input
 
 import transformer_engine.core as tc
 from transformer_engine.core import norm_reference as nref
-from transformer_engine.core import softmax_reference as sref
+from transformer_engine.core import reference_softmax as sref
+
+pytestmark = [pytest.mark.softmax]
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=lambda d: np.dtype(d).name)

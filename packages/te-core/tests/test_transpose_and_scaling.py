@@ -10,6 +10,8 @@ from conftest import SHAPES
 import transformer_engine.core as tc
 from transformer_engine.core import reference as ref
 
+pytestmark = [pytest.mark.transpose, pytest.mark.recipe]
+
 
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("dtype", [np.uint8, ml_dtypes.float8_e4m3fn, ml_dtypes.bfloat16, np.float32, np.int64])

@@ -15,6 +15,8 @@ import jax
 import numpy as np
 import pytest
 
+from transformer_engine.core.testing.seeds import draw_seed
+
 # JAX's GPU client takes 75% of the GPU's memory when it starts (at the first
 # jax.devices() below, not at import); the GPU suite runs torch tests in
 # neighbouring processes on the same device.
@@ -49,6 +51,4 @@ def jax_device(request):
 @pytest.fixture
 def jax_rng(request):
     """Fresh random inputs per test (TE_TEST_SEED reproduces a run)."""
-    seed = int(os.environ.get("TE_TEST_SEED", np.random.SeedSequence().entropy % 2**31))
-    print(f"TE_TEST_SEED={seed}")
-    return np.random.default_rng(seed)
+    return np.random.default_rng(draw_seed())

@@ -6,9 +6,10 @@ import ml_dtypes
 import numpy as np
 
 from transformer_engine.core import reference as ref
+from transformer_engine.core.testing.tolerances import unit_roundoffs
 
 # One rounding of each high-precision output type (relative).
-EPS = {np.dtype(np.float32): 2.0**-24, np.dtype(ml_dtypes.bfloat16): 2.0**-8, np.dtype(np.float16): 2.0**-11}
+EPS = unit_roundoffs(np.dtype(np.float32), np.dtype(ml_dtypes.bfloat16), np.dtype(np.float16))
 
 
 def gemm_tolerance(jax_device, a64, b64, out_dtype, fp8: bool) -> np.ndarray:

@@ -21,7 +21,10 @@ from jax_helpers import fp32_scalar, hostile, put, same_floats, same_fp8
 import transformer_engine.core as tc
 from transformer_engine.core import reference as ref
 from transformer_engine.core import reference_activation as ra
+from transformer_engine.core.testing.tolerances import smallest_subnormal, unit_roundoffs
 from transformer_engine.jax import cpp_extensions as ext
+
+pytestmark = pytest.mark.activation
 
 pytest_plugins = ["jax_fixtures"]  # the jax_device and jax_rng fixtures
 DTYPES = [np.float32, ml_dtypes.bfloat16, np.float16]
@@ -29,8 +32,8 @@ PLAIN_SHAPES = [(1, 16), (5, 160), (33, 17), (7,), (2, 3, 5, 64)]
 GATED_SHAPES = [(1, 16), (5, 160), (3, 34), (2, 3, 5, 64)]
 FP8 = {"e4m3": jnp.float8_e4m3fn, "e5m2": jnp.float8_e5m2}
 # Unit roundoff and smallest subnormal of each output type (the final rounding of an FP32 value).
-UNIT = {np.dtype(np.float32): 2.0**-24, np.dtype(ml_dtypes.bfloat16): 2.0**-8, np.dtype(np.float16): 2.0**-11}
-TINY = {np.dtype(np.float32): 2.0**-149, np.dtype(ml_dtypes.bfloat16): 2.0**-133, np.dtype(np.float16): 2.0**-24}
+UNIT = unit_roundoffs(np.dtype(np.float32), np.dtype(ml_dtypes.bfloat16), np.dtype(np.float16))
+TINY = {d: smallest_subnormal(d) for d in UNIT}
 
 
 def cases():

@@ -13,6 +13,8 @@ from transformer_engine.common import recipe
 from transformer_engine.jax.quantize import get_fp8_recipe, is_fp8_enabled
 from transformer_engine.jax.sharding import MeshResource, global_mesh_resource
 
+pytestmark = pytest.mark.recipe
+
 
 def _active():
     return get_fp8_recipe(), global_mesh_resource()

@@ -14,6 +14,8 @@ from jax_helpers import hostile
 from transformer_engine.core import reference as ref
 from transformer_engine.jax import cpp_extensions as ext
 
+pytestmark = pytest.mark.cast
+
 SHAPES = [(1, 16), (5, 160), (217, 256), (2, 3, 48)]
 HP_DTYPES = [np.float32, ml_dtypes.bfloat16, np.float16]
 pytest_plugins = ["jax_fixtures"]  # the device and jax_rng fixtures

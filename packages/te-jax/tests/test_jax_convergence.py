@@ -12,6 +12,8 @@ import pytest
 
 from transformer_engine.common import recipe
 
+pytestmark = pytest.mark.module
+
 DEMO = Path(__file__).resolve().parents[3] / "examples" / "jax_dense_demo.py"
 
 

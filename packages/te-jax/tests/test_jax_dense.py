@@ -26,6 +26,8 @@ from transformer_engine.jax.quantize import (
     noop_quantizer_set,
 )
 
+pytestmark = [pytest.mark.gemm, pytest.mark.module]
+
 pytest_plugins = ["jax_fixtures"]  # the jax_device and jax_rng fixtures
 DTYPES = [np.float32, ml_dtypes.bfloat16]
 BWD_FORMAT = {recipe.Format.HYBRID: "e5m2", recipe.Format.E4M3: "e4m3"}

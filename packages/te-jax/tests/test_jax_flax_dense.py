@@ -27,6 +27,8 @@ from transformer_engine.jax import flax as te_flax
 from transformer_engine.jax.dense import dense
 from transformer_engine.jax.quantize import QuantizerFactory, QuantizerSet
 
+pytestmark = pytest.mark.module
+
 pytest_plugins = ["jax_fixtures"]  # the jax_device and jax_rng fixtures
 FEATURES = [48, (2, 16)]
 BWD_FORMAT = {recipe.Format.HYBRID: "e5m2", recipe.Format.E4M3: "e4m3"}

@@ -32,6 +32,8 @@ from transformer_engine.jax.layernorm_dense import layernorm_dense
 from transformer_engine.jax.layernorm_mlp import layernorm_mlp
 from transformer_engine.jax.quantize import QuantizerFactory, QuantizerSet
 
+pytestmark = [pytest.mark.module]
+
 pytest_plugins = ["jax_fixtures"]  # the jax_device and jax_rng fixtures
 NORM_TYPES = pytest.mark.parametrize("norm_type", ["layernorm", "rmsnorm"])
 HIGHEST = jax.lax.Precision.HIGHEST

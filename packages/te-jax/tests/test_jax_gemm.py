@@ -15,6 +15,8 @@ from jax_helpers import EPS, gemm_tolerance
 from transformer_engine.core import reference as ref
 from transformer_engine.jax import cpp_extensions as ext
 
+pytestmark = pytest.mark.gemm
+
 pytest_plugins = ["jax_fixtures"]  # the jax_device and jax_rng fixtures
 
 

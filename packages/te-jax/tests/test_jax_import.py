@@ -12,6 +12,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.api
+
 pytest.importorskip("jax")
 # Imported only once jax is known to be there (skip, not fail, without it).
 transformer_engine = importlib.import_module("transformer_engine")

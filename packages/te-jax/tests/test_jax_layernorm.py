@@ -16,6 +16,8 @@ from transformer_engine.core import norm_reference as nref
 from transformer_engine.jax import cpp_extensions as ext
 from transformer_engine.jax.layernorm import canonicalize_norm_type, layernorm
 
+pytestmark = [pytest.mark.norm]
+
 pytest_plugins = ["jax_fixtures"]  # the jax_device and jax_rng fixtures
 NORM_TYPES = pytest.mark.parametrize("norm_type", ["layernorm", "rmsnorm"])
 

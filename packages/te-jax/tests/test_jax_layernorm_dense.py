@@ -33,6 +33,8 @@ from transformer_engine.jax.layernorm import layernorm
 from transformer_engine.jax.layernorm_dense import layernorm_dense
 from transformer_engine.jax.quantize import QuantizerFactory, noop_quantizer_set
 
+pytestmark = [pytest.mark.norm, pytest.mark.gemm]
+
 pytest_plugins = ["jax_fixtures"]  # the jax_device and jax_rng fixtures
 NORM_TYPES = pytest.mark.parametrize("norm_type", ["layernorm", "rmsnorm"])
 RECIPES = {

@@ -35,6 +35,8 @@ from transformer_engine.jax.layernorm_dense import layernorm_dense
 from transformer_engine.jax.layernorm_mlp import layernorm_mlp
 from transformer_engine.jax.quantize import QuantizerFactory, noop_quantizer_set
 
+pytestmark = [pytest.mark.norm, pytest.mark.gemm, pytest.mark.activation]
+
 pytest_plugins = ["jax_fixtures"]  # the jax_device and jax_rng fixtures
 ACTS = pytest.mark.parametrize("act", list(ACTIVATION_KINDS), ids="-".join)
 NORM_TYPES = pytest.mark.parametrize("norm_type", ["layernorm", "rmsnorm"])

@@ -3,7 +3,7 @@
 
 The core computes in FP32 with backend-specific summation orders, so y, mu,
 rsigma and the gradients are checked against te-core's float64 oracle
-(norm_reference) within its derived per-element bounds, as te-core's own tests
+(reference_norm) within its derived per-element bounds, as te-core's own tests
 do. The fused FP8 output is checked byte for byte against the NumPy
 quantize of the same device's FP32 output. On the CPU, the JAX handlers must
 also give exactly the bytes of te-core's NumPy API (the same backend).
@@ -21,9 +21,11 @@ import pytest
 from jax_helpers import fp32_scalar, norm_rows, put, same_floats, same_fp8
 
 import transformer_engine.core as tc
-from transformer_engine.core import norm_reference as nref
 from transformer_engine.core import reference as ref
+from transformer_engine.core import reference_norm as nref
 from transformer_engine.jax import cpp_extensions as ext
+
+pytestmark = pytest.mark.norm
 
 pytest_plugins = ["jax_fixtures"]  # the jax_device and jax_rng fixtures
 DTYPES = [np.float32, ml_dtypes.bfloat16, np.float16]

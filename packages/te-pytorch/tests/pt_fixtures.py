@@ -17,13 +17,11 @@ values each run; the seed is printed so that a failure can be replayed
 
 from __future__ import annotations
 
-import os
-import random
-
 import pytest
 import torch
 from pt_helpers import cuda_ready
 
+from transformer_engine.core.testing.seeds import draw_seed
 from transformer_engine.pytorch import FP8GlobalStateManager
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
@@ -41,9 +39,7 @@ def te_state():
     """A fresh seed per test (printed), a clean global FP8 state, and one torch
     intra-op thread: torch's OpenMP workers spin after each op and compete
     with te-core's CPU threads (tiny ops then take milliseconds)."""
-    seed = int(os.environ.get("TE_TEST_SEED", random.randrange(2**31)))
-    print(f"TE_TEST_SEED={seed}")
-    torch.manual_seed(seed)
+    torch.manual_seed(draw_seed())
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     FP8GlobalStateManager.reset()

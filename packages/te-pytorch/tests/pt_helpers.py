@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 import transformer_engine.core as te_core
+from transformer_engine.core.testing.tolerances import unit_roundoff, unit_roundoffs
 
 
 def cuda_ready() -> bool:
@@ -19,7 +20,7 @@ def cuda_ready() -> bool:
 FP8_MAX = {"e4m3": 448.0, "e5m2": 57344.0}
 # Largest FP8 value below the first normal, spaced like the subnormals.
 SUBNORMAL_STEP = {"e4m3": 2.0**-9, "e5m2": 2.0**-16}
-UNIT_ROUNDOFF = {"e4m3": 2.0**-4, "e5m2": 2.0**-3}
+UNIT_ROUNDOFF = unit_roundoffs("e4m3", "e5m2")
 
 
 def hostile(shape, dtype=torch.float32, device="cpu", fmt="e4m3"):
@@ -67,7 +68,7 @@ FAST_ACCUM_U = 2.0**-12
 
 
 # Hopper FP8 tensor cores truncate each 32-product step to ~14 significant bits even with
-# the split accumulator (te-core's tests/gemm_reference.py: (ceil(K/32) + 1) 2^-13 S).
+# the split accumulator (transformer_engine.core.reference_gemm: (ceil(K/32) + 1) 2^-13 S).
 # As a per-step unit for K u S: (ceil(K/32) + 1) / K <= 1/8 for every K >= 16.
 SPLIT_ACCUM_FP8_U = 2.0**-13 / 8
 
@@ -90,7 +91,7 @@ def matmul_bound(a, b, err_a, err_b, out_dtype, acc_u: float = 2.0**-24) -> torc
     k = a.shape[-1]
     operand = a.abs() @ err_b.T + err_a @ b.abs().T + err_a @ err_b.T
     accumulation = k * acc_u * (a.abs() + err_a) @ (b.abs() + err_b).T
-    u_out = {torch.float32: 2.0**-24, torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11}[out_dtype]
+    u_out = unit_roundoff(out_dtype)
     output = u_out * (a @ b.T).abs() * (1 + 2.0**-4) + u_out * operand
     return operand + accumulation + output + 1e-30
 

@@ -13,7 +13,7 @@ from pt_transformer_ref import mha64, rope_angles
 import transformer_engine.pytorch as te
 
 pytest_plugins = ["pt_fixtures"]
-pytestmark = pytest.mark.usefixtures("te_state")
+pytestmark = [pytest.mark.attention, pytest.mark.module, pytest.mark.usefixtures("te_state")]
 
 HIDDEN, HEADS = 24, 4
 

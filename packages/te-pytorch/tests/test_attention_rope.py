@@ -12,7 +12,7 @@ import torch
 from transformer_engine.pytorch.attention.rope import RotaryPositionEmbedding, apply_rotary_pos_emb
 
 pytest_plugins = ["pt_fixtures"]
-pytestmark = pytest.mark.usefixtures("te_state")
+pytestmark = [pytest.mark.rope, pytest.mark.module, pytest.mark.usefixtures("te_state")]
 
 
 def rope64(x, positions, d2, base, interleaved):

@@ -16,7 +16,7 @@ from transformer_engine.core import reference
 from transformer_engine.pytorch import quantization
 
 pytest_plugins = ["pt_fixtures"]
-pytestmark = pytest.mark.usefixtures("te_state")
+pytestmark = [pytest.mark.usefixtures("te_state"), pytest.mark.recipe]
 
 FLT_MAX = np.finfo(np.float32).max
 

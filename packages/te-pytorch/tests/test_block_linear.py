@@ -34,12 +34,13 @@ from pt_helpers import accumulation_u, assert_within, fp8_error, matmul_bound
 import transformer_engine.pytorch as te
 from transformer_engine.common import recipe
 from transformer_engine.core.nvfp4 import RHT_SIGN_MASK
+from transformer_engine.core.testing.tolerances import unit_roundoffs
 from transformer_engine.pytorch.module import _operand
 
 pytest_plugins = ["pt_fixtures"]
-pytestmark = pytest.mark.usefixtures("te_state")
+pytestmark = [pytest.mark.usefixtures("te_state"), pytest.mark.module]
 
-U_OUT = {torch.float32: 2.0**-24, torch.bfloat16: 2.0**-8}
+U_OUT = unit_roundoffs(torch.float32, torch.bfloat16)
 RECIPES = {
     "mxfp8": recipe.MXFP8BlockScaling,
     "fp8_block": recipe.Float8BlockScaling,

@@ -21,7 +21,7 @@ from transformer_engine.core.nvfp4 import RHT_SIGN_MASK
 from transformer_engine.pytorch import kernels
 
 pytest_plugins = ["pt_fixtures"]
-pytestmark = pytest.mark.usefixtures("te_state")
+pytestmark = [pytest.mark.usefixtures("te_state"), pytest.mark.mxfp8, pytest.mark.fp8_block, pytest.mark.nvfp4]
 
 E4M3, E5M2 = 7, 8
 FMT = {E4M3: "e4m3", E5M2: "e5m2"}

@@ -14,7 +14,7 @@ from transformer_engine.common import recipe
 from transformer_engine.pytorch.module._extra_state import UNSAFE_PICKLE_EXTRA_STATE_ENV
 
 pytest_plugins = ["pt_fixtures"]
-pytestmark = pytest.mark.usefixtures("te_state")
+pytestmark = [pytest.mark.usefixtures("te_state"), pytest.mark.module]
 
 
 def _step(layer, x, dy, fp8_recipe):

@@ -19,7 +19,7 @@ import transformer_engine.pytorch as te
 from transformer_engine.common import recipe
 
 pytest_plugins = ["pt_fixtures"]
-pytestmark = pytest.mark.usefixtures("te_state")
+pytestmark = [pytest.mark.usefixtures("te_state"), pytest.mark.module]
 
 
 @pytest.fixture(autouse=True)

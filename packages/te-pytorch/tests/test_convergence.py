@@ -22,7 +22,7 @@ import transformer_engine.pytorch as te
 from transformer_engine.common import recipe
 
 pytest_plugins = ["pt_fixtures"]
-pytestmark = pytest.mark.usefixtures("te_state")
+pytestmark = [pytest.mark.usefixtures("te_state"), pytest.mark.module]
 
 STEPS, BATCH, WINDOW = 300, 64, 20
 

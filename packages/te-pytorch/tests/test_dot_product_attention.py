@@ -15,7 +15,7 @@ import transformer_engine.pytorch as te
 from transformer_engine.pytorch.kernels import attention as fused_kernels
 
 pytest_plugins = ["pt_fixtures"]
-pytestmark = pytest.mark.usefixtures("te_state")
+pytestmark = [pytest.mark.attention, pytest.mark.module, pytest.mark.usefixtures("te_state")]
 
 BACKENDS = ["unfused", "fused"]
 MASKS = [

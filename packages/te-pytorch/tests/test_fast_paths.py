@@ -18,7 +18,7 @@ from transformer_engine.pytorch import kernels
 from transformer_engine.pytorch.kernels import _common
 
 pytest_plugins = ["pt_fixtures"]
-pytestmark = pytest.mark.usefixtures("te_state")
+pytestmark = [pytest.mark.usefixtures("te_state"), pytest.mark.cast]
 
 E4M3, E5M2 = te.DType.kFloat8E4M3, te.DType.kFloat8E5M2
 FP8_MAX = {E4M3: 448.0, E5M2: 57344.0}

@@ -14,7 +14,7 @@ import transformer_engine.pytorch as te
 from transformer_engine.core import reference
 
 pytest_plugins = ["pt_fixtures"]
-pytestmark = pytest.mark.usefixtures("te_state")
+pytestmark = [pytest.mark.usefixtures("te_state"), pytest.mark.cast]
 
 E4M3, E5M2 = te.DType.kFloat8E4M3, te.DType.kFloat8E5M2
 FMT = {E4M3: "e4m3", E5M2: "e5m2"}

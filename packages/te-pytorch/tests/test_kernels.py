@@ -22,14 +22,22 @@ from pt_helpers import (
 )
 
 from transformer_engine.core import reference
+from transformer_engine.core.testing.shapes import SHAPES
+from transformer_engine.core.testing.tolerances import unit_roundoff
 from transformer_engine.pytorch import kernels
 
 pytest_plugins = ["pt_fixtures"]
-pytestmark = pytest.mark.usefixtures("te_state")
+pytestmark = [
+    pytest.mark.usefixtures("te_state"),
+    pytest.mark.cast,
+    pytest.mark.gemm,
+    pytest.mark.norm,
+    pytest.mark.transpose,
+    pytest.mark.recipe,
+]
 
 CODE = {"e4m3": 7, "e5m2": 8}
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
-SHAPES = [(1, 16), (5, 160), (217, 256), (2, 3, 5, 64), (7,), (33, 17)]
 
 
 def _np(t: torch.Tensor) -> np.ndarray:
@@ -117,7 +125,7 @@ def test_fp8_gemm_tn(device, m, n, k, a_fmt, b_fmt, out_dtype):
     zero_a, zero_b = torch.zeros_like(a_hat), torch.zeros_like(b_hat)
     expected = a_hat @ b_hat.T + bias.double()
     bound = matmul_bound(a_hat, b_hat, zero_a, zero_b, out_dtype, accumulation_u(device, True))
-    bound += {torch.float32: 2.0**-24, torch.bfloat16: 2.0**-8}[out_dtype] * bias.double().abs()
+    bound += unit_roundoff(out_dtype) * bias.double().abs()
     assert_within(y, expected, bound, "FP8 GEMM vs dequantized operands")
     # Against the unquantized operands: the per-format bound of pt_helpers.fp8_error.
     scale_a = FP8_MAX[a_fmt] / a.abs().max().item()

@@ -19,12 +19,13 @@ import torch
 from transformer_engine.core import activation as core_activation
 from transformer_engine.core import reference_activation as oracle
 from transformer_engine.core.activation import ACTIVATIONS
+from transformer_engine.core.testing.tolerances import unit_roundoffs
 from transformer_engine.pytorch import kernels
 
 pytest_plugins = ["pt_fixtures"]
-pytestmark = pytest.mark.usefixtures("te_state")
+pytestmark = [pytest.mark.usefixtures("te_state"), pytest.mark.activation]
 
-U = {torch.float32: 2.0**-24, torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11}
+U = unit_roundoffs(torch.float32, torch.bfloat16, torch.float16)
 E4M3, E5M2 = 7, 8
 
 

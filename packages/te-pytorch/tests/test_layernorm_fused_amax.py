@@ -21,7 +21,7 @@ from transformer_engine.pytorch.module import _operand
 from transformer_engine.pytorch.tensor import float8_tensor
 
 pytest_plugins = ["pt_fixtures"]
-pytestmark = pytest.mark.usefixtures("te_state")
+pytestmark = [pytest.mark.usefixtures("te_state"), pytest.mark.norm, pytest.mark.module]
 
 RECIPES = pytest.mark.parametrize(
     "fp8_recipe",

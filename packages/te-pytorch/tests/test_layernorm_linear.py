@@ -20,7 +20,7 @@ import transformer_engine.pytorch as te
 from transformer_engine.common import recipe
 
 pytest_plugins = ["pt_fixtures"]
-pytestmark = pytest.mark.usefixtures("te_state")
+pytestmark = [pytest.mark.usefixtures("te_state"), pytest.mark.module]
 
 RECIPES = pytest.mark.parametrize(
     "fp8_recipe", [recipe.Float8CurrentScaling(), recipe.DelayedScaling()], ids=["current", "delayed"]

@@ -20,7 +20,7 @@ from transformer_engine.pytorch import kernels
 from transformer_engine.pytorch.module import _operand
 
 pytest_plugins = ["pt_fixtures"]
-pytestmark = pytest.mark.usefixtures("te_state")
+pytestmark = [pytest.mark.usefixtures("te_state"), pytest.mark.module]
 
 RECIPES = pytest.mark.parametrize(
     "fp8_recipe",

@@ -27,7 +27,7 @@ from transformer_engine.pytorch.module import _layernorm_mlp_fn as lmf
 from transformer_engine.pytorch.module._operand import operand_gemm, quantize_operand
 
 pytest_plugins = ["pt_fixtures"]
-pytestmark = pytest.mark.usefixtures("te_state")
+pytestmark = [pytest.mark.usefixtures("te_state"), pytest.mark.module]
 
 
 def _old_backward_q(a, dtypes, dy, needs, saved, ops):

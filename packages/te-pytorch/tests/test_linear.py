@@ -22,12 +22,13 @@ from pt_helpers import (
 
 import transformer_engine.pytorch as te
 from transformer_engine.common import recipe
+from transformer_engine.core.testing.tolerances import unit_roundoffs
 from transformer_engine.pytorch.module import base
 
 pytest_plugins = ["pt_fixtures"]
-pytestmark = pytest.mark.usefixtures("te_state")
+pytestmark = [pytest.mark.usefixtures("te_state"), pytest.mark.module]
 
-U_OUT = {torch.float32: 2.0**-24, torch.bfloat16: 2.0**-8}
+U_OUT = unit_roundoffs(torch.float32, torch.bfloat16)
 
 
 def _zero(t):

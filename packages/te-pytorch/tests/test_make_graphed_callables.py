@@ -18,7 +18,7 @@ from transformer_engine.common import recipe
 from transformer_engine.pytorch.graph import _KwargBinding, _resolve_deprecated
 
 pytest_plugins = ["pt_fixtures"]
-pytestmark = pytest.mark.usefixtures("te_state")
+pytestmark = [pytest.mark.module, pytest.mark.usefixtures("te_state")]
 
 RECIPES = {
     "none": None,

@@ -13,7 +13,7 @@ import torch
 import transformer_engine.pytorch as te
 
 pytest_plugins = ["pt_fixtures"]
-pytestmark = pytest.mark.usefixtures("te_state")
+pytestmark = [pytest.mark.usefixtures("te_state"), pytest.mark.norm, pytest.mark.module]
 
 TOL = {torch.float32: {"rtol": 1e-5, "atol": 1e-5}, torch.bfloat16: {"rtol": 2.0**-7, "atol": 2.0**-7}}
 

@@ -11,6 +11,8 @@ import importlib.metadata
 import pytest
 
 torch = pytest.importorskip("torch")
+
+pytestmark = pytest.mark.api
 # Imported only once torch is known to be there (a plain import would fail
 # collection on machines without torch instead of skipping).
 transformer_engine = importlib.import_module("transformer_engine")

@@ -32,7 +32,11 @@ import transformer_engine.pytorch as te
 from transformer_engine.common import recipe
 
 pytest_plugins = ["pt_fixtures"]
-pytestmark = [pytest.mark.usefixtures("te_state"), pytest.mark.filterwarnings("ignore:.*emulated:UserWarning")]
+pytestmark = [
+    pytest.mark.usefixtures("te_state"),
+    pytest.mark.filterwarnings("ignore:.*emulated:UserWarning"),
+    pytest.mark.module,
+]
 
 RECIPES = {
     "delayed": (recipe.DelayedScaling, te.Float8Tensor),

@@ -24,7 +24,7 @@ from transformer_engine.pytorch.tensor import (
 )
 
 pytest_plugins = ["pt_fixtures"]
-pytestmark = pytest.mark.usefixtures("te_state")
+pytestmark = [pytest.mark.recipe, pytest.mark.module, pytest.mark.usefixtures("te_state")]
 
 # Per recipe, written out here (not read from the code under test): the
 # quantizer class, the operand format and the multiple every GEMM dim must be.

@@ -18,7 +18,7 @@ from transformer_engine.common import recipe
 from transformer_engine.pytorch import distributed as te_dist
 
 pytest_plugins = ["pt_fixtures"]
-pytestmark = pytest.mark.usefixtures("te_state")
+pytestmark = [pytest.mark.module, pytest.mark.usefixtures("te_state")]
 
 RECIPES = {
     "delayed": lambda: recipe.DelayedScaling(amax_history_len=4),

@@ -15,7 +15,7 @@ import transformer_engine.pytorch as te
 from transformer_engine.common import recipe
 
 pytest_plugins = ["pt_fixtures"]
-pytestmark = pytest.mark.usefixtures("te_state")
+pytestmark = [pytest.mark.attention, pytest.mark.module, pytest.mark.usefixtures("te_state")]
 
 H, F, HEADS = 32, 48, 4  # (FP8 GEMMs need multiples of 16)
 

@@ -14,7 +14,7 @@ import transformer_engine.core as tec
 from transformer_engine.core import GemmOutput, lib
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from gemm_reference import is_fp8, reference  # noqa: E402
+from transformer_engine.core.reference_gemm import is_fp8, reference  # noqa: E402
 
 F32 = np.dtype(np.float32)
 F16 = np.dtype(np.float16)
@@ -26,7 +26,7 @@ FP8_PAIRS = [(E4M3, E4M3), (E4M3, E5M2), (E5M2, E4M3)]
 TRANS = [(False, False), (False, True), (True, False), (True, True)]
 ODD_SHAPES = [(1, 1, 1), (5, 7, 3), (33, 65, 17), (257, 515, 263)]  # (M, N, K)
 FP8_SHAPES = [(16, 32, 48), (64, 48, 80), (272, 528, 272)]
-# cuBLASLt applies non-power-of-two FP8 scales to the sum (see gemm_reference).
+# cuBLASLt applies non-power-of-two FP8 scales to the sum (see reference_gemm).
 FP8_EXTRA_ROUNDINGS = 4
 HALF_TYPES = (BF16, F16)
 
@@ -51,7 +51,7 @@ def fused_bias_rounding(out_dtype, bias, *, fp8_inputs=False, gelu=False, c=None
 
 
 def gpu_reference(a, b, *, out_dtype=F32, **kwargs):
-    """gemm_reference.reference with the CUDA backend's terms: the FP8
+    """reference_gemm.reference with the CUDA backend's terms: the FP8
     tensor-core accumulation model (applies when both operands are FP8) and
     the fused-BIAS rounding of `fused_bias_rounding`."""
     c = kwargs.get("c") if kwargs.get("beta", 0.0) != 0.0 else None  # te_gemm drops C at beta 0

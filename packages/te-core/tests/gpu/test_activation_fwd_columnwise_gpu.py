@@ -45,7 +45,7 @@ from transformer_engine.core import lib  # noqa: E402
 from transformer_engine.core._arrays import desc as host_desc  # noqa: E402
 from transformer_engine.core.activation import ACTIVATIONS  # noqa: E402
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.activation]
 
 # grad_input's (type, rowwise, columnwise): FP8 with and without its own
 # columnwise copy, FP8 columnwise only, and high precision.

@@ -34,7 +34,7 @@ from transformer_engine.core import lib  # noqa: E402
 from transformer_engine.core._arrays import desc as host_desc  # noqa: E402
 from transformer_engine.core.activation import ACTIVATIONS, GATED_ACTIVATIONS  # noqa: E402
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.activation]
 
 PLAIN = [k for k in ACTIVATIONS if k not in GATED_ACTIVATIONS]
 GATED = [k for k in ACTIVATIONS if k in GATED_ACTIVATIONS]

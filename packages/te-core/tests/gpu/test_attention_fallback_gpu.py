@@ -20,7 +20,7 @@ from test_attention import MASKS, make, mask_opts, random_case, thd_case  # noqa
 
 import transformer_engine.core as tec  # noqa: E402
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.attention, pytest.mark.gpu]
 
 
 @pytest.fixture(autouse=True)

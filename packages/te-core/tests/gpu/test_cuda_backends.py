@@ -23,8 +23,10 @@ torch = pytest.importorskip("torch")
 import transformer_engine.core as te_core  # noqa: E402
 from transformer_engine.core import lib  # noqa: E402
 from transformer_engine.core.dtypes import DType, te_dtype  # noqa: E402
+from transformer_engine.core.testing.seeds import draw_seed  # noqa: E402
+from transformer_engine.core.testing.tolerances import smallest_normal, smallest_subnormal  # noqa: E402
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.cast, pytest.mark.transpose, pytest.mark.recipe]
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 INPUT_DTYPES = [np.dtype(np.float32), BF16, np.dtype(np.float16)]
@@ -53,11 +55,7 @@ NAN_BITS = {
     np.dtype(np.float16): (np.uint16, [0x7E00, 0xFE00, 0x7FFF, 0xFE01]),
 }
 # (smallest subnormal, smallest normal) of each input type.
-TINY = {
-    np.dtype(np.float32): (2.0**-149, 2.0**-126),
-    BF16: (2.0**-133, 2.0**-126),
-    np.dtype(np.float16): (2.0**-24, 2.0**-14),
-}
+TINY = {d: (smallest_subnormal(d), smallest_normal(d)) for d in (np.dtype(np.float32), BF16, np.dtype(np.float16))}
 
 
 def _cuda_ready() -> bool:
@@ -210,7 +208,7 @@ def _ctx(rng_seed, **kw) -> str:
 
 @pytest.fixture
 def rng_and_seed():
-    seed = int(np.random.SeedSequence().entropy % (2**32))
+    seed = draw_seed()
     return np.random.default_rng(seed), seed
 
 
@@ -306,7 +304,7 @@ def test_quantize_unaligned_pointers(shape, dtype, layout, rng_and_seed):
         assert_same_bytes(d_amax.numpy(), want.amax, "amax", ctx)
 
 
-# (force_pow2_scales, amax_epsilon, input kind)
+# (force_pow_2_scales, amax_epsilon, input kind)
 CURRENT_CONFIGS = [
     (False, 0.0, "finite"),
     (True, 0.0, "finite"),
@@ -334,7 +332,7 @@ def test_quantize_current_scaling(shape, dtype, fp8, layout, rng_and_seed):
             dx.desc, _desc(row), _desc(col), d_scale.desc, d_inv.desc, d_amax.desc, pow2, eps, _stream()
         )
         want = te_core.quantize_fp8_current_scaling(
-            x, fp8, rowwise=rowwise, columnwise=columnwise, force_pow2_scales=pow2, amax_epsilon=eps
+            x, fp8, rowwise=rowwise, columnwise=columnwise, force_pow_2_scales=pow2, amax_epsilon=eps
         )
         assert_same_bytes(d_amax.numpy(), want.amax, "amax", ctx)
         assert_same_bytes(d_scale.numpy(), want.scale, "scale", ctx)
@@ -379,7 +377,7 @@ def test_scale_from_amax(fp8, pow2, eps):
     for amax in AMAX_VALUES:
         d_amax, d_scale, d_inv = scalar(amax), scalar(-1.0), scalar(-1.0)
         lib.compute_scale_from_amax(d_amax.desc, d_scale.desc, d_inv.desc, int(te_dtype(fp8)), pow2, eps, _stream())
-        scale, scale_inv = te_core.compute_scale_from_amax(amax, fp8, force_pow2_scales=pow2, amax_epsilon=eps)
+        scale, scale_inv = te_core.compute_scale_from_amax(amax, fp8, force_pow_2_scales=pow2, amax_epsilon=eps)
         ctx = f"amax={amax}"
         assert_same_bytes(d_scale.numpy(), np.float32(scale), "scale", ctx)
         assert_same_bytes(d_inv.numpy(), np.float32(scale_inv), "scale_inv", ctx)

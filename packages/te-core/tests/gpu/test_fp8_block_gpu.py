@@ -33,7 +33,7 @@ from test_cuda_backends import (
     make_input,
 )
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.fp8_block]
 
 
 @pytest.fixture(autouse=True)
@@ -124,7 +124,7 @@ def assert_quantize_matches(
         layout=layout,
         rowwise=rowwise,
         columnwise=columnwise,
-        force_pow2_scales=pow2,
+        force_pow_2_scales=pow2,
         amax_epsilon=epsilon,
     )
     names = ("rowwise", "rowwise_scale_inv", "columnwise", "columnwise_scale_inv")

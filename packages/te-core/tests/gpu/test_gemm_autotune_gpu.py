@@ -38,7 +38,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 from gemm_gpu_helpers import BF16, E4M3, E5M2, FP8_EXTRA_ROUNDINGS, gpu_reference  # noqa: E402
-from gemm_reference import (  # noqa: E402
+
+from transformer_engine.core.reference_gemm import (  # noqa: E402
     assert_close,
     random_operand,
     random_operands,
@@ -50,6 +51,7 @@ pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
     pytest.mark.skipif(not tec.built_with_cuda(), reason="te-core was built without CUDA"),
+    pytest.mark.gemm,
 ]
 
 # (M, N, K, A's type, B's type): A stored [M, K], B stored [N, K] (the "TN"

@@ -10,7 +10,7 @@
   must say native for the Linear GEMMs (1-D x 2-D, 1-D x 1-D) of aligned
   shapes, and D must lie within the bound of the float64 product of the exact
   FP32 dequantized operands with te_gemm's Hopper FP8 tensor-core model
-  (gemm_reference.py; the block scales add <= 2 FP32 roundings per block
+  (reference_gemm.py; the block scales add <= 2 FP32 roundings per block
   term, inside extra_roundings = 4) and the fused-BIAS rounding of a 16-bit D.
   It is compared with the emulated path through those bounds.
 * Native MXFP8 / NVFP4 (compute capability 10.x only, skipped elsewhere): the
@@ -46,12 +46,14 @@ from gemm_block_cases import (  # noqa: E402
     random_linear,
     same_bits,
 )
-from gemm_reference import assert_close, random_operand, reference  # noqa: E402
+
+from transformer_engine.core.reference_gemm import assert_close, random_operand, reference  # noqa: E402
 
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
     pytest.mark.skipif(not tec.built_with_cuda(), reason="te-core was built without CUDA"),
+    pytest.mark.gemm_block,
 ]
 
 F32 = np.dtype(np.float32)

@@ -1,6 +1,6 @@
 """te_gemm on the CUDA backend (cuBLASLt + the gemm kernels) against the same
 float64 references and per-format bounds as the CPU tests (see
-tests/gemm_reference.py), plus the two documented CUDA terms: Hopper's FP8
+transformer_engine.core.reference_gemm), plus the two documented CUDA terms: Hopper's FP8
 tensor-core accumulation (every GEMM with FP8 operands) and the rounding of a
 fused BIAS epilogue with a 16-bit output (see `gpu_reference`). Also
 torch._scaled_mm for FP8 "TN" GEMMs, CUDA graph capture and a 1024^3 check.
@@ -43,7 +43,8 @@ from gemm_gpu_helpers import (  # noqa: E402
     gpu_gemm,
     gpu_reference,
 )
-from gemm_reference import (  # noqa: E402
+
+from transformer_engine.core.reference_gemm import (  # noqa: E402
     U32,
     UNIT_ROUNDOFF,
     assert_amax_close,
@@ -61,6 +62,7 @@ pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
     pytest.mark.skipif(not tec.built_with_cuda(), reason="te-core was built without CUDA"),
+    pytest.mark.gemm,
 ]
 
 

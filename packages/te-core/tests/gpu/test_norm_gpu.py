@@ -1,6 +1,6 @@
 """LayerNorm / RMSNorm on the CUDA backend.
 
-- against the float64 oracle within the derived bounds of norm_reference, and against the
+- against the float64 oracle within the derived bounds of reference_norm, and against the
   CPU backend within the sum of both backends' bounds (summation orders differ, so the
   backends agree within rounding, not bit for bit);
 - the fused FP8 output byte for byte equal to te_quantize_fp8 (CUDA) of the CUDA FP32 y;
@@ -25,10 +25,10 @@ torch = pytest.importorskip("torch")
 from norm_inputs import FLOAT_DTYPES, NORM_SHAPES, grad_input, norm_input, weights  # noqa: E402
 
 import transformer_engine.core as tc  # noqa: E402
-from transformer_engine.core import norm_reference as nref  # noqa: E402
+from transformer_engine.core import reference_norm as nref  # noqa: E402
 from transformer_engine.core.dtypes import te_dtype  # noqa: E402
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.norm]
 lib = tc.lib
 
 # Beyond the CPU shapes: long rows (8192; 16384 is the last register-resident forward

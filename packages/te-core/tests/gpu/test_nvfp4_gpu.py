@@ -23,11 +23,12 @@ import transformer_engine.core as tc
 from transformer_engine.core import lib
 from transformer_engine.core.dtypes import DType, te_dtype
 from transformer_engine.core.nvfp4 import RHT_SIGN_MASK, scale_shape
+from transformer_engine.core.testing.seeds import draw_seed
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from nvfp4_helpers import INPUT_DTYPES, common_blocks, hostile
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.nvfp4]
 
 # Rowwise-only shapes: any rows. Both directions: rows % 16 == 0. They cover
 # partial tiles in both dims (tiles are 64 rows x 256 bytes: 64x128 for 16-bit
@@ -52,7 +53,7 @@ def _require_cuda():
 
 @pytest.fixture
 def rng():
-    return np.random.default_rng()
+    return np.random.default_rng(draw_seed())
 
 
 def stream() -> int:

@@ -20,11 +20,11 @@ from softmax_cases import CASES as SOFTMAX_CASES  # noqa: E402
 import transformer_engine.core as tc  # noqa: E402
 from transformer_engine.core import lib  # noqa: E402
 from transformer_engine.core import norm_reference as nref  # noqa: E402
-from transformer_engine.core import rope_reference as rref  # noqa: E402
-from transformer_engine.core import softmax_reference as sref  # noqa: E402
+from transformer_engine.core import reference_rope as rref  # noqa: E402
+from transformer_engine.core import reference_softmax as sref  # noqa: E402
 from transformer_engine.core.rope import TENSOR_FORMATS  # noqa: E402
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.rope, pytest.mark.softmax, pytest.mark.gpu]
 DTYPE_IDS = lambda d: np.dtype(d).name  # noqa: E731
 
 

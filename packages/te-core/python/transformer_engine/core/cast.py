@@ -13,6 +13,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ._arrays import as_high_precision, desc, empty, fp32_scalar, matrix_shape
+from ._compat import renamed_keyword
 from ._native import lib
 from .dtypes import FP8_DTYPES, te_dtype
 from .dtypes import fp8_dtype as _fp8_dtype
@@ -64,7 +65,8 @@ def compute_amax(x) -> np.float32:
     return amax[()]
 
 
-def compute_scale_from_amax(amax, fp8_dtype="e4m3", *, force_pow2_scales=False, amax_epsilon=0.0):
+@renamed_keyword("force_pow2_scales", "force_pow_2_scales")
+def compute_scale_from_amax(amax, fp8_dtype="e4m3", *, force_pow_2_scales=False, amax_epsilon=0.0):
     """(scale, scale_inv) from amax with the reference library's rules."""
     amax = fp32_scalar(amax, "amax")
     scale = np.zeros((), np.float32)
@@ -74,14 +76,15 @@ def compute_scale_from_amax(amax, fp8_dtype="e4m3", *, force_pow2_scales=False, 
         desc(scale),
         desc(scale_inv),
         int(_fp8_dtype(fp8_dtype)),
-        bool(force_pow2_scales),
+        bool(force_pow_2_scales),
         float(amax_epsilon),
     )
     return scale[()], scale_inv[()]
 
 
+@renamed_keyword("force_pow2_scales", "force_pow_2_scales")
 def quantize_fp8_current_scaling(
-    x, fp8_dtype="e4m3", *, rowwise=True, columnwise=False, force_pow2_scales=False, amax_epsilon=0.0
+    x, fp8_dtype="e4m3", *, rowwise=True, columnwise=False, force_pow_2_scales=False, amax_epsilon=0.0
 ) -> Fp8Tensor:
     """amax(x), scale from amax, then quantize: one call."""
     x = as_high_precision(x, "x")
@@ -94,7 +97,7 @@ def quantize_fp8_current_scaling(
         desc(scale),
         desc(scale_inv),
         desc(amax),
-        bool(force_pow2_scales),
+        bool(force_pow_2_scales),
         float(amax_epsilon),
     )
     return Fp8Tensor(row, col, scale, scale_inv, amax)

@@ -13,6 +13,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ._arrays import as_high_precision, desc, empty, matrix_shape
+from ._compat import renamed_keyword
 from ._native import lib
 from .dtypes import FP8_DTYPES, DType, te_dtype
 from .dtypes import fp8_dtype as _fp8_dtype
@@ -73,6 +74,7 @@ class Fp8BlockTensor(NamedTuple):
         return out.reshape(self.shape)
 
 
+@renamed_keyword("force_pow2_scales", "force_pow_2_scales")
 def quantize_fp8_block(
     x,
     fp8_dtype="e4m3",
@@ -81,7 +83,7 @@ def quantize_fp8_block(
     layout="gemm_ready",
     rowwise=True,
     columnwise=False,
-    force_pow2_scales=True,
+    force_pow_2_scales=True,
     amax_epsilon=0.0,
 ) -> Fp8BlockTensor:
     """Quantize x with one FP32 scale per block; rowwise and/or columnwise in one call.
@@ -107,7 +109,7 @@ def quantize_fp8_block(
         *(None if a is None else desc(a) for a in (*row, *col)),
         block_dim=block_dim,
         layout=code,
-        force_pow2_scales=bool(force_pow2_scales),
+        force_pow2_scales=bool(force_pow_2_scales),
         amax_epsilon=float(amax_epsilon),
     )
     return Fp8BlockTensor(tuple(x.shape), block_dim, layout, fmt, *row, *col)

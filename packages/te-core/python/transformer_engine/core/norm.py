@@ -24,6 +24,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ._arrays import as_high_precision, desc, empty, fp32_scalar
+from ._compat import renamed_keyword
 from ._native import lib
 from .cast import quantize_fp8_current_scaling
 from .dtypes import FP8_DTYPES, DType, te_dtype
@@ -45,7 +46,7 @@ def _out_code(x: np.ndarray, out_dtype) -> DType:
 
 
 def _forward(
-    layernorm, x, gamma, beta, eps, zero_centered_gamma, out_dtype, scale, amax, force_pow2_scales, amax_epsilon
+    layernorm, x, gamma, beta, eps, zero_centered_gamma, out_dtype, scale, amax, force_pow_2_scales, amax_epsilon
 ) -> NormForward:
     x = as_high_precision(x, "x")
     gamma = as_high_precision(gamma, "gamma")
@@ -53,7 +54,7 @@ def _forward(
     if code in FP8_DTYPES and scale is None:
         # Current scaling: norm to FP32, then amax -> scale -> quantize of that FP32 y.
         hp = _forward(layernorm, x, gamma, beta, eps, zero_centered_gamma, np.float32, None, None, False, 0.0)
-        q = quantize_fp8_current_scaling(hp.y, code, force_pow2_scales=force_pow2_scales, amax_epsilon=amax_epsilon)
+        q = quantize_fp8_current_scaling(hp.y, code, force_pow_2_scales=force_pow_2_scales, amax_epsilon=amax_epsilon)
         return NormForward(q.rowwise, hp.mu, hp.rsigma, q.scale, q.scale_inv, q.amax)
 
     y = empty(x.shape, code)
@@ -95,6 +96,7 @@ def _forward(
     return NormForward(y, mu, rsigma, scale_arr, scale_inv, amax_arr)
 
 
+@renamed_keyword("force_pow2_scales", "force_pow_2_scales")
 def layernorm_fwd(
     x,
     gamma,
@@ -105,7 +107,7 @@ def layernorm_fwd(
     out_dtype=None,
     scale=None,
     amax=None,
-    force_pow2_scales=False,
+    force_pow_2_scales=False,
     amax_epsilon=0.0,
 ) -> NormForward:
     """LayerNorm over the last dim of x.
@@ -113,15 +115,16 @@ def layernorm_fwd(
     out_dtype: None (x's type), float32/bfloat16/float16, or FP8 ("e4m3", "e5m2" or an
     ml_dtypes float8 type). For FP8, `scale` given means delayed scaling fused into the
     norm (`amax`, if given, is max-accumulated); no `scale` means current scaling
-    (`force_pow2_scales`, `amax_epsilon` as in quantize_fp8_current_scaling).
+    (`force_pow_2_scales`, `amax_epsilon` as in quantize_fp8_current_scaling).
     A high-precision out_dtype with `amax` given returns amax = max(amax, max|y|) of
     the stored (rounded) y in `.amax`.
     """
     return _forward(
-        True, x, gamma, beta, eps, zero_centered_gamma, out_dtype, scale, amax, force_pow2_scales, amax_epsilon
+        True, x, gamma, beta, eps, zero_centered_gamma, out_dtype, scale, amax, force_pow_2_scales, amax_epsilon
     )
 
 
+@renamed_keyword("force_pow2_scales", "force_pow_2_scales")
 def rmsnorm_fwd(
     x,
     gamma,
@@ -131,12 +134,12 @@ def rmsnorm_fwd(
     out_dtype=None,
     scale=None,
     amax=None,
-    force_pow2_scales=False,
+    force_pow_2_scales=False,
     amax_epsilon=0.0,
 ) -> NormForward:
     """RMSNorm over the last dim of x (arguments as layernorm_fwd; mu is None)."""
     return _forward(
-        False, x, gamma, None, eps, zero_centered_gamma, out_dtype, scale, amax, force_pow2_scales, amax_epsilon
+        False, x, gamma, None, eps, zero_centered_gamma, out_dtype, scale, amax, force_pow_2_scales, amax_epsilon
     )
 
 

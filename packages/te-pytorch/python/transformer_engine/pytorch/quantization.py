@@ -108,8 +108,9 @@ FP8GlobalStateManager = _FP8GlobalState()
 def get_default_recipe():
     """DelayedScaling() (the reference's choice on Hopper and older), or
     Float8CurrentScaling() on compute capability 12.0 and newer. The
-    reference picks MXFP8BlockScaling on 10.x; until MXFP8 lands here, 10.x
-    gets DelayedScaling too."""
+    reference picks MXFP8BlockScaling on 10.x; here 10.x still gets
+    DelayedScaling: this package's MXFP8 recipe has run on Hopper (emulated
+    block-scaled GEMMs) but never on a 10.x GPU."""
     if torch.cuda.is_available() and torch.cuda.get_device_capability() >= (12, 0):
         return Float8CurrentScaling()
     return DelayedScaling()

@@ -72,12 +72,10 @@ from typing import NamedTuple
 import ml_dtypes
 import numpy as np
 
-U32 = 2.0**-24
-UNIT_ROUNDOFF = {
-    np.dtype(np.float32): 2.0**-24,
-    np.dtype(ml_dtypes.bfloat16): 2.0**-8,
-    np.dtype(np.float16): 2.0**-11,
-}
+from .testing.tolerances import unit_roundoff, unit_roundoffs
+
+U32 = unit_roundoff(np.float32)
+UNIT_ROUNDOFF = unit_roundoffs(np.dtype(np.float32), np.dtype(ml_dtypes.bfloat16), np.dtype(np.float16))
 ABS_FLOOR = {  # half the smallest subnormal spacing of the output type
     np.dtype(np.float32): 0.0,
     np.dtype(ml_dtypes.bfloat16): 0.0,
