@@ -55,5 +55,6 @@ void bind_nvfp4(nb::module_& m);
 void bind_mxfp8(nb::module_& m);
 void bind_gemm_block(nb::module_& m);
 void bind_activation(nb::module_& m);
+void bind_attention(nb::module_& m);
 
 }  // namespace te_py

@@ -71,4 +71,5 @@ NB_MODULE(_te_core, m) {
   bind_mxfp8(m);
   bind_gemm_block(m);
   bind_activation(m);
+  bind_attention(m);
 }

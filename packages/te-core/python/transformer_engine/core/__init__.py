@@ -14,6 +14,7 @@ from .activation import (
     activation_backward,
     activation_forward,
 )
+from .attention import AttentionForward, AttentionGrad, attention_backend, attention_bwd, attention_fwd
 from .cast import (
     Fp8Tensor,
     compute_amax,
@@ -70,6 +71,11 @@ __all__ = [
     "HighPrecisionOutput",
     "activation_backward",
     "activation_forward",
+    "AttentionForward",
+    "AttentionGrad",
+    "attention_backend",
+    "attention_bwd",
+    "attention_fwd",
     "BlockOperand",
     "DType",
     "Fp8BlockTensor",
