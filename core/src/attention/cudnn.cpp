@@ -4,7 +4,8 @@
 //
 // Workspace (the caller's; sized by fwd_workspace / bwd_workspace):
 //   [cuDNN's workspace][seqlen_q, seqlen_kv][5 ragged offset arrays]
-//   [sink logits (off_by_one: zeros)][dsink scratch][lse copy (backward)]
+//   [sink logits (off_by_one: zeros)][dsoftmax_offset partial sums (backward)]
+//   [lse copy (backward)]
 // each part 256-byte aligned.
 #ifdef TE_WITH_CUDNN
 
@@ -74,7 +75,7 @@ Aux aux_layout(const Inputs& in, bool backward) {
   a.sink = at;
   at += align_up(h * sizeof(float));
   a.dsink = at;
-  at += align_up(h * sizeof(float));
+  if (backward) at += align_up(dsink_partials(in) * sizeof(float));
   a.lse = at;
   if (backward) {
     const size_t rows = in.qkv_format == TE_QKV_FORMAT_THD ? static_cast<size_t>(in.dims.tq)
@@ -154,7 +155,7 @@ bool supports(const Inputs& in, std::string* why) {
   std::string reason;
   const bool ok = expressible(in, &reason) && library_available(&reason) &&
                   forward_graph(in, &reason) &&
-                  backward_graph(in, in.bias_type == TE_ATTN_BIAS_POST_SCALE_BIAS, learnable(in), &reason);
+                  backward_graph(in, in.bias_type == TE_ATTN_BIAS_POST_SCALE_BIAS, &reason);
   if (!ok && why != nullptr) *why = reason;
   return ok;
 }
@@ -169,9 +170,9 @@ size_t fwd_workspace(const FwdArgs& a) {
 size_t bwd_workspace(const BwdArgs& a) {
   std::string why;
   const bool bias = a.bias_type == TE_ATTN_BIAS_POST_SCALE_BIAS;
-  size_t ws = workspace_bytes(*need(backward_graph(a, bias, learnable(a), &why), why));
+  size_t ws = workspace_bytes(*need(backward_graph(a, bias, &why), why));
   if (bias) {
-    const size_t other = workspace_bytes(*need(backward_graph(a, false, learnable(a), &why), why));
+    const size_t other = workspace_bytes(*need(backward_graph(a, false, &why), why));
     ws = other > ws ? other : ws;
   }
   return align_up(ws) + aux_layout(a, true).bytes;
@@ -195,7 +196,7 @@ void forward(const FwdArgs& a, te_stream stream) {
 void backward(const BwdArgs& a, te_stream stream) {
   auto s = static_cast<cudaStream_t>(stream);
   std::string why;
-  auto g = need(backward_graph(a, a.dbias != nullptr, learnable(a), &why), why);
+  auto g = need(backward_graph(a, a.dbias != nullptr, &why), why);
   char* ws = static_cast<char*>(a.workspace);
   const Aux layout = aux_layout(a, true);
   // The larger of the two bias variants was sized; the aux part follows it.
@@ -214,9 +215,10 @@ void backward(const BwdArgs& a, te_stream stream) {
   c.ptr[kDK] = a.dk;
   c.ptr[kDV] = a.dv;
   c.ptr[kDBias] = a.dbias;
-  c.ptr[kDSink] = a.dsoftmax_offset ? static_cast<void*>(a.dsoftmax_offset) : aux + layout.dsink;
   execute(*g, c.ptr, ws, s);
   if (padded(a)) zero_dead_gradients(a, c.lengths, a.dq, a.dk, a.dv, s);
+  if (a.dsoftmax_offset != nullptr)
+    dsoftmax_offset(a, reinterpret_cast<float*>(aux + layout.dsink), s);
 }
 
 }  // namespace te::attention::cudnn

@@ -2,6 +2,9 @@
 // lengths on the device: the core never synchronizes.
 #ifdef TE_WITH_CUDNN
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
 #include <cstdint>
 
 #include "attention/cudnn_aux.h"
@@ -102,6 +105,54 @@ __global__ void lse_kernel(const float* lse, float* out, int64_t n) {
   }
 }
 
+constexpr int kSinkRows = 256;  // query rows per block of the dsink partial sums
+
+__device__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ float to_float(__half x) { return __half2float(x); }
+
+// Block (c, h): warp w sums exp(alpha_h - lse) * (dO . O) over rows c * 256 + w + 8 k.
+template <class T>
+__global__ void dsink_partial_kernel(Inputs in, const T* o, const T* d_o, const float* lse,
+                                     float* partial, int64_t rows, int64_t chunks) {
+  const int64_t h = blockIdx.y, heads = in.dims.h, dv = in.dims.dv;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const float alpha = in.softmax_offset[h];
+  float acc = 0.0f;
+  for (int64_t r = blockIdx.x * kSinkRows + warp; r < (blockIdx.x + 1) * kSinkRows && r < rows;
+       r += blockDim.x / 32) {
+    int64_t at = r * heads + h;  // thd: lse [tq, h]
+    if (in.qkv_format == TE_QKV_FORMAT_BSHD) {
+      at = ((r / in.dims.sq) * heads + h) * in.dims.sq + r % in.dims.sq;
+    } else if (in.qkv_format == TE_QKV_FORMAT_SBHD) {
+      at = ((r % in.dims.b) * heads + h) * in.dims.sq + r / in.dims.b;
+    }
+    const float l = lse[at];
+    if (!(l > -__builtin_huge_valf())) continue;  // a dead row adds nothing
+    const T* orow = o + (r * heads + h) * dv;
+    const T* grow = d_o + (r * heads + h) * dv;
+    float dot = 0.0f;
+    for (int64_t e = lane; e < dv; e += 32) dot += to_float(orow[e]) * to_float(grow[e]);
+    for (int m = 16; m > 0; m /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, m);
+    acc += expf(alpha - l) * dot;
+  }
+  __shared__ float sums[32];
+  if (lane == 0) sums[warp] = acc;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float total = 0.0f;
+    for (int w = 0; w < static_cast<int>(blockDim.x / 32); ++w) total += sums[w];
+    partial[h * chunks + blockIdx.x] = total;
+  }
+}
+
+__global__ void dsink_total_kernel(const float* partial, int64_t chunks, int64_t heads, float* out) {
+  for (int64_t h = threadIdx.x; h < heads; h += blockDim.x) {
+    float total = 0.0f;
+    for (int64_t c = 0; c < chunks; ++c) total += partial[h * chunks + c];
+    out[h] = -total;
+  }
+}
+
 bool padded(const Inputs& in) {
   return is_padding_mask(in.mask_type) || in.qkv_format == TE_QKV_FORMAT_THD;
 }
@@ -126,7 +177,34 @@ void launch_zero(const Inputs& in, const ZeroRows& z, cudaStream_t stream) {
   TE_CHECK_LAUNCH();
 }
 
+int64_t query_rows(const Inputs& in) {
+  return in.qkv_format == TE_QKV_FORMAT_THD ? in.dims.tq : in.dims.b * in.dims.sq;
+}
+
 }  // namespace
+
+size_t dsink_partials(const Inputs& in) {
+  return static_cast<size_t>((query_rows(in) + kSinkRows - 1) / kSinkRows * in.dims.h);
+}
+
+void dsoftmax_offset(const BwdArgs& a, float* partial, cudaStream_t stream) {
+  const int64_t rows = query_rows(a), chunks = (rows + kSinkRows - 1) / kSinkRows;
+  if (chunks > 0) {
+    const dim3 grid(static_cast<unsigned>(chunks), static_cast<unsigned>(a.dims.h));
+    if (a.dtype == TE_DTYPE_BFLOAT16) {
+      dsink_partial_kernel<<<grid, 256, 0, stream>>>(a, static_cast<const __nv_bfloat16*>(a.o),
+                                                     static_cast<const __nv_bfloat16*>(a.d_o), a.lse,
+                                                     partial, rows, chunks);
+    } else {
+      dsink_partial_kernel<<<grid, 256, 0, stream>>>(a, static_cast<const __half*>(a.o),
+                                                     static_cast<const __half*>(a.d_o), a.lse,
+                                                     partial, rows, chunks);
+    }
+    TE_CHECK_LAUNCH();
+  }
+  dsink_total_kernel<<<1, 128, 0, stream>>>(partial, chunks, a.dims.h, a.dsoftmax_offset);
+  TE_CHECK_LAUNCH();
+}
 
 void compute_lengths(const Inputs& in, const Lengths& out, cudaStream_t stream) {
   lengths_kernel<<<1, 256, 0, stream>>>(in, out);

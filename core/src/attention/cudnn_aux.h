@@ -40,4 +40,10 @@ void lse_for_backward(const Inputs& in, const float* lse, float* out, cudaStream
 void zero_dead_gradients(const Inputs& in, const Lengths& lengths, void* dq, void* dk, void* dv,
                          cudaStream_t stream);
 
+// learnable: dsoftmax_offset_h = -sum over live rows (b, i) of
+// exp(alpha_h - lse) * (dO . O), deterministic (fixed-order two-stage sums;
+// `partial` holds dsink_partials(in) floats of the workspace).
+size_t dsink_partials(const Inputs& in);
+void dsoftmax_offset(const BwdArgs& a, float* partial, cudaStream_t stream);
+
 }  // namespace te::attention::cudnn

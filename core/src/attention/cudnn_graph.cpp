@@ -14,8 +14,9 @@
 //   sequence) BOTTOM_RIGHT; padding masks and thd -> padding_mask with seq_len
 //   tensors; thd -> ragged offsets (element offsets of each sequence); dropout
 //   -> Philox seed / offset tensors (cuDNN's own generator); off_by_one /
-//   learnable -> a sink token per head (logit 0 or softmax_offset), whose
-//   gradient is dsoftmax_offset. Stats = lse (natural log, FP32), sink included.
+//   learnable -> a sink token per head (logit 0 or softmax_offset); its
+//   gradient dsoftmax_offset is ours (cudnn_aux.h), not the graph's.
+//   Stats = lse (natural log, FP32), sink included.
 #ifdef TE_WITH_CUDNN
 
 #include "attention/cudnn_graph.h"
@@ -72,12 +73,11 @@ int64_t bits(float v) {
 
 using Key = std::vector<int64_t>;
 
-Key key_of(const Inputs& in, int pass, bool dbias, bool dsink) {
+Key key_of(const Inputs& in, int pass, bool dbias) {
   const Dims& d = in.dims;
   return {pass,
           current_device(),
           dbias,
-          dsink,
           in.dtype,
           in.qkv_format,
           in.mask_type,
@@ -214,7 +214,7 @@ void start_graph(const Inputs& in, fe::graph::Graph& g) {
 }
 
 void build_forward(const Inputs& in, Graph& out) {
-  Builder b{in, out};
+  Builder b{in, out, {}};
   const Dims& d = in.dims;
   start_graph(in, out.graph);
   Tensor q = b.input(kQ, "q", d.h, d.sq, d.d, kRaggedQ);
@@ -232,8 +232,8 @@ void build_forward(const Inputs& in, Graph& out) {
   out.uids.push_back(kStats);
 }
 
-void build_backward(const Inputs& in, bool dbias, bool dsink, Graph& out) {
-  Builder b{in, out};
+void build_backward(const Inputs& in, bool dbias, Graph& out) {
+  Builder b{in, out, {}};
   const Dims& d = in.dims;
   start_graph(in, out.graph);
   Tensor q = b.input(kQ, "q", d.h, d.sq, d.d, kRaggedQ);
@@ -263,7 +263,6 @@ void build_backward(const Inputs& in, bool dbias, bool dsink, Graph& out) {
       opt.set_dbias(t);
     }
   }
-  if (dsink) opt.set_dsink_token(b.per_head(kDSink, "dsink"));
   auto [dq, dk, dv] = out.graph.sdpa_backward(q, k, v, o, d_o, stats, opt);
   b.output(dq, kDQ, d.h, d.sq, d.d, kRaggedQ);
   b.output(dk, kDK, d.hk, d.skv, d.d, kRaggedK);
@@ -274,7 +273,7 @@ void build_backward(const Inputs& in, bool dbias, bool dsink, Graph& out) {
 // failing step's message goes to *why.
 bool finish(Graph& g, std::string* why) {
   cudnnHandle_t handle = handle_for(current_device());
-  auto step = [&](const char* what, const fe::error_t& e) {
+  auto step = [&](const char* what, fe::error_t e) {
     if (e.is_good()) return true;
     *why = std::string("cuDNN ") + what + ": " + e.get_message();
     return false;
@@ -328,12 +327,11 @@ bool dead_rows_possible(const Inputs& in) {
 }
 
 std::shared_ptr<Graph> forward_graph(const Inputs& in, std::string* why) {
-  return cached(key_of(in, 0, false, false), why, [&](Graph& g) { build_forward(in, g); });
+  return cached(key_of(in, 0, false), why, [&](Graph& g) { build_forward(in, g); });
 }
 
-std::shared_ptr<Graph> backward_graph(const Inputs& in, bool dbias, bool dsink, std::string* why) {
-  return cached(key_of(in, 1, dbias, dsink), why,
-                [&](Graph& g) { build_backward(in, dbias, dsink, g); });
+std::shared_ptr<Graph> backward_graph(const Inputs& in, bool dbias, std::string* why) {
+  return cached(key_of(in, 1, dbias), why, [&](Graph& g) { build_backward(in, dbias, g); });
 }
 
 size_t workspace_bytes(const Graph& graph) { return graph.workspace; }
@@ -350,7 +348,7 @@ void execute(Graph& graph, void* const (&pointers)[kUidCount], void* workspace,
   const cudnnStatus_t status = cudnnSetStream(handle, stream);
   if (status != CUDNN_STATUS_SUCCESS)
     fail(TE_ERROR_CUDA, "cudnnSetStream failed: ", cudnnGetErrorString(status));
-  const fe::error_t e = graph.graph.execute(handle, pack, workspace);
+  fe::error_t e = graph.graph.execute(handle, pack, workspace);
   if (e.is_bad()) fail(TE_ERROR_CUDA, "cuDNN attention execute: ", e.get_message());
 }
 

@@ -37,7 +37,6 @@ enum Uid : int {
   kDK,
   kDV,
   kDBias,
-  kDSink,  // learnable: FP32 [h]
   kUidCount
 };
 
@@ -50,9 +49,9 @@ struct Graph;  // a built cudnn_frontend graph, its workspace size and a lock
 
 // The graph of one pass for one configuration, built on first use and cached
 // (per device, thread-safe). Null with the reason in *why when cuDNN has no
-// engine for it. backward: dbias / dsink say whether those outputs are wanted.
+// engine for it. backward: dbias says whether that output is wanted.
 std::shared_ptr<Graph> forward_graph(const Inputs& in, std::string* why);
-std::shared_ptr<Graph> backward_graph(const Inputs& in, bool dbias, bool dsink, std::string* why);
+std::shared_ptr<Graph> backward_graph(const Inputs& in, bool dbias, std::string* why);
 
 size_t workspace_bytes(const Graph& graph);
 

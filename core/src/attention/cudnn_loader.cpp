@@ -144,7 +144,6 @@ using te::attention::cudnn::nvrtc_symbol;
   }
 
 TE_CUDNN_FORWARD(cudnnCreate, (cudnnHandle_t * handle), (handle))
-TE_CUDNN_FORWARD(cudnnDestroy, (cudnnHandle_t handle), (handle))
 TE_CUDNN_FORWARD(cudnnSetStream, (cudnnHandle_t handle, cudaStream_t stream), (handle, stream))
 TE_CUDNN_FORWARD(cudnnGetStream, (cudnnHandle_t handle, cudaStream_t* stream), (handle, stream))
 TE_CUDNN_FORWARD(cudnnBackendCreateDescriptor,
