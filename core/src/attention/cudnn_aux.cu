@@ -42,7 +42,7 @@ struct RowMap {
       *bi = r / s, *i = r % s;
     } else if (format == TE_QKV_FORMAT_SBHD) {
       *bi = r % b, *i = r / b;
-    } else {  // thd: the last sequence starting at or before r
+    } else {                   // thd: the last sequence starting at or before r
       int64_t lo = 0, hi = b;  // starts[lo] <= r < starts[hi] when inside
       if (r >= starts[b]) return false;
       while (hi - lo > 1) {
@@ -145,7 +145,8 @@ __global__ void dsink_partial_kernel(Inputs in, const T* o, const T* d_o, const 
   }
 }
 
-__global__ void dsink_total_kernel(const float* partial, int64_t chunks, int64_t heads, float* out) {
+__global__ void dsink_total_kernel(const float* partial, int64_t chunks, int64_t heads,
+                                   float* out) {
   for (int64_t h = threadIdx.x; h < heads; h += blockDim.x) {
     float total = 0.0f;
     for (int64_t c = 0; c < chunks; ++c) total += partial[h * chunks + c];
@@ -193,8 +194,8 @@ void dsoftmax_offset(const BwdArgs& a, float* partial, cudaStream_t stream) {
     const dim3 grid(static_cast<unsigned>(chunks), static_cast<unsigned>(a.dims.h));
     if (a.dtype == TE_DTYPE_BFLOAT16) {
       dsink_partial_kernel<<<grid, 256, 0, stream>>>(a, static_cast<const __nv_bfloat16*>(a.o),
-                                                     static_cast<const __nv_bfloat16*>(a.d_o), a.lse,
-                                                     partial, rows, chunks);
+                                                     static_cast<const __nv_bfloat16*>(a.d_o),
+                                                     a.lse, partial, rows, chunks);
     } else {
       dsink_partial_kernel<<<grid, 256, 0, stream>>>(a, static_cast<const __half*>(a.o),
                                                      static_cast<const __half*>(a.d_o), a.lse,
@@ -214,7 +215,7 @@ void compute_lengths(const Inputs& in, const Lengths& out, cudaStream_t stream) 
 void fix_dead_rows(const Inputs& in, const Lengths& lengths, void* o, float* lse,
                    cudaStream_t stream) {
   ZeroRows z{row_map(in, true, lengths), row_map(in, false, lengths), true, row_count(in, true),
-             static_cast<uint16_t*>(o), in.dims.h * in.dims.dv, lse, in.dims.h,
+             static_cast<uint16_t*>(o),  in.dims.h * in.dims.dv,      lse,  in.dims.h,
              -__builtin_huge_valf()};
   launch_zero(in, z, stream);
 }
@@ -231,14 +232,17 @@ void lse_for_backward(const Inputs& in, const float* lse, float* out, cudaStream
 void zero_dead_gradients(const Inputs& in, const Lengths& lengths, void* dq, void* dk, void* dv,
                          cudaStream_t stream) {
   const RowMap q = row_map(in, true, lengths), kv = row_map(in, false, lengths);
-  launch_zero(in, {q, kv, true, row_count(in, true), static_cast<uint16_t*>(dq),
-                   in.dims.h * in.dims.d, nullptr, 0, 0.0f},
+  launch_zero(in,
+              {q, kv, true, row_count(in, true), static_cast<uint16_t*>(dq), in.dims.h * in.dims.d,
+               nullptr, 0, 0.0f},
               stream);
-  launch_zero(in, {kv, kv, false, row_count(in, false), static_cast<uint16_t*>(dk),
-                   in.dims.hk * in.dims.d, nullptr, 0, 0.0f},
+  launch_zero(in,
+              {kv, kv, false, row_count(in, false), static_cast<uint16_t*>(dk),
+               in.dims.hk * in.dims.d, nullptr, 0, 0.0f},
               stream);
-  launch_zero(in, {kv, kv, false, row_count(in, false), static_cast<uint16_t*>(dv),
-                   in.dims.hk * in.dims.dv, nullptr, 0, 0.0f},
+  launch_zero(in,
+              {kv, kv, false, row_count(in, false), static_cast<uint16_t*>(dv),
+               in.dims.hk * in.dims.dv, nullptr, 0, 0.0f},
               stream);
 }
 

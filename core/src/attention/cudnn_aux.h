@@ -17,10 +17,10 @@ namespace te::attention::cudnn {
 struct Lengths {
   int32_t* seqlen_q = nullptr;
   int32_t* seqlen_kv = nullptr;
-  int32_t* ragged_q = nullptr;  // cu_q_padded * h * d
-  int32_t* ragged_k = nullptr;  // cu_kv_padded * hk * d
-  int32_t* ragged_v = nullptr;  // cu_kv_padded * hk * dv
-  int32_t* ragged_o = nullptr;  // cu_q_padded * h * dv
+  int32_t* ragged_q = nullptr;      // cu_q_padded * h * d
+  int32_t* ragged_k = nullptr;      // cu_kv_padded * hk * d
+  int32_t* ragged_v = nullptr;      // cu_kv_padded * hk * dv
+  int32_t* ragged_o = nullptr;      // cu_q_padded * h * dv
   int32_t* ragged_stats = nullptr;  // cu_q_padded * h
 };
 

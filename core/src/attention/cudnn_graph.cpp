@@ -131,7 +131,10 @@ struct Builder {
   // q / k / v / o / d_o style input of `heads` x `s` x `d` (thd: ragged).
   Tensor input(Uid uid, const char* name, int64_t heads, int64_t s, int64_t d, Uid ragged) {
     fe::graph::Tensor_attributes a;
-    a.set_name(name).set_uid(uid).set_dim({in.dims.b, heads, s, d}).set_stride(strides(in, heads, s, d));
+    a.set_name(name)
+        .set_uid(uid)
+        .set_dim({in.dims.b, heads, s, d})
+        .set_stride(strides(in, heads, s, d));
     if (thd(in)) a.set_ragged_offset(ragged_tensor(ragged));
     out.uids.push_back(uid);
     return out.graph.tensor(a);
@@ -139,8 +142,10 @@ struct Builder {
 
   // Gives a graph output (o, dq, ...) its uid, layout and ragged offsets.
   void output(const Tensor& t, Uid uid, int64_t heads, int64_t s, int64_t d, Uid ragged) {
-    t->set_output(true).set_uid(uid).set_dim({in.dims.b, heads, s, d}).set_stride(
-        strides(in, heads, s, d));
+    t->set_output(true)
+        .set_uid(uid)
+        .set_dim({in.dims.b, heads, s, d})
+        .set_stride(strides(in, heads, s, d));
     if (thd(in)) t->set_ragged_offset(ragged_tensor(ragged));
     out.uids.push_back(uid);
   }
@@ -166,13 +171,17 @@ struct Builder {
 
   Tensor bias() {
     const int64_t sq = in.dims.sq, skv = in.dims.skv;
-    return tensor(kBias, "bias", {in.bias_b, in.bias_h, sq, skv}, {in.bias_h * sq * skv, sq * skv, skv, 1});
+    return tensor(kBias, "bias", {in.bias_b, in.bias_h, sq, skv},
+                  {in.bias_h * sq * skv, sq * skv, skv, 1});
   }
 
   Tensor rng(Uid uid, const char* name) {
     fe::graph::Tensor_attributes a;
-    a.set_name(name).set_uid(uid).set_dim({1, 1, 1, 1}).set_stride({1, 1, 1, 1}).set_data_type(
-        fe::DataType_t::INT64);
+    a.set_name(name)
+        .set_uid(uid)
+        .set_dim({1, 1, 1, 1})
+        .set_stride({1, 1, 1, 1})
+        .set_data_type(fe::DataType_t::INT64);
     if (in.rng_state_device == nullptr) a.set_is_pass_by_value(true);
     out.uids.push_back(uid);
     return out.graph.tensor(a);
@@ -208,7 +217,8 @@ void common_options(Builder& b, Options& o) {
 }
 
 void start_graph(const Inputs& in, fe::graph::Graph& g) {
-  g.set_io_data_type(in.dtype == TE_DTYPE_BFLOAT16 ? fe::DataType_t::BFLOAT16 : fe::DataType_t::HALF)
+  g.set_io_data_type(in.dtype == TE_DTYPE_BFLOAT16 ? fe::DataType_t::BFLOAT16
+                                                   : fe::DataType_t::HALF)
       .set_intermediate_data_type(fe::DataType_t::FLOAT)
       .set_compute_data_type(fe::DataType_t::FLOAT);
 }
@@ -226,7 +236,10 @@ void build_forward(const Inputs& in, Graph& out) {
   if (in.bias_type == TE_ATTN_BIAS_POST_SCALE_BIAS) o.set_bias(b.bias());
   auto [out_o, stats] = out.graph.sdpa(q, k, v, o);
   b.output(out_o, kO, d.h, d.sq, d.dv, kRaggedO);
-  stats->set_output(true).set_uid(kStats).set_data_type(fe::DataType_t::FLOAT).set_dim(b.stats_dim())
+  stats->set_output(true)
+      .set_uid(kStats)
+      .set_data_type(fe::DataType_t::FLOAT)
+      .set_dim(b.stats_dim())
       .set_stride(b.stats_stride());
   if (thd(in)) stats->set_ragged_offset(b.ragged_tensor(kRaggedStats));
   out.uids.push_back(kStats);
@@ -242,7 +255,10 @@ void build_backward(const Inputs& in, bool dbias, Graph& out) {
   Tensor o = b.input(kO, "o", d.h, d.sq, d.dv, kRaggedO);
   Tensor d_o = b.input(kDO, "d_o", d.h, d.sq, d.dv, kRaggedO);
   fe::graph::Tensor_attributes sa;
-  sa.set_name("stats").set_uid(kStats).set_dim(b.stats_dim()).set_stride(b.stats_stride())
+  sa.set_name("stats")
+      .set_uid(kStats)
+      .set_dim(b.stats_dim())
+      .set_stride(b.stats_stride())
       .set_data_type(fe::DataType_t::FLOAT);
   if (thd(in)) sa.set_ragged_offset(b.ragged_tensor(kRaggedStats));
   out.uids.push_back(kStats);
@@ -340,7 +356,8 @@ void execute(Graph& graph, void* const (&pointers)[kUidCount], void* workspace,
              cudaStream_t stream) {
   std::unordered_map<int64_t, void*> pack;
   for (int uid : graph.uids) {
-    if (pointers[uid] == nullptr) fail(TE_ERROR_INTERNAL, "cuDNN attention: no pointer for tensor ", uid);
+    if (pointers[uid] == nullptr)
+      fail(TE_ERROR_INTERNAL, "cuDNN attention: no pointer for tensor ", uid);
     pack.emplace(uid, pointers[uid]);
   }
   cudnnHandle_t handle = handle_for(current_device());

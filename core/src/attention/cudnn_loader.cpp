@@ -72,8 +72,8 @@ const Library& cudnn_library() {
   std::call_once(once, [] {
     const char* env = std::getenv("TE_CUDNN_LIBRARY");
     std::string tried;
-    lib.handle = open_first({env ? env : "", "libcudnn.so.9", wheel_path("cudnn/lib/libcudnn.so.9")},
-                            &tried);
+    lib.handle = open_first(
+        {env ? env : "", "libcudnn.so.9", wheel_path("cudnn/lib/libcudnn.so.9")}, &tried);
     if (lib.handle == nullptr) {
       lib.why = "cuDNN not found (pip install nvidia-cudnn-cu13, or set TE_CUDNN_LIBRARY); tried:" +
                 tried;
@@ -83,8 +83,8 @@ const Library& cudnn_library() {
     auto get_version = reinterpret_cast<GetVersion>(dlsym(lib.handle, "cudnnGetVersion"));
     lib.version = get_version ? static_cast<long>(get_version()) : 0;
     if (lib.version < 90000) {
-      lib.why = "cuDNN 9 is needed for fused attention; found version " +
-                std::to_string(lib.version);
+      lib.why =
+          "cuDNN 9 is needed for fused attention; found version " + std::to_string(lib.version);
       lib.handle = nullptr;  // left open: harmless, and closing races other users
     }
   });
@@ -131,16 +131,16 @@ long library_version() { return cudnn_library().version; }
 using te::attention::cudnn::cudnn_symbol;
 using te::attention::cudnn::nvrtc_symbol;
 
-#define TE_CUDNN_FORWARD(name, params, args)                                   \
-  extern "C" cudnnStatus_t CUDNNWINAPI name params {                           \
+#define TE_CUDNN_FORWARD(name, params, args)                                        \
+  extern "C" cudnnStatus_t CUDNNWINAPI name params {                                \
     static const auto fn = cudnn_symbol<cudnnStatus_t(CUDNNWINAPI*) params>(#name); \
-    return fn ? fn args : CUDNN_STATUS_NOT_INITIALIZED;                        \
+    return fn ? fn args : CUDNN_STATUS_NOT_INITIALIZED;                             \
   }
 
-#define TE_NVRTC_FORWARD(name, params, args)                          \
-  extern "C" nvrtcResult name params {                                \
+#define TE_NVRTC_FORWARD(name, params, args)                           \
+  extern "C" nvrtcResult name params {                                 \
     static const auto fn = nvrtc_symbol<nvrtcResult(*) params>(#name); \
-    return fn ? fn args : NVRTC_ERROR_INTERNAL_ERROR;                 \
+    return fn ? fn args : NVRTC_ERROR_INTERNAL_ERROR;                  \
   }
 
 TE_CUDNN_FORWARD(cudnnCreate, (cudnnHandle_t * handle), (handle))
@@ -149,8 +149,7 @@ TE_CUDNN_FORWARD(cudnnGetStream, (cudnnHandle_t handle, cudaStream_t* stream), (
 TE_CUDNN_FORWARD(cudnnBackendCreateDescriptor,
                  (cudnnBackendDescriptorType_t type, cudnnBackendDescriptor_t* descriptor),
                  (type, descriptor))
-TE_CUDNN_FORWARD(cudnnBackendDestroyDescriptor, (cudnnBackendDescriptor_t descriptor),
-                 (descriptor))
+TE_CUDNN_FORWARD(cudnnBackendDestroyDescriptor, (cudnnBackendDescriptor_t descriptor), (descriptor))
 TE_CUDNN_FORWARD(cudnnBackendFinalize, (cudnnBackendDescriptor_t descriptor), (descriptor))
 TE_CUDNN_FORWARD(cudnnBackendSetAttribute,
                  (cudnnBackendDescriptor_t descriptor, cudnnBackendAttributeName_t name,
@@ -175,13 +174,13 @@ extern "C" size_t CUDNNWINAPI cudnnGetVersion(void) {
 }
 
 extern "C" const char* CUDNNWINAPI cudnnGetErrorString(cudnnStatus_t status) {
-  static const auto fn = cudnn_symbol<const char*(CUDNNWINAPI*)(cudnnStatus_t)>("cudnnGetErrorString");
+  static const auto fn =
+      cudnn_symbol<const char*(CUDNNWINAPI*)(cudnnStatus_t)>("cudnnGetErrorString");
   return fn ? fn(status) : "cuDNN not loaded";
 }
 
 extern "C" void CUDNNWINAPI cudnnGetLastErrorString(char* message, size_t max_size) {
-  static const auto fn =
-      cudnn_symbol<void(CUDNNWINAPI*)(char*, size_t)>("cudnnGetLastErrorString");
+  static const auto fn = cudnn_symbol<void(CUDNNWINAPI*)(char*, size_t)>("cudnnGetLastErrorString");
   if (fn) return fn(message, max_size);
   if (message != nullptr && max_size > 0) message[0] = '\0';
 }
