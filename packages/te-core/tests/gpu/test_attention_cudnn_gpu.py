@@ -14,11 +14,10 @@ Rows without a visible key must give O = 0, lse = -inf and zero gradients.
 
 from __future__ import annotations
 
+import os
 import sys
 import zlib
 from pathlib import Path
-
-import os
 
 import numpy as np
 import pytest
