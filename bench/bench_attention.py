@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from bench_core import time_ms
+from _timing import time_ms
 from torch_desc import desc, stream
 
 import transformer_engine.core as tc
