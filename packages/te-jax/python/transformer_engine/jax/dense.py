@@ -71,9 +71,17 @@ def _dense_fwd(x, kernel, bias, quantizer_set):
     if quantizer_set.is_noop:
         return gemm(x, kernel, bias=bias), (x, kernel, bias, quantizer_set)
     qx, x_quantizer = quantizer_set.x.quantize(x, rowwise=True, columnwise=True)
+    return fp8_forward(qx, x_quantizer, kernel, bias, quantizer_set, x.dtype)
+
+
+def fp8_forward(qx, x_quantizer, kernel, bias, quantizer_set, out_dtype):
+    """The FP8 forward rule from x's FP8 copies: qx (rowwise and columnwise) and
+    x_quantizer (the x quantizer with x's amax recorded). layernorm_dense and
+    layernorm_mlp call it with copies that a fused norm or activation wrote.
+    Returns (y, residuals of _dense_bwd)."""
     qk, k_quantizer = quantizer_set.kernel.quantize(kernel, rowwise=True, columnwise=True)
     # Y [M, out] = X [M, in] . K: B is K's columnwise copy, stored [out, in].
-    y = _fp8_gemm(qx.rowwise, qx.scale_inv, qk.columnwise, qk.scale_inv, bias=bias, out_dtype=x.dtype)
+    y = _fp8_gemm(qx.rowwise, qx.scale_inv, qk.columnwise, qk.scale_inv, bias=bias, out_dtype=out_dtype)
     new_set = QuantizerSet(x_quantizer.update(), k_quantizer.update(), quantizer_set.dgrad)
     # Saved for backward: the copies the two backward GEMMs read, in FP8.
     x_saved = ScaledTensor(None, qx.columnwise, qx.scale_inv)
@@ -84,18 +92,27 @@ def _dense_fwd(x, kernel, bias, quantizer_set):
 def _dense_bwd(residuals, dy):
     x_saved, k_saved, bias, quantizer_set = residuals
     if quantizer_set.is_noop:
-        dx = gemm(dy, k_saved, transb=True)  # dX = dY K^T
-        dw = gemm(x_saved, dy, transa=True)  # dW = X^T dY
+        dx, dw = backward_gemms(dy, x_saved, k_saved)
     else:
         qdy, dgrad_quantizer = quantizer_set.dgrad.quantize(dy, rowwise=True, columnwise=True)
-        # dX [M, in] = dY [M, out] . K^T: B is K's rowwise copy, stored [in, out].
-        dx = _fp8_gemm(qdy.rowwise, qdy.scale_inv, k_saved.rowwise, k_saved.scale_inv, out_dtype=dy.dtype)
-        # dW [in, out] = X^T . dY: A is X's columnwise copy [in, M], B is dY's [out, M].
-        dw = _fp8_gemm(x_saved.columnwise, x_saved.scale_inv, qdy.columnwise, qdy.scale_inv, out_dtype=dy.dtype)
+        dx, dw = backward_gemms(qdy, x_saved, k_saved, out_dtype=dy.dtype)
         quantizer_set = QuantizerSet(quantizer_set.x, quantizer_set.kernel, dgrad_quantizer.update())
     dbias = None if bias is None else jnp.sum(dy, axis=0, dtype=jnp.float32).astype(bias.dtype)
     # The quantizer set's "gradient" is its updated state (see the module docstring).
     return dx, dw, dbias, quantizer_set
+
+
+def backward_gemms(dy, x_saved, k_saved, out_dtype=None):
+    """(dX, dW) from the forward's residuals: high-precision GEMMs when dy is an
+    array (x_saved and k_saved then are too), FP8 GEMMs when dy is dY's
+    ScaledTensor (rowwise and columnwise) and the residuals are fp8_forward's."""
+    if not isinstance(dy, ScaledTensor):
+        return gemm(dy, k_saved, transb=True), gemm(x_saved, dy, transa=True)  # dY K^T, X^T dY
+    # dX [M, in] = dY [M, out] . K^T: B is K's rowwise copy, stored [in, out].
+    dx = _fp8_gemm(dy.rowwise, dy.scale_inv, k_saved.rowwise, k_saved.scale_inv, out_dtype=out_dtype)
+    # dW [in, out] = X^T . dY: A is X's columnwise copy [in, M], B is dY's [out, M].
+    dw = _fp8_gemm(x_saved.columnwise, x_saved.scale_inv, dy.columnwise, dy.scale_inv, out_dtype=out_dtype)
+    return dx, dw
 
 
 _dense.defvjp(_dense_fwd, _dense_bwd)

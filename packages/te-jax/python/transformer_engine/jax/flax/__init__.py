@@ -2,8 +2,8 @@
 
     from transformer_engine.jax import flax as te_flax
 
-DenseGeneral so far (module.py); LayerNorm, LayerNormDenseGeneral,
-LayerNormMLP, DotProductAttention, TransformerLayer, ... come in later work.
+DenseGeneral, LayerNorm, LayerNormDenseGeneral and LayerNormMLP (module.py);
+DotProductAttention, MultiHeadAttention, TransformerLayer, ... come in later work.
 """
 
 try:
@@ -11,6 +11,6 @@ try:
 except ImportError as error:  # pragma: no cover - flax is a dependency of te-jax
     raise ImportError("transformer_engine.jax.flax needs flax: pip install 'flax>=0.7.1'") from error
 
-from .module import DenseGeneral, TransformerEngineBase
+from .module import DenseGeneral, LayerNorm, LayerNormDenseGeneral, LayerNormMLP, TransformerEngineBase
 
-__all__ = ["DenseGeneral", "TransformerEngineBase"]
+__all__ = ["DenseGeneral", "LayerNorm", "LayerNormDenseGeneral", "LayerNormMLP", "TransformerEngineBase"]

@@ -101,8 +101,13 @@ class DelayedScaleQuantizer:
         row, col, scale_inv, amax = _ext().quantize_fp8(
             x, self.scale, history[:1], self.q_dtype, rowwise=rowwise, columnwise=columnwise
         )
-        recorded = dataclasses.replace(self, amax_history=history.at[0].set(amax[0]))
-        return ScaledTensor(row, col, scale_inv), recorded
+        return ScaledTensor(row, col, scale_inv), self.record(amax)
+
+    def record(self, amax) -> DelayedScaleQuantizer:
+        """This quantizer with amax (float32 (1,), already max-accumulated with
+        amax_history[0]) in slot 0: what quantize() leaves behind, for a kernel
+        (norm, activation) that wrote the FP8 copy with this scale itself."""
+        return dataclasses.replace(self, amax_history=self.amax_history.at[0].set(amax[0]))
 
     def update(self) -> DelayedScaleQuantizer:
         """The recipe step on this quantizer's history (one column of te/recipe.h's [L, n])."""
