@@ -3,7 +3,7 @@
     from transformer_engine.jax import flax as te_flax
 
 DenseGeneral, LayerNorm, LayerNormDenseGeneral and LayerNormMLP (module.py);
-DotProductAttention, MultiHeadAttention, TransformerLayer, ... come in later work.
+DotProductAttention and RelativePositionBiases (attention.py).
 """
 
 try:
@@ -11,6 +11,15 @@ try:
 except ImportError as error:  # pragma: no cover - flax is a dependency of te-jax
     raise ImportError("transformer_engine.jax.flax needs flax: pip install 'flax>=0.7.1'") from error
 
+from .attention import DotProductAttention, RelativePositionBiases
 from .module import DenseGeneral, LayerNorm, LayerNormDenseGeneral, LayerNormMLP, TransformerEngineBase
 
-__all__ = ["DenseGeneral", "LayerNorm", "LayerNormDenseGeneral", "LayerNormMLP", "TransformerEngineBase"]
+__all__ = [
+    "DotProductAttention",
+    "RelativePositionBiases",
+    "DenseGeneral",
+    "LayerNorm",
+    "LayerNormDenseGeneral",
+    "LayerNormMLP",
+    "TransformerEngineBase",
+]
