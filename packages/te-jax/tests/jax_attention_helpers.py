@@ -76,3 +76,19 @@ def segments_to_thd(segment_ids: np.ndarray):
             lengths.append(len(where))
             starts.append(r * s + (where[0] if len(where) else s))
     return cu(lengths), np.array([*starts, b * s], np.int32), m
+
+
+def t5_buckets(i, j, num_buckets, max_distance, bidirectional):
+    """One (query i, key j) bucket by T5's definition, scalar Python."""
+    n, rel, bucket = num_buckets, j - i, 0
+    if bidirectional:
+        n //= 2
+        bucket += n if rel > 0 else 0
+        rel = abs(rel)
+    else:
+        rel = max(-rel, 0)
+    exact = n // 2
+    if rel < exact:
+        return bucket + rel
+    large = exact + int(np.log(rel / exact + np.finfo(np.float32).eps) / np.log(max_distance / exact) * (n - exact))
+    return bucket + min(large, n - 1)

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
-from jax_attention_helpers import assert_close, cu, oracle
+from jax_attention_helpers import assert_close, cu, oracle, t5_buckets
 from jax_helpers import put
 
 from transformer_engine.jax import flax as te_flax
@@ -114,22 +114,6 @@ def test_dot_product_attention_jit_and_errors(jax_device, jax_rng):
         te_flax.DotProductAttention(head_dim=8, num_attention_heads=4, attn_bias_type="post_scale_bias").apply(
             {}, q, k, v
         )
-
-
-def t5_buckets(i, j, num_buckets, max_distance, bidirectional):
-    """One (query i, key j) bucket by T5's definition, scalar Python."""
-    n, rel, bucket = num_buckets, j - i, 0
-    if bidirectional:
-        n //= 2
-        bucket += n if rel > 0 else 0
-        rel = abs(rel)
-    else:
-        rel = max(-rel, 0)
-    exact = n // 2
-    if rel < exact:
-        return bucket + rel
-    large = exact + int(np.log(rel / exact + np.finfo(np.float32).eps) / np.log(max_distance / exact) * (n - exact))
-    return bucket + min(large, n - 1)
 
 
 @pytest.mark.parametrize("bidirectional", [True, False])

@@ -3,7 +3,8 @@
     from transformer_engine.jax import flax as te_flax
 
 DenseGeneral, LayerNorm, LayerNormDenseGeneral and LayerNormMLP (module.py);
-DotProductAttention and RelativePositionBiases (attention.py).
+DotProductAttention and RelativePositionBiases (attention.py), MultiHeadAttention
+(multi_head_attention.py), TransformerLayer and TransformerLayerType (transformer.py).
 """
 
 try:
@@ -13,10 +14,15 @@ except ImportError as error:  # pragma: no cover - flax is a dependency of te-ja
 
 from .attention import DotProductAttention, RelativePositionBiases
 from .module import DenseGeneral, LayerNorm, LayerNormDenseGeneral, LayerNormMLP, TransformerEngineBase
+from .multi_head_attention import MultiHeadAttention
+from .transformer import TransformerLayer, TransformerLayerType
 
 __all__ = [
     "DotProductAttention",
     "RelativePositionBiases",
+    "MultiHeadAttention",
+    "TransformerLayer",
+    "TransformerLayerType",
     "DenseGeneral",
     "LayerNorm",
     "LayerNormDenseGeneral",
