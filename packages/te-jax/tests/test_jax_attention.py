@@ -252,6 +252,20 @@ def test_enums_and_mask_names():
     np.testing.assert_array_equal(swa, np.tril(np.triu(np.ones((4, 4)), -1)))
 
 
+def test_reorder_causal_load_balancing():
+    x = jnp.arange(16).reshape(1, 16)
+    dual = A.reorder_causal_load_balancing(x, A.ReorderStrategy.DualChunkSwap, 4, 1)
+    # the reference's example: GPU0 [0, 1, 14, 15], GPU1 [4, 5, 10, 11], GPU2 [8, 9, 6, 7], GPU3 [12, 13, 2, 3]
+    np.testing.assert_array_equal(np.asarray(dual)[0], [0, 1, 14, 15, 4, 5, 10, 11, 8, 9, 6, 7, 12, 13, 2, 3])
+    striped = A.reorder_causal_load_balancing(x, A.ReorderStrategy.Striped, 4, 1)
+    np.testing.assert_array_equal(np.asarray(striped)[0], [0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15])
+    for strategy, out in ((A.ReorderStrategy.DualChunkSwap, dual), (A.ReorderStrategy.Striped, striped)):
+        back = A.inverse_reorder_causal_load_balancing(out, strategy, 4, 1)
+        np.testing.assert_array_equal(np.asarray(back), np.asarray(x))
+    with pytest.raises(ValueError, match="divisible"):
+        A.reorder_causal_load_balancing(x[:, :12], A.ReorderStrategy.DualChunkSwap, 4, 1)
+
+
 def test_run_length_fill():
     ids = jnp.asarray([[1, 1, 2, 2, 2, 0, 3, 0]])
     np.testing.assert_array_equal(np.asarray(A.run_length_fill(ids)), [[2, 2, 3, 3, 3, 0, 1, 0]])

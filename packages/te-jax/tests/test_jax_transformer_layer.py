@@ -172,8 +172,9 @@ def tl_ref(p, x, *, heads, encoder=True, encoded=None):
 @pytest.mark.parametrize("layer_type", list(te_flax.TransformerLayerType))
 def test_transformer_layer_against_flax(jax_device, jax_rng, layer_type):
     encoder = layer_type == te_flax.TransformerLayerType.ENCODER
-    layer = te_flax.TransformerLayer(hidden_size=32, mlp_hidden_size=48, num_attention_heads=4, hidden_dropout=0.0,
-                                     attention_dropout=0.0, mlp_activations=("relu",), layer_type=layer_type)  # fmt: skip
+    layer = te_flax.TransformerLayer(hidden_size=32, mlp_hidden_size=48, num_attention_heads=4,
+                                     hidden_dropout=0.0, attention_dropout=0.0, mlp_activations=("relu",),
+                                     layer_type=layer_type)  # fmt: skip
     x = put(jax_rng.standard_normal((2, 6, 32)).astype(F32), jax_device)
     enc = None if encoder else put(jax_rng.standard_normal((2, 4, 32)).astype(F32), jax_device)
     no_mask = None if encoder else put(np.zeros((2, 1, 6, 4), bool), jax_device)
@@ -199,8 +200,9 @@ def test_transformer_layer_dropout_and_errors(jax_device, jax_rng):
     with pytest.raises(ValueError, match="decode"):
         layer.init(jax.random.PRNGKey(0), x, decode=True)
     with pytest.raises(ValueError, match="encoded"):
-        te_flax.TransformerLayer(hidden_size=16, num_attention_heads=2,
-                                 layer_type=te_flax.TransformerLayerType.DECODER).init(jax.random.PRNGKey(0), x)  # fmt: skip
+        decoder = te_flax.TransformerLayer(hidden_size=16, num_attention_heads=2,
+                                           layer_type=te_flax.TransformerLayerType.DECODER)  # fmt: skip
+        decoder.init(jax.random.PRNGKey(0), x)
     with pytest.raises(NotImplementedError, match="low_rank"):
         te_flax.TransformerLayer(hidden_size=16, num_attention_heads=2, low_rank_adaptation_scope="all").init(
             jax.random.PRNGKey(0), x

@@ -8,7 +8,8 @@ functions (XLA FFI custom calls with CPU and CUDA handlers; jit and vmap
 work); `quantize`, the per-tensor FP8 quantizers and quantizer sets;
 `dense.dense`, the functional FP8 dense layer with a custom VJP; `autocast`
 (the recipe of the Flax modules), `update_collections`, `MeshResource` (one
-device only) and `flax.DenseGeneral`. The other functional ops
+device only) and `flax.DenseGeneral`; `attention.fused_attn` (te-core's
+attention with a custom VJP) and the Flax attention modules. The other functional ops
 (layernorm_dense, ...) and Flax modules come in later work; they are absent,
 not stubbed. Recipes are shared with PyTorch: transformer_engine.common.recipe.
 """
@@ -20,7 +21,7 @@ import transformer_engine.core  # noqa: F401 - loads the native core once, up fr
 
 __version__ = "0.1.0"
 
-_SUBMODULES = ("cpp_extensions", "dense", "flax", "quantize", "sharding")
+_SUBMODULES = ("attention", "cpp_extensions", "dense", "flax", "quantize", "sharding")
 # name -> the submodule defining it, imported on first access
 _LAZY_NAMES = {
     "NVTE_FP8_COLLECTION_NAME": "quantize.helper",

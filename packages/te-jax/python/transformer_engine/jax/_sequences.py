@@ -173,3 +173,36 @@ def to_core_seqlens(desc, mask_type, thd: bool, q, k, max_segments: int) -> dict
     if out["cu_seqlens_q"].shape != out["cu_seqlens_kv"].shape:
         raise ValueError("q and kv must describe the same number of segments per row")
     return out
+
+
+def _dual_chunk_order(cp_size: int) -> list:
+    """DualChunkSwap: the sequence in 2 cp chunks; rank r keeps chunk 2r and takes chunk
+    2 cp - 1 - 2r (so every rank gets one early and one late chunk of a causal mask). The
+    permutation is its own inverse."""
+    order = []
+    for r in range(cp_size):
+        order += [2 * r, 2 * cp_size - 1 - 2 * r]
+    return order
+
+
+def reorder_tokens(tensor, strategy_name: str, cp_size: int, seq_dim: int, stripe_size, inverse: bool):
+    """The token permutation of reorder_causal_load_balancing (strategy 'DualChunkSwap' or
+    'Striped': rank r takes stripes r, r + cp, r + 2 cp, ... of stripe_size tokens)."""
+    s = tensor.shape[seq_dim]
+    if strategy_name == "DualChunkSwap":
+        if stripe_size is not None:
+            raise ValueError(f"argument 'stripe_size' must be None with DualChunkSwap, got {stripe_size}")
+        if s % (2 * cp_size):
+            raise ValueError(f"DualChunkSwap needs the sequence ({s}) divisible by 2 * cp_size ({2 * cp_size})")
+        chunks = jnp.split(tensor, 2 * cp_size, axis=seq_dim)
+        return jnp.concatenate([chunks[i] for i in _dual_chunk_order(cp_size)], axis=seq_dim)
+    stripe = 1 if stripe_size is None else int(stripe_size)
+    if stripe <= 0 or s % (cp_size * stripe):
+        raise ValueError(f"Striped needs stripe_size > 0 and the sequence ({s}) divisible by cp_size * stripe_size")
+    x = jnp.moveaxis(tensor, seq_dim, 0)
+    rest = x.shape[1:]
+    if not inverse:  # [k, r, t] -> [r, k, t]
+        x = x.reshape(s // (cp_size * stripe), cp_size, stripe, *rest).swapaxes(0, 1)
+    else:  # [r, k, t] -> [k, r, t]
+        x = x.reshape(cp_size, s // (cp_size * stripe), stripe, *rest).swapaxes(0, 1)
+    return jnp.moveaxis(x.reshape(s, *rest), 0, seq_dim)

@@ -23,7 +23,8 @@ What fused_attn supports:
     must be 0, 1, ... within each segment: causal masks use the in-sequence index), or a legacy
     boolean mask [b, 1, sq, skv] (True = masked out) from which padding lengths are read.
 Not supported (NotImplementedError naming the argument): FP8 q/k/v (te-core has no FP8
-attention yet), context parallelism (context_parallel_*, stripe_size), score_mod callbacks,
+attention yet), context parallelism (context_parallel_*, stripe_size; the token reorderings
+reorder_causal_load_balancing and its inverse are there), score_mod callbacks,
 return_max_logit.
 """
 
@@ -36,7 +37,13 @@ from enum import Enum
 import jax
 import jax.numpy as jnp
 
-from ._sequences import SequenceDescriptor, run_length_fill, run_length_fill_flattened, to_core_seqlens
+from ._sequences import (
+    SequenceDescriptor,
+    reorder_tokens,
+    run_length_fill,
+    run_length_fill_flattened,
+    to_core_seqlens,
+)
 from .cpp_extensions._checks import FP8, HIGH_PRECISION
 from .cpp_extensions.attention import attention_bwd, attention_fwd, make_rng_state
 
@@ -52,8 +59,10 @@ __all__ = [
     "canonicalize_attn_mask_type",
     "fused_attn",
     "fused_attn_thd",
+    "inverse_reorder_causal_load_balancing",
     "is_fused_attn_kernel_available",
     "make_swa_mask",
+    "reorder_causal_load_balancing",
     "run_length_fill",
     "run_length_fill_flattened",
 ]
@@ -202,6 +211,19 @@ class ReorderStrategy(Enum):
 
     DualChunkSwap = 0
     Striped = 1
+
+
+def reorder_causal_load_balancing(tensor, strategy: ReorderStrategy, cp_size: int, seq_dim: int, stripe_size=None):
+    """The token order of context-parallel causal load balancing (a permutation along
+    seq_dim; see ReorderStrategy). te-jax has no context parallelism yet: this is the
+    reordering only, for data pipelines written for the reference."""
+    return reorder_tokens(tensor, ReorderStrategy(strategy).name, cp_size, seq_dim, stripe_size, False)
+
+
+def inverse_reorder_causal_load_balancing(tensor, strategy: ReorderStrategy, cp_size: int, seq_dim: int,
+                                          stripe_size=None):  # fmt: skip
+    """The inverse of reorder_causal_load_balancing."""
+    return reorder_tokens(tensor, ReorderStrategy(strategy).name, cp_size, seq_dim, stripe_size, True)
 
 
 def canonicalize_attn_mask_type(attn_mask_type: str) -> AttnMaskType:

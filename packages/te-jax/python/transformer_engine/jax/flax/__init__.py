@@ -18,14 +18,14 @@ from .multi_head_attention import MultiHeadAttention
 from .transformer import TransformerLayer, TransformerLayerType
 
 __all__ = [
-    "DotProductAttention",
-    "RelativePositionBiases",
-    "MultiHeadAttention",
-    "TransformerLayer",
-    "TransformerLayerType",
     "DenseGeneral",
+    "DotProductAttention",
     "LayerNorm",
     "LayerNormDenseGeneral",
     "LayerNormMLP",
+    "MultiHeadAttention",
+    "RelativePositionBiases",
     "TransformerEngineBase",
+    "TransformerLayer",
+    "TransformerLayerType",
 ]

@@ -113,7 +113,8 @@ class MultiHeadAttention(nn.Module):
             ("fuse_qkv", self.fuse_qkv),
         ):
             if old is not None:
-                warnings.warn(f"MultiHeadAttention.{name} is deprecated (the reference's rename)", DeprecationWarning)
+                warnings.warn(f"MultiHeadAttention.{name} is deprecated (the reference's rename)", DeprecationWarning,
+                              stacklevel=3)  # fmt: skip
         if self.output_layernorm is not None:
             raise NotImplementedError("MultiHeadAttention: 'output_layernorm' is deprecated and not supported")
         if self.low_rank_adaptation_scope != "none":
@@ -203,8 +204,9 @@ class MultiHeadAttention(nn.Module):
         h, hk = self._heads()
         x = DotProductAttention(
             head_dim=self.head_dim, num_attention_heads=h, num_gqa_groups=hk, attn_mask_type=mask_type,
-            attn_bias_type=self.attn_bias_type, attention_dropout=self._dropout(), dropout_rng_name=self.dropout_rng_name,
-            float32_logits=self.float32_logits, scale_factor=(self.head_dim**-0.5 if self.scale_attn_logits else 1.0),
+            attn_bias_type=self.attn_bias_type, attention_dropout=self._dropout(),
+            dropout_rng_name=self.dropout_rng_name, float32_logits=self.float32_logits,
+            scale_factor=(self.head_dim**-0.5 if self.scale_attn_logits else 1.0),
             transpose_batch_sequence=transposed, window_size=self.window_size, softmax_type=self.softmax_type,
         )(q, k, v, mask, bias, deterministic=deterministic)  # fmt: skip
         x = x.reshape(*x.shape[:2], x.shape[2] * x.shape[3])

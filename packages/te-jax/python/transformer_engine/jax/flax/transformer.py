@@ -145,8 +145,9 @@ class TransformerLayer(nn.Module):
         return rel(length, length, False)
 
     @nn.compact
-    def __call__(self, inputs, encoded=None, attention_mask=None, encoder_decoder_mask=None, deterministic=False,
-                 decode=False, max_decode_length=None, score_mod_tensors=None, score_mod_bprop_tensors=None):  # fmt: skip
+    def __call__(self, inputs, encoded=None, attention_mask=None, encoder_decoder_mask=None,
+                 deterministic=False, decode=False, max_decode_length=None, score_mod_tensors=None,
+                 score_mod_bprop_tensors=None):  # fmt: skip
         self._check(inputs, decode)
         if score_mod_tensors is not None or score_mod_bprop_tensors is not None:
             raise NotImplementedError("TransformerLayer: score_mod tensors are not yet supported by te-jax")
