@@ -117,6 +117,19 @@ def test_mha_self_attention_against_flax(jax_device, jax_rng, case):
     assert all(float(jnp.abs(g).sum()) > 0 for g in jax.tree_util.tree_leaves(grads))
 
 
+def test_mha_transpose_batch_sequence(jax_device, jax_rng):
+    kw = dict(head_dim=8, num_attention_heads=4, num_gqa_groups=2, attn_mask_type="causal", enable_rotary_pos_emb=True)
+    x = put(jax_rng.standard_normal((2, 6, 16)).astype(F32), jax_device)
+    bshd = te_flax.MultiHeadAttention(transpose_batch_sequence=False, **kw)
+    variables = bshd.init(jax.random.PRNGKey(7), x, x, deterministic=True)
+    want, _ = bshd.apply(variables, x, x, deterministic=True)
+    xt = jnp.swapaxes(x, 0, 1)
+    got, _ = te_flax.MultiHeadAttention(transpose_batch_sequence=True, **kw).apply(
+        variables, xt, xt, deterministic=True
+    )
+    assert_close("out", jnp.swapaxes(got, 0, 1), np.asarray(want), F32)
+
+
 def test_mha_cross_attention_with_padding(jax_device, jax_rng):
     layer = te_flax.MultiHeadAttention(head_dim=8, num_attention_heads=4, attn_mask_type="padding",
                                        fuse_qkv_params=True, transpose_batch_sequence=False)  # fmt: skip
