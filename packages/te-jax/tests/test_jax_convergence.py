@@ -1,4 +1,5 @@
-"""A tiny-model convergence check of te-jax's FP8 dense (examples/jax_dense_demo.py):
+"""A tiny-model convergence check of te-jax's FP8 dense and of the fused
+layernorm_mlp (examples/jax_dense_demo.py):
 with each FP8 recipe the MLP's loss falls like the high-precision run's and ends
 within a few percent of it (DESIGN: the recipes are trustworthy when this holds)."""
 
@@ -26,11 +27,12 @@ def _demo():
     [recipe.DelayedScaling(amax_history_len=16), recipe.Float8CurrentScaling()],
     ids=["delayed", "current"],
 )
-def test_fp8_training_tracks_high_precision(fp8_recipe):
+@pytest.mark.parametrize("model", ["dense", "layernorm_mlp"])
+def test_fp8_training_tracks_high_precision(fp8_recipe, model):
     demo = _demo()
     steps = 60
-    reference = demo.train(None, steps)
-    fp8 = demo.train(fp8_recipe, steps)
+    reference = demo.train(None, steps, model=model)
+    fp8 = demo.train(fp8_recipe, steps, model=model)
     assert reference[-1] < 0.7 * reference[0]  # the task is learnable in this many steps
     assert fp8[-1] < 0.7 * fp8[0]
     # FP8 (E4M3 forward, E5M2 gradients) ends within 3% of the high-precision loss

@@ -62,6 +62,13 @@ def test_attention_names_of_the_reference():
     assert te_jax.attention is attention
 
 
+def test_functional_op_submodules():
+    # the reference's module paths: te.layernorm.layernorm, te.layernorm_dense.layernorm_dense, ...
+    for module in ("activation", "layernorm", "layernorm_dense", "layernorm_mlp"):
+        assert callable(getattr(getattr(te_jax, module), module))
+    assert callable(te_jax.layernorm.canonicalize_norm_type)
+
+
 def test_unknown_attribute():
     with pytest.raises(AttributeError, match="has no attribute 'Linear'"):
         te_jax.Linear  # noqa: B018

@@ -5,13 +5,15 @@
 
 Today: `cpp_extensions`, te-core's per-tensor FP8 kernels and GEMM as JAX
 functions (XLA FFI custom calls with CPU and CUDA handlers; jit and vmap
-work); `quantize`, the per-tensor FP8 quantizers and quantizer sets;
-`dense.dense`, the functional FP8 dense layer with a custom VJP; `autocast`
-(the recipe of the Flax modules), `update_collections`, `MeshResource` (one
-device only) and `flax.DenseGeneral`; `attention.fused_attn` (te-core's
-attention with a custom VJP) and the Flax attention modules. The other functional ops
-(layernorm_dense, ...) and Flax modules come in later work; they are absent,
-not stubbed. Recipes are shared with PyTorch: transformer_engine.common.recipe.
+work); `quantize`, the per-tensor FP8 quantizers and quantizer sets; the
+functional ops with custom VJPs `dense.dense`, `layernorm.layernorm`,
+`layernorm_dense.layernorm_dense`, `layernorm_mlp.layernorm_mlp`,
+`activation.activation` and `attention.fused_attn`; `autocast` (the recipe of the
+Flax modules), `update_collections`, `MeshResource` (one device only) and the Flax
+modules `flax.DenseGeneral`, `LayerNorm`, `LayerNormDenseGeneral`, `LayerNormMLP`,
+`DotProductAttention`, `MultiHeadAttention`, `RelativePositionBiases` and
+`TransformerLayer`. The other functional ops (softmax, ...) come in later work; they
+are absent, not stubbed. Recipes are shared with PyTorch: transformer_engine.common.recipe.
 """
 
 import importlib as _importlib
@@ -21,7 +23,18 @@ import transformer_engine.core  # noqa: F401 - loads the native core once, up fr
 
 __version__ = "0.1.0"
 
-_SUBMODULES = ("attention", "cpp_extensions", "dense", "flax", "quantize", "sharding")
+_SUBMODULES = (
+    "activation",
+    "attention",
+    "cpp_extensions",
+    "dense",
+    "flax",
+    "layernorm",
+    "layernorm_dense",
+    "layernorm_mlp",
+    "quantize",
+    "sharding",
+)
 # name -> the submodule defining it, imported on first access
 _LAZY_NAMES = {
     "NVTE_FP8_COLLECTION_NAME": "quantize.helper",
@@ -36,7 +49,7 @@ __all__ = [*_LAZY_NAMES, *_SUBMODULES]
 
 def __getattr__(name):
     # te_jax.flax without importing flax for users who never touch it, and
-    # cpp_extensions (which registers the FFI targets), dense and quantize on
+    # cpp_extensions (which registers the FFI targets), the ops and quantize on
     # first use (autocast and friends with quantize, which registers nothing):
     # importing transformer_engine.jax stays cheap.
     if name in _SUBMODULES:
