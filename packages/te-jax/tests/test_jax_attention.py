@@ -202,6 +202,36 @@ def test_dropout_matches_the_oracle_and_reproduces(jax_device, jax_rng):
     assert not np.array_equal(np.asarray(o), np.asarray(other))
 
 
+def test_deterministic_switch_gives_the_same_gradients(jax_device, jax_rng, monkeypatch):
+    q, k, v, d_o = qkv(jax_rng, np.float32)
+    _, free = run(jax_device, q, k, v, d_o, mask=A.AttnMaskType.CAUSAL_MASK)
+    monkeypatch.setenv("NVTE_ALLOW_NONDETERMINISTIC_ALGO", "0")
+    _, first = run(jax_device, q, k, v, d_o, mask=A.AttnMaskType.CAUSAL_MASK)
+    _, second = run(jax_device, q, k, v, d_o, mask=A.AttnMaskType.CAUSAL_MASK)
+    for a, b, c in zip(first, second, free):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+        assert_close("grad", a, np.asarray(c, np.float64), np.float32)
+
+
+def test_thd_under_jit(jax_device, jax_rng):
+    b, s = 2, 9
+    q, k, v, _ = qkv(jax_rng, np.float32, b=b, sq=s, skv=s, hk=4)
+    ids, pos = random_segments(jax_rng, b, s, 3)
+
+    @jax.jit
+    def f(q, k, v, ids, pos):
+        desc = A.SequenceDescriptor.from_segment_ids_and_pos(ids, pos)
+        return A.fused_attn((q, k, v), None, desc, None, NO_BIAS, A.AttnMaskType.PADDING_CAUSAL_MASK,
+                            A.QKVLayout.THD_THD_THD, VANILLA, 0.35, 0.0, True, max_segments_per_seq=3)  # fmt: skip
+
+    o = f(*(put(x, jax_device) for x in (q, k, v, ids, pos)))
+    cu_t, padded, _ = segments_to_thd(ids)
+    flat = [x.reshape(b * s, *x.shape[2:]) for x in (q, k, v)]
+    want = oracle(*flat, np.zeros_like(flat[0]), fmt="thd", mask="padding_causal", scale=0.35, cu_q=cu_t, cu_kv=cu_t,
+                  cu_q_padded=padded, cu_kv_padded=padded, max_q=s, max_kv=s)[0]  # fmt: skip
+    assert_close("o", o, want.reshape(b, s, *want.shape[1:]), np.float32)
+
+
 def test_no_dropout_when_not_training(jax_device, jax_rng):
     q, k, v, _ = qkv(jax_rng, np.float32)
     args = [put(x, jax_device) for x in (q, k, v)]

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 from enum import Enum
 
 import jax
@@ -311,6 +312,7 @@ class _Config:
     window_size: tuple
     max_seqlen_q: int = 0
     max_seqlen_kv: int = 0
+    deterministic: bool = False
 
     def kwargs(self) -> dict:
         return dataclasses.asdict(self)
@@ -449,6 +451,8 @@ def fused_attn(
         window_size=(-1, -1) if window_size is None else tuple(int(w) for w in window_size),
         max_seqlen_q=q.shape[1] if thd else 0,
         max_seqlen_kv=k.shape[1] if thd else 0,
+        # (the reference's switch: "0" asks for a deterministic backward)
+        deterministic=os.environ.get("NVTE_ALLOW_NONDETERMINISTIC_ALGO", "1") == "0",
     )
     if not thd:
         return core_attention(q, k, v, bias, softmax_offset, seqlens, rng_state, config)
