@@ -39,11 +39,29 @@ def test_flax_subpackage():
     assert te_jax.flax is te_flax
     assert te_flax.__all__ == [
         "DenseGeneral",
+        "DotProductAttention",
         "LayerNorm",
         "LayerNormDenseGeneral",
         "LayerNormMLP",
+        "MultiHeadAttention",
+        "RelativePositionBiases",
         "TransformerEngineBase",
+        "TransformerLayer",
+        "TransformerLayerType",
     ]
+    assert all(getattr(te_flax, name) is not None for name in te_flax.__all__)
+
+
+def test_attention_names_of_the_reference():
+    from transformer_engine.jax import attention
+
+    # api_coverage.md's transformer_engine.jax.attention section
+    names = "AttnBiasType AttnMaskType AttnSoftmaxType QKVFormat QKVLayout CPStrategy ReorderStrategy make_swa_mask"
+    names += " canonicalize_attn_mask_type is_fused_attn_kernel_available run_length_fill_flattened run_length_fill"
+    names += " SequenceDescriptor fused_attn_thd fused_attn reorder_causal_load_balancing"
+    names += " inverse_reorder_causal_load_balancing"
+    assert all(hasattr(attention, n) for n in names.split())
+    assert te_jax.attention is attention
 
 
 def test_functional_op_submodules():

@@ -8,7 +8,7 @@
 namespace nb = nanobind;
 
 // The handler symbols defined with TE_JAX_DEFINE_HANDLERS (cast.cpp, gemm.cpp,
-// norm.cpp, activation.cpp).
+// norm.cpp, activation.cpp, attention.cpp).
 #define TE_JAX_HANDLERS(X)               \
   X(te_jax_quantize_fp8)                 \
   X(te_jax_quantize_fp8_current_scaling) \
@@ -21,7 +21,9 @@ namespace nb = nanobind;
   X(te_jax_layernorm_bwd)                \
   X(te_jax_rmsnorm_bwd)                  \
   X(te_jax_activation_fwd)               \
-  X(te_jax_activation_bwd)
+  X(te_jax_activation_bwd)               \
+  X(te_jax_attention_fwd)                \
+  X(te_jax_attention_bwd)
 
 #define TE_JAX_DECLARE(name)                                \
   extern "C" XLA_FFI_Error* name##_cpu(XLA_FFI_CallFrame*); \

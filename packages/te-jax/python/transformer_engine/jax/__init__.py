@@ -7,12 +7,13 @@ Today: `cpp_extensions`, te-core's per-tensor FP8 kernels and GEMM as JAX
 functions (XLA FFI custom calls with CPU and CUDA handlers; jit and vmap
 work); `quantize`, the per-tensor FP8 quantizers and quantizer sets; the
 functional ops with custom VJPs `dense.dense`, `layernorm.layernorm`,
-`layernorm_dense.layernorm_dense`, `layernorm_mlp.layernorm_mlp` and
-`activation.activation`; `autocast` (the recipe of the Flax modules),
-`update_collections`, `MeshResource` (one device only) and the Flax modules
-`flax.DenseGeneral`, `LayerNorm`, `LayerNormDenseGeneral` and `LayerNormMLP`.
-The other functional ops (softmax, fused_attn, ...) and Flax modules come in
-later work; they are absent, not stubbed. Recipes are shared with PyTorch: transformer_engine.common.recipe.
+`layernorm_dense.layernorm_dense`, `layernorm_mlp.layernorm_mlp`,
+`activation.activation` and `attention.fused_attn`; `autocast` (the recipe of the
+Flax modules), `update_collections`, `MeshResource` (one device only) and the Flax
+modules `flax.DenseGeneral`, `LayerNorm`, `LayerNormDenseGeneral`, `LayerNormMLP`,
+`DotProductAttention`, `MultiHeadAttention`, `RelativePositionBiases` and
+`TransformerLayer`. The other functional ops (softmax, ...) come in later work; they
+are absent, not stubbed. Recipes are shared with PyTorch: transformer_engine.common.recipe.
 """
 
 import importlib as _importlib
@@ -24,6 +25,7 @@ __version__ = "0.1.0"
 
 _SUBMODULES = (
     "activation",
+    "attention",
     "cpp_extensions",
     "dense",
     "flax",

@@ -5,21 +5,27 @@ modules; like the reference library's cpp_extensions, usable directly.
 """
 
 from .activation import ActivationOutput, activation_bwd, activation_fwd
+from .attention import AttentionForward, AttentionGrad, attention_bwd, attention_fwd, make_rng_state
 from .cast import compute_amax, delayed_scaling_update, dequantize_fp8, quantize_fp8, quantize_fp8_current_scaling
 from .gemm import gemm
 from .norm import NormForward, layernorm_bwd, layernorm_fwd, rmsnorm_bwd, rmsnorm_fwd
 
 __all__ = [
     "ActivationOutput",
+    "AttentionForward",
+    "AttentionGrad",
     "NormForward",
     "activation_bwd",
     "activation_fwd",
+    "attention_bwd",
+    "attention_fwd",
     "compute_amax",
     "delayed_scaling_update",
     "dequantize_fp8",
     "gemm",
     "layernorm_bwd",
     "layernorm_fwd",
+    "make_rng_state",
     "quantize_fp8",
     "quantize_fp8_current_scaling",
     "rmsnorm_bwd",

@@ -3,7 +3,8 @@
     from transformer_engine.jax import flax as te_flax
 
 DenseGeneral, LayerNorm, LayerNormDenseGeneral and LayerNormMLP (module.py);
-DotProductAttention, MultiHeadAttention, TransformerLayer, ... come in later work.
+DotProductAttention and RelativePositionBiases (attention.py), MultiHeadAttention
+(multi_head_attention.py), TransformerLayer and TransformerLayerType (transformer.py).
 """
 
 try:
@@ -11,6 +12,20 @@ try:
 except ImportError as error:  # pragma: no cover - flax is a dependency of te-jax
     raise ImportError("transformer_engine.jax.flax needs flax: pip install 'flax>=0.7.1'") from error
 
+from .attention import DotProductAttention, RelativePositionBiases
 from .module import DenseGeneral, LayerNorm, LayerNormDenseGeneral, LayerNormMLP, TransformerEngineBase
+from .multi_head_attention import MultiHeadAttention
+from .transformer import TransformerLayer, TransformerLayerType
 
-__all__ = ["DenseGeneral", "LayerNorm", "LayerNormDenseGeneral", "LayerNormMLP", "TransformerEngineBase"]
+__all__ = [
+    "DenseGeneral",
+    "DotProductAttention",
+    "LayerNorm",
+    "LayerNormDenseGeneral",
+    "LayerNormMLP",
+    "MultiHeadAttention",
+    "RelativePositionBiases",
+    "TransformerEngineBase",
+    "TransformerLayer",
+    "TransformerLayerType",
+]
