@@ -24,6 +24,7 @@ import numpy as np
 import transformer_engine.core as tec
 from transformer_engine.core import reference_attention as ref
 
+SUB32 = 2.0**-149  # twice the largest rounding error of an FP32 subnormal (2^-150)
 U32 = 2.0**-24
 DTYPES = {"fp32": np.float32, "bf16": ml_dtypes.bfloat16, "fp16": np.float16}
 U_OUT = {"fp32": 2.0**-24, "bf16": 2.0**-8, "fp16": 2.0**-11}
@@ -125,6 +126,14 @@ class Oracle:
             u_out = U_OUT[self.opts["_dtype"]]
             d_round = u_out * (ado * np.abs(o[b][:, h])).sum(axis=1)
             err = chain * mag + hd.p * ((dvd + 4) * U32 * adp + d_round[:, None])
+            # Underflow: P and dS are FP32 values that may be subnormal (large logits
+            # give P = exp(S - lse) below 2^-126), where rounding has an absolute
+            # error of up to 2^-150 instead of a relative one; two roundings (P, and
+            # dS = P (dP - D)) each at most 2^-150 of the factors they multiply.
+            under = SUB32 * (1.0 + adp + drow[:, None]) * (hd.p > 0)
+            err = err + under
+            eo[b][:, h] += SUB32 * ((hd.p > 0) @ av)
+            edv[b][:, hk] += SUB32 * ((hd.p > 0).T @ ado)
             s = abs(cfg.scale)
             self.e_alpha[h] += (
                 (chain + u_out + (dvd + 4) * U32) * hd.p_sink * (ado * np.abs(o[b][:, h])).sum(axis=1)
