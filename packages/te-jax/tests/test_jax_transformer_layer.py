@@ -15,6 +15,15 @@ from jax_helpers import put
 
 from transformer_engine.jax import flax as te_flax
 
+
+@pytest.fixture(autouse=True)
+def _fp32_matmuls():
+    """XLA's GPU dots compute float32 operands in TF32 by default (errors near
+    1e-3); the unfused path and the flax.linen references are compared in FP32."""
+    with jax.default_matmul_precision("highest"):
+        yield
+
+
 pytest_plugins = ["jax_fixtures"]
 
 F32 = np.float32

@@ -141,7 +141,7 @@ def test_kwarg_binding_orders_tensor_kwargs():
     binding = _KwargBinding({"b": b, "mode": "x", "a": a})
     flat = binding.flat((torch.ones(1),), {"a": a, "b": b})
     assert [t.shape[0] for t in flat] == [1, 3, 2]
-    got = binding.call(lambda x, *, a, b, mode: (x, a, b, mode), 1, flat)
+    got = binding.call(lambda x, *, a, b, mode: (x, a, b, mode), 1, *flat)
     assert got[3] == "x" and got[1] is a and got[2] is b
     with pytest.raises(TypeError, match="captured with"):
         binding.flat((), {"a": a})

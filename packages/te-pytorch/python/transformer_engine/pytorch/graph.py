@@ -89,7 +89,7 @@ class _KwargBinding:
                 )
         return tuple(args) + tuple(kwargs[k] for k in self.tensor_keys)
 
-    def call(self, fn, n_args: int, flat: tuple):
+    def call(self, fn, n_args: int, *flat):
         kwargs = dict(zip(self.tensor_keys, flat[n_args:]))
         return fn(*flat[:n_args], **kwargs, **self.static)
 

@@ -273,10 +273,21 @@ class _Definition:
         self.n_positional = sum(p.kind != P.KEYWORD_ONLY for p in params)
         self.groups = {i: p.name for i, p in enumerate(params) if _group_fields(p.annotation) is not None}
         op_params = list(self.op_sig.parameters.values())
+        self.op_params = tuple((p.name, p.default) for p in op_params)
         n_keyword = len(params) - self.n_positional  # (impl's keyword-only ones: the op's last, reordered)
         self.keyword_names = [p.name for p in op_params[len(op_params) - n_keyword :]]
         tensors = [i for i, p in enumerate(op_params) if p.annotation is torch.Tensor]
         self.like = (tensors[0], op_params[tensors[0]].name) if tensors else None
+
+    def positional(self, args, kwargs) -> tuple:
+        """An op call's arguments all positional, defaults filled (plain tuple and
+        dict work: torch.compile traces this, and cannot trace Signature.bind)."""
+        if not kwargs:
+            return tuple(args)
+        out = list(args)
+        for name, default in self.op_params[len(args) :]:
+            out.append(kwargs[name] if name in kwargs else default)
+        return tuple(out)
 
     def like_of(self, args, kwargs):
         """The first tensor argument of an op call: where outputs and placeholders go."""
@@ -382,7 +393,10 @@ def te_op(name: str, *, mutates_args: tuple[str, ...] = (), shapes=None, signatu
         def public(*args, **kwargs):
             if compiling():
                 args, kwargs = d.flatten(args, kwargs)
-                return _from_op(op(*args, **kwargs), kinds)
+                # All positional, defaults filled: torch 2.11's custom-op tracing
+                # indexes mutated arguments by position (a mutated argument
+                # passed by keyword raised IndexError there; 2.13 accepts both).
+                return _from_op(op(*d.positional(args, kwargs)), kinds)
             return impl(*args, **kwargs)
 
         public.op = op
