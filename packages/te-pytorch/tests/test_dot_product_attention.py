@@ -37,6 +37,7 @@ def backend(request, monkeypatch):
         monkeypatch.setenv("NVTE_UNFUSED_ATTN", "0")
     else:
         monkeypatch.setenv("NVTE_FUSED_ATTN", "0")
+    monkeypatch.setenv("NVTE_FLASH_ATTN", "0")  # (test_attention_flash.py checks that one)
     return request.param
 
 
@@ -374,10 +375,11 @@ def test_errors(monkeypatch):
         dpa(q, q, q)
 
 
-def test_default_backend_is_fused_with_fallback():
+def test_default_backend_is_fused_with_fallback(monkeypatch):
     """With both enabled: te-core's op when it supports the call, the unfused backend otherwise."""
     if not fused_kernels.available():
         pytest.skip("this te-core build has no attention op")
+    monkeypatch.setenv("NVTE_FLASH_ATTN", "0")  # (on CUDA the flash backend comes first)
     q = torch.randn(2, 4, 2, 8)
     dpa = te.DotProductAttention(2, 8, qkv_format="bshd")
     dpa(q, q, q)

@@ -28,6 +28,7 @@ per module, so that equals one autocast around all of them.
 from __future__ import annotations
 
 import functools
+import os
 import warnings
 
 import torch
@@ -135,7 +136,18 @@ def make_graphed_callables(
     (one, or a tuple in the order they run) with their sample_args (a tuple of
     tensors, or one such tuple per callable) and optional sample_kwargs (a
     dict, or one per callable). Returns what it was given, graphed. Needs
-    CUDA: capture is a CUDA feature (sample tensors on the CPU are refused)."""
+    CUDA: capture is a CUDA feature (sample tensors on the CPU are refused).
+
+    Not yet reliable: in its first run on the H200 (2026-12-02) the replays
+    gave the eager outputs and input gradients in BF16 but not the LayerNorm
+    parameter gradients, nor the FP8 recipes' outputs. Until that is fixed it
+    runs only when NVTE_EXPERIMENTAL_GRAPHED_CALLABLES=1 is set."""
+    if os.environ.get("NVTE_EXPERIMENTAL_GRAPHED_CALLABLES") != "1":
+        raise NotImplementedError(
+            "te.make_graphed_callables is not yet supported: its graph replays do not yet match eager steps "
+            "on CUDA (LayerNorm parameter gradients, FP8 recipes). Set NVTE_EXPERIMENTAL_GRAPHED_CALLABLES=1 "
+            "to try it, or capture a step with torch.cuda.graph (the modules support capture)"
+        )
     settings = _resolve_deprecated(
         {
             "enabled": enabled,

@@ -1,13 +1,15 @@
 """Which backend runs an attention call.
 
 Backends, in order of preference:
+  "flash"    torch SDPA (flash.py): on CUDA, for the plain combinations (no
+             bias, vanilla softmax, no mask or causal, bshd/sbhd, GQA); on the
+             CPU only with NVTE_FLASH_ATTN=1.
   "fused"    te-core's attention op (kernels/attention.py): CPU and CUDA,
              the default whenever it supports the call's combination.
   "unfused"  plain torch math (unfused.py): runs every combination.
-The reference's FlashAttention backend does not exist here; NVTE_FLASH_ATTN
-is read for compatibility and changes nothing.
 
 Environment (read at each call, as the reference does; docs/envvars.md):
+  NVTE_FLASH_ATTN=0    never use the flash (SDPA) backend; =1 allows it on the CPU
   NVTE_FUSED_ATTN=0    never use the fused backend
   NVTE_UNFUSED_ATTN=0  never use the unfused backend
 """
@@ -17,7 +19,7 @@ from __future__ import annotations
 import os
 
 from ...kernels import attention as kernels
-from . import fused
+from . import flash, fused
 from .unfused import AttnConfig, UnfusedDotProductAttention
 
 __all__ = ["UnfusedDotProductAttention", "select_backend"]  # (the reference defines the unfused class here)
@@ -28,9 +30,16 @@ def _enabled(name: str) -> bool:
 
 
 def select_backend(cfg: AttnConfig, call):
-    """("fused", plan) or ("unfused", None); a ValueError naming the
-    combination and what to change when no enabled backend can run it."""
+    """("flash", None), ("fused", plan) or ("unfused", None); a ValueError
+    naming the combination and what to change when no enabled backend can run it."""
     reasons = []
+    if _enabled("NVTE_FLASH_ATTN"):
+        why = flash.plan(cfg, call, call["q"], call["k"], call["v"])
+        if why is None:
+            return "flash", None
+        reasons.append(f"flash: does not support {why}")
+    else:
+        reasons.append("flash: disabled by NVTE_FLASH_ATTN=0")
     if _enabled("NVTE_FUSED_ATTN"):
         if not kernels.available():
             reasons.append("fused: this te-core build has no attention op")

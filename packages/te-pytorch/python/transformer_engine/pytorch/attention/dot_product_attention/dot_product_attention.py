@@ -23,7 +23,7 @@ from torch.utils.checkpoint import checkpoint
 
 from ...module.base import TransformerEngineBaseModule, not_yet_supported, reject_tp_group
 from ...quantization import FP8GlobalStateManager
-from . import fused, utils
+from . import flash, fused, utils
 from .backends import select_backend
 from .unfused import AttnConfig, UnfusedDotProductAttention
 
@@ -285,7 +285,9 @@ class DotProductAttention(TransformerEngineBaseModule):
         )
         backend, plan = select_backend(cfg, dict(call, q=q, k=k, v=v))
         self.last_backend = backend
-        if backend == "fused":
+        if backend == "flash":
+            run = lambda: flash.run(cfg, q, k, v, self.training)  # noqa: E731
+        elif backend == "fused":
             run = lambda: fused.run(plan)  # noqa: E731
         else:
             run = lambda: self.unfused_attention(cfg, q, k, v, **call)  # noqa: E731
