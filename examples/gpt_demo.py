@@ -29,11 +29,10 @@ import traceback
 from pathlib import Path
 
 import torch
-
 from gpt import report
 from gpt.data import Batches, corpus
 from gpt.model import LARGE, SMALL
-from gpt.train import RECIPES, train
+from gpt.train import RECIPES, current_rss_mib, train
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -65,7 +64,8 @@ def safe_train(name, cfg, data, device) -> dict:
 
 def _child(conn, name, cfg, data) -> None:
     torch.set_num_threads(1)  # torch's spinning OpenMP workers would compete with te-core's threads
-    conn.send(safe_train(name, cfg, data, torch.device("cpu")))
+    start = current_rss_mib()
+    conn.send(dict(safe_train(name, cfg, data, torch.device("cpu")), start_mib=start))
     conn.close()
 
 
@@ -101,7 +101,9 @@ def cpu_seconds() -> float:
 
 
 def describe(cfg, device, text_source, args) -> dict:
-    where = torch.cuda.get_device_name() if device == "cuda" else f"{platform.processor() or 'CPU'}, {os.cpu_count()} cores"
+    where = (
+        torch.cuda.get_device_name() if device == "cuda" else f"{platform.processor() or 'CPU'}, {os.cpu_count()} cores"
+    )
     model = (
         f"{cfg.layers} x te.TransformerLayer, hidden {cfg.hidden}, {cfg.heads} heads / {cfg.groups} KV groups "
         f"(head dim {cfg.head_dim}), SwiGLU ffn {cfg.ffn}, RoPE, RMSNorm, byte vocabulary 256"
@@ -122,7 +124,7 @@ def describe(cfg, device, text_source, args) -> dict:
                 "torch.cuda.max_memory_allocated per recipe."
                 if device == "cuda"
                 else "peak resident set size (getrusage ru_maxrss) of the forked process that ran the recipe, "
-                "including the ~baseline of torch and te imported before the fork."
+                "(in parentheses: its growth over the RSS the process started with, torch and te already imported)."
             )
         ),
     )

@@ -17,7 +17,9 @@ def corpus() -> tuple[bytes, str]:
     import pydoc_data.topics as topics
 
     text = "\n\n".join(topics.topics[key] for key in sorted(topics.topics))
-    return text.encode("utf-8"), f"{topics.__file__} (the Python documentation behind help(), {len(topics.topics)} topics)"
+    return text.encode(
+        "utf-8"
+    ), f"{topics.__file__} (the Python documentation behind help(), {len(topics.topics)} topics)"
 
 
 class Batches:
@@ -27,7 +29,7 @@ class Batches:
     order, and no torch op runs before the per-recipe worker processes start.
     """
 
-    def __init__(self, data: bytes, seq: int, batch: int, steps: int, seed: int = 1234, val_batches: int = 4):
+    def __init__(self, data: bytes, seq: int, batch: int, steps: int, seed: int = 1234, val_batches: int = 8):
         tokens = np.frombuffer(data, dtype=np.uint8)
         split = int(len(tokens) * 0.9)
         self.train, self.val = tokens[:split], tokens[split:]
@@ -49,8 +51,9 @@ class Batches:
             yield self._windows(self.val, starts, self.seq + 1)
 
     def prompts(self, count: int, length: int) -> np.ndarray:
-        """[count, length] prompts from the validation text, each starting at a line start."""
-        text = self.val
-        starts = np.flatnonzero(text[:-length] == ord("\n")) + 1
+        """[count, length] prompts from the validation text, each at the start of a line of prose
+        (a newline, then a capital letter)."""
+        text = self.val[: -length - 1]
+        starts = np.flatnonzero((text[:-1] == ord("\n")) & (text[1:] >= ord("A")) & (text[1:] <= ord("Z"))) + 1
         step = max(1, len(starts) // count)
-        return self._windows(text, starts[::step][:count], length)
+        return self._windows(self.val, starts[::step][:count], length)

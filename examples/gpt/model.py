@@ -46,7 +46,7 @@ class Config:
 
 
 # CPU: a few minutes for all six recipes on 2 cores. GPU: the size where FP8 GEMMs start to pay.
-SMALL = Config(layers=2, hidden=64, heads=4, groups=2, ffn=128, seq=64, batch=8, steps=400, lr=3e-3)
+SMALL = Config(layers=2, hidden=64, heads=4, groups=2, ffn=128, seq=64, batch=8, steps=300, lr=3e-3)
 LARGE = Config(layers=8, hidden=512, heads=8, groups=2, ffn=1536, seq=512, batch=16, steps=600, lr=1e-3)
 
 
@@ -102,7 +102,12 @@ def generate(model: GPT, prompts: torch.Tensor, new_tokens: int, top_k: int = 5,
     cfg = model.cfg
     n, length = prompts.shape
     params = te.InferenceParams(
-        n, length + new_tokens, num_heads_kv=cfg.groups, head_dim_k=cfg.head_dim, dtype=torch.bfloat16, qkv_format="bshd"
+        n,
+        length + new_tokens,
+        num_heads_kv=cfg.groups,
+        head_dim_k=cfg.head_dim,
+        dtype=torch.bfloat16,
+        qkv_format="bshd",
     )
     gen = torch.Generator(device=prompts.device).manual_seed(seed)
     params.pre_step(OrderedDict((i, length) for i in range(n)))

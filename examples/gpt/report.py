@@ -61,10 +61,16 @@ def rows(results: list[dict]) -> list[list[str]]:
         loss, val = final_loss(r), r["val_loss"]
         gap = f"{loss - final_loss(base):+.4f}" if base else "n/a"
         val_gap = f"{val - base['val_loss']:+.4f}" if base else "n/a"
-        table.append(
-            [r["name"], f"{loss:.4f}", gap, f"{val:.4f}", val_gap, f"{r['tokens_per_s']:,.0f}", f"{r['peak_mib']:,.0f}"]
-        )
+        table.append([r["name"], f"{loss:.4f}", gap, f"{val:.4f}", val_gap, f"{r['tokens_per_s']:,.0f}", memory(r)])
     return table
+
+
+def memory(result: dict) -> str:
+    """Peak MiB; on the CPU also the growth over the worker's RSS when it started."""
+    text = f"{result['peak_mib']:,.0f}"
+    if result.get("start_mib") is not None:
+        text += f" (+{result['peak_mib'] - result['start_mib']:,.0f})"
+    return text
 
 
 HEADER = ["recipe", "final train loss", "gap to BF16", "val loss", "val gap to BF16", "tokens/s", "peak MiB"]
@@ -80,8 +86,9 @@ def markdown(results: list[dict], meta: dict, png: str) -> str:
             prompt, rest = r["sample"][: r["prompt_chars"]], r["sample"][r["prompt_chars"] :]
             lines += [f"### {r['name']}", "", "prompt: `" + prompt.replace("`", "'").replace("\n", "⏎") + "`", ""]
             lines += ["```text", prompt + rest, "```", ""]
-        for w in r.get("warnings", []):
-            lines.append(f"- {r['name']}: {w}")
+    warns = [f"- {r['name']}: {w}" for r in results for w in r.get("warnings", [])]
+    if warns:
+        lines += ["## Warnings raised during the runs", "", *warns]
     return "\n".join(lines) + "\n"
 
 
@@ -97,13 +104,15 @@ def to_html(results: list[dict], meta: dict, png: str) -> str:
         if "sample" in r
     )
     warns = "".join(f"<li>{esc(r['name'])}: {esc(w)}</li>" for r in results for w in r.get("warnings", []))
+    warns = f"<h2>Warnings raised during the runs</h2><ul>{warns}</ul>" if warns else ""
     style = "body{font-family:sans-serif;max-width:1100px;margin:auto}td,th{border:1px solid #ccc;padding:4px 8px}"
     return (
         f"<!doctype html><html><head><meta charset='utf-8'><title>{esc(meta['title'])}</title>"
         f"<style>{style}table{{border-collapse:collapse}}pre{{background:#f6f6f6;padding:8px;white-space:pre-wrap}}"
         f"</style></head><body><h1>{esc(meta['title'])}</h1><ul>{facts}</ul><table><tr>{head}</tr>{body}</table>"
         f"<p>{esc(meta['notes'])}</p><img src='{esc(png)}' alt='loss curves' style='max-width:100%'>"
-        f"<h2>Samples (KV cache, top-k 5, fixed seed; prompt in bold)</h2>{samples}<ul>{warns}</ul></body></html>\n"
+        f"<h2>Samples (KV cache, top-k 5, fixed seed; prompt in bold)</h2>{samples}"
+        f"{warns}</body></html>\n"
     )
 
 

@@ -53,9 +53,12 @@ def loss_of(model: GPT, ids: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
 
 
-def train(name: str, cfg: Config, data: Batches, device: torch.device, progress: bool = True) -> dict:
-    """Trains cfg.steps steps under recipe `name`; returns the losses and the measurements."""
-    torch.manual_seed(SEED)
+def train(
+    name: str, cfg: Config, data: Batches, device: torch.device, progress: bool = True, seed: int = SEED, sample=True
+) -> dict:
+    """Trains cfg.steps steps under recipe `name` from initial weights drawn with `seed`; returns
+    the losses and the measurements (with sample=False, no validation loss or text sample)."""
+    torch.manual_seed(seed)
     model = GPT(cfg, str(device))
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.01)
     losses, tokens = [], cfg.batch * cfg.seq
@@ -82,7 +85,8 @@ def train(name: str, cfg: Config, data: Batches, device: torch.device, progress:
         seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
         result = dict(name=name, losses=losses, tokens_per_s=tokens * (cfg.steps - 1) / seconds)
         result.update(train_seconds=seconds, train_cpu_seconds=cpu_seconds)
-        result.update(evaluate(model, name, cfg, data, device))
+        if sample:
+            result.update(evaluate(model, name, cfg, data, device))
     result["warnings"] = sorted({str(w.message) for w in caught})
     result.update(peak_memory(device))
     return result
@@ -105,5 +109,16 @@ def peak_memory(device: torch.device) -> dict:
     """GPU: torch.cuda.max_memory_allocated (reset before each recipe). CPU: the peak resident set
     size of this process (getrusage ru_maxrss), which on the CPU runs one process per recipe."""
     if device.type == "cuda":
-        return dict(peak_mib=torch.cuda.max_memory_allocated(device) / 2**20, memory_kind="torch.cuda.max_memory_allocated")
+        return dict(
+            peak_mib=torch.cuda.max_memory_allocated(device) / 2**20, memory_kind="torch.cuda.max_memory_allocated"
+        )
     return dict(peak_mib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, memory_kind="peak RSS (ru_maxrss)")
+
+
+def current_rss_mib() -> float | None:
+    """This process's resident set size now (Linux /proc), or None where that is not available."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * resource.getpagesize() / 2**20
+    except OSError:
+        return None
