@@ -6,14 +6,16 @@ attention), te.RMSNorm and a te.Linear LM head, trained for 200 AdamW steps of 4
 Python documentation (pydoc_data.topics) under BF16 (torch.autocast) and under each recipe from
 the same initial weights and batches. The loss compared is the mean over the last 20 steps.
 
-Measured gaps to BF16 (recipe - BF16, nats/byte) over 8 seeds, BF16 itself ending at 2.63-2.74
-from 5.55:
-  DelayedScaling, Float8CurrentScaling, Float8BlockScaling, MXFP8BlockScaling: -0.020 .. +0.008
-  NVFP4BlockScaling: +0.010 .. +0.030 (4-bit operands without the reference's random Hadamard
-  transform or stochastic rounding: a small systematic cost)
-Tolerance, one-sided (a recipe may end lower): the FP8 recipes within 0.05 (about 2.5x the largest
-|gap| seen), NVFP4 within 0.08. BF16 must end below 3.0, under the text's unigram entropy (3.26
-nats/byte), so the model has to have learned to use context. About 20 s of CPU on 2 cores.
+Measured gaps to BF16 (recipe - BF16, nats/byte) over 8 seeds, BF16 itself ending at 2.63-2.79
+from 5.55 (the spread is the runs' trajectories drifting apart, not a bias):
+  DelayedScaling -0.032 .. +0.022, Float8CurrentScaling -0.022 .. +0.008,
+  Float8BlockScaling -0.025 .. +0.029, MXFP8BlockScaling -0.046 .. +0.030;
+  NVFP4BlockScaling -0.015 .. +0.062, typically +0.01 .. +0.03 (E2M1 operands carry one mantissa
+  bit: a small systematic cost even with the recipe's Hadamard transform and stochastic rounding).
+Tolerance, one-sided (a recipe may end lower): the FP8 recipes within 0.08 of BF16 (2.7x the
+largest gap seen), NVFP4 within 0.15 (2.4x). A broken quantizer or scale ends far outside
+(an untrained model sits at 5.5). BF16 must end below 3.0, under the text's unigram entropy (3.26
+nats/byte), so the model has to have learned to use context. About 20 s of CPU time (one core).
 """
 
 from __future__ import annotations
@@ -38,8 +40,8 @@ from gpt.train import RECIPES, train  # noqa: E402
 
 TINY = Config(layers=1, hidden=64, heads=4, groups=2, ffn=128, seq=32, batch=4, steps=200, lr=3e-3)
 TAIL = 20
-MARGIN = {"NVFP4BlockScaling": 0.08}
-FP8_MARGIN = 0.05
+MARGIN = {"NVFP4BlockScaling": 0.15}
+FP8_MARGIN = 0.08
 
 
 def test_every_recipe_converges_like_bf16():
