@@ -1,6 +1,7 @@
 """The main job: a small GPT trained with Transformer Engine under BF16 and every FP8/FP4 recipe.
 
-    python examples/gpt_demo.py [--steps N] [--recipes BF16,DelayedScaling,...] [--device cpu|cuda] [--out DIR]
+    python examples/gpt_demo.py [--steps N] [--recipes BF16,DelayedScaling,...] [--device cpu|cuda]
+                                [--size auto|small|large] [--out DIR]
 
 A byte-level GPT (token embedding, N x te.TransformerLayer with RoPE, RMSNorm, SwiGLU and causal
 GQA attention, a final te.RMSNorm, an LM head through te.Linear) learns the Python documentation
@@ -40,6 +41,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=None, help="training steps per recipe (default: the config's)")
     parser.add_argument("--recipes", default=",".join(RECIPES), help="comma-separated, from: " + ", ".join(RECIPES))
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument(
+        "--size", choices=["auto", "small", "large"], default="auto", help="model config (auto: large on cuda)"
+    )
     parser.add_argument("--out", type=Path, default=Path("gpt_demo_out"))
     args = parser.parse_args(argv)
     args.recipes = [r.strip() for r in args.recipes.split(",") if r.strip()]
@@ -132,7 +136,7 @@ def describe(cfg, device, text_source, args) -> dict:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    cfg = LARGE if args.device == "cuda" else SMALL
+    cfg = {"small": SMALL, "large": LARGE}.get(args.size, LARGE if args.device == "cuda" else SMALL)
     if args.steps:
         cfg = dataclasses.replace(cfg, steps=args.steps)
     cfg.check()
