@@ -127,8 +127,8 @@ def describe(cfg, device, text_source, args) -> dict:
             + (
                 "torch.cuda.max_memory_allocated per recipe."
                 if device == "cuda"
-                else "peak resident set size (getrusage ru_maxrss) of the forked process that ran the recipe, "
-                "(in parentheses: its growth over the RSS the process started with, torch and te already imported)."
+                else "peak resident set size (getrusage ru_maxrss) of the forked process that ran the recipe; "
+                "in parentheses its growth over the RSS that process started with (torch and te already imported)."
             )
         ),
     )

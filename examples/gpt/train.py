@@ -10,7 +10,6 @@ import warnings
 from contextlib import contextmanager
 
 import torch
-from tqdm import tqdm
 
 import transformer_engine.pytorch as te
 from transformer_engine.common import recipe as te_recipe
@@ -53,6 +52,25 @@ def loss_of(model: GPT, ids: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
 
 
+class _Quiet:
+    """The steps without a bar (tests; tqdm then need not be installed)."""
+
+    def __init__(self, steps: int):
+        self.steps = steps
+
+    def __iter__(self):
+        return iter(range(self.steps))
+
+    def set_postfix(self, **_):
+        pass
+
+
+def progress_bar(steps: int, name: str):
+    from tqdm import tqdm
+
+    return tqdm(range(steps), desc=f"{name:>20}", unit="step", dynamic_ncols=True)
+
+
 def train(
     name: str, cfg: Config, data: Batches, device: torch.device, progress: bool = True, seed: int = SEED, sample=True
 ) -> dict:
@@ -62,7 +80,7 @@ def train(
     model = GPT(cfg, str(device))
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.01)
     losses, tokens = [], cfg.batch * cfg.seq
-    bar = tqdm(range(cfg.steps), desc=f"{name:>20}", unit="step", disable=not progress, dynamic_ncols=True)
+    bar = progress_bar(cfg.steps, name) if progress else _Quiet(cfg.steps)
     start, cpu_start = None, None
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

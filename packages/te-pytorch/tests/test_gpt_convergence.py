@@ -33,7 +33,6 @@ EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 if not (EXAMPLES / "gpt").is_dir():
     pytest.skip("needs the repository's examples/gpt (the demo's model)", allow_module_level=True)
 sys.path.insert(0, str(EXAMPLES))
-pytest.importorskip("tqdm")
 from gpt.data import Batches, corpus  # noqa: E402
 from gpt.model import Config  # noqa: E402
 from gpt.train import RECIPES, train  # noqa: E402
