@@ -165,11 +165,12 @@ def bench(session: nox.Session) -> None:
 
 @nox.session
 def demo(session: nox.Session) -> None:
-    """The main job: train a small MLP block with te modules under every recipe (CPU without a GPU)."""
+    """The main job: a small GPT trained under BF16 and every recipe on the CPU; writes its loss
+    plot and report to gpt_demo_out/ (posargs go to examples/gpt_demo.py, e.g. -- --steps 100)."""
     install_core(session, cuda="OFF")
-    session.install(TORCH_CPU)
+    session.install(TORCH_CPU, "tqdm", "matplotlib")
     session.install("--no-deps", "./packages/te-pytorch")
-    session.run("python", "examples/train_demo.py", *session.posargs)
+    session.run("python", "examples/gpt_demo.py", *session.posargs)
     session.run("python", "examples/fp8_demo.py")
 
 
