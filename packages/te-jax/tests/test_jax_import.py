@@ -19,12 +19,13 @@ te_jax = importlib.import_module("transformer_engine.jax")
 
 
 def test_version_matches_distribution():
-    assert te_jax.__version__ == importlib.metadata.version("te-jax")
+    assert te_jax.__version__ == importlib.metadata.version("opente-jax")
 
 
 def test_namespace_package_is_shared():
-    assert getattr(transformer_engine, "__file__", None) is None
-    assert importlib.import_module("transformer_engine.core").__version__ == "0.1.0"
+    # Only opente-core ships transformer_engine/__init__.py (extend_path over sys.path).
+    assert te_jax.__path__[0].rsplit("/", 1)[0] in transformer_engine.__path__
+    assert importlib.import_module("transformer_engine.core").__version__ == transformer_engine.__version__
     recipe = importlib.import_module("transformer_engine.common.recipe")
     assert recipe.DelayedScaling().delayed()
 

@@ -78,7 +78,7 @@ from .tensor import (
 )
 from .transformer import TransformerLayer
 
-__version__ = "0.1.0"
+__version__ = "2.20.0.1"
 
 __all__ = [
     "DType",
