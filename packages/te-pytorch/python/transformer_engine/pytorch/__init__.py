@@ -53,7 +53,15 @@ from .attention import (
     MultiheadAttention,
     RotaryPositionEmbedding,
 )
-from .device import get_device_compute_capability, is_fp8_available
+from .device import (
+    get_cudnn_version,
+    get_device_compute_capability,
+    is_bf16_available,
+    is_fp8_available,
+    is_fp8_block_scaling_available,
+    is_mxfp8_available,
+    is_nvfp4_available,
+)
 from .module import LayerNorm, LayerNormLinear, LayerNormMLP, Linear, RMSNorm
 from .quantization import (
     FP8GlobalStateManager,
@@ -110,8 +118,13 @@ __all__ = [
     "fp8_autocast",
     "fp8_model_init",
     "get_default_recipe",
+    "get_cudnn_version",
     "get_device_compute_capability",
+    "is_bf16_available",
     "is_fp8_available",
+    "is_fp8_block_scaling_available",
+    "is_mxfp8_available",
+    "is_nvfp4_available",
     "kernels",
     "quantized_model_init",
 ]
