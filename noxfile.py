@@ -140,7 +140,7 @@ def manylinux_tags(session: nox.Session, folder: str) -> None:
 # handlers need the FFI API of jaxlib >= COMPAT_JAX[0], see te-jax's
 # pyproject) and the newest tested.
 COMPAT_TORCH = ["2.13.0", "2.14.1"]
-COMPAT_JAX = ["0.9.0", "0.10.2"]
+COMPAT_JAX = ["0.6.0", "0.10.2"]
 COMPAT_DIST = "build/compat-dist"
 
 
@@ -168,7 +168,7 @@ def _assert_from_wheel(session: nox.Session, module: str) -> None:
 def compat(session: nox.Session) -> None:
     """The wheels against a range of torch and jax versions: opente-core, opente-pytorch and
     opente-jax (built once, against the lowest supported jax) installed from their wheels,
-    each framework's tests run per version (posargs: torch=2.13.0,2.14.1 jax=0.9.0,0.10.2)."""
+    each framework's tests run per version (posargs: torch=2.13.0,2.14.1 jax=0.6.0,0.10.2)."""
     versions = _compat_versions(session)
     shutil.rmtree(COMPAT_DIST, ignore_errors=True)
     session.install("numpy", "ml_dtypes", "pytest", *NATIVE_BUILD_TOOLS)
