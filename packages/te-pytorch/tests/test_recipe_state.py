@@ -27,13 +27,15 @@ pytest_plugins = ["pt_fixtures"]
 pytestmark = [pytest.mark.recipe, pytest.mark.module, pytest.mark.usefixtures("te_state")]
 
 # Per recipe, written out here (not read from the code under test): the
-# quantizer class, the operand format and the multiple every GEMM dim must be.
+# quantizer class, the operand format and the multiples (tokens, in_features,
+# out_features) of the GEMM dims: per-tensor FP8 takes the reference's rule
+# (assert_dim_for_fp8_exec: the leading dims by 8, the last by 16).
 CASES = {
-    "delayed": (recipe.DelayedScaling, Float8Quantizer, "fp8", 16),
-    "current": (recipe.Float8CurrentScaling, Float8CurrentScalingQuantizer, "fp8", 16),
-    "mxfp8": (recipe.MXFP8BlockScaling, MXFP8Quantizer, "mxfp8", 32),
-    "block": (recipe.Float8BlockScaling, Float8BlockQuantizer, "fp8_block", 16),
-    "nvfp4": (recipe.NVFP4BlockScaling, NVFP4Quantizer, "nvfp4", 32),
+    "delayed": (recipe.DelayedScaling, Float8Quantizer, "fp8", (8, 16, 8)),
+    "current": (recipe.Float8CurrentScaling, Float8CurrentScalingQuantizer, "fp8", (8, 16, 8)),
+    "mxfp8": (recipe.MXFP8BlockScaling, MXFP8Quantizer, "mxfp8", (32, 32, 32)),
+    "block": (recipe.Float8BlockScaling, Float8BlockQuantizer, "fp8_block", (16, 16, 16)),
+    "nvfp4": (recipe.NVFP4BlockScaling, NVFP4Quantizer, "nvfp4", (32, 32, 32)),
 }
 PER_RECIPE = pytest.mark.parametrize("name", list(CASES))
 KIND_PREDICATES = (
@@ -62,14 +64,14 @@ def test_each_recipe_gets_its_quantizers_and_format(name, mode, count):
 
 @PER_RECIPE
 def test_the_dimension_rule_of_each_recipe(name):
-    recipe_cls, _, kind, multiple = CASES[name]
+    recipe_cls, _, kind, multiples = CASES[name]
     state = RecipeState.create(recipe_cls(), mode="forward", num_quantizers=3, device="cpu")
-    state.check_dims(multiple, 2 * multiple, 3 * multiple, "te.X")  # (no error)
-    good = (multiple, 2 * multiple, 3 * multiple)
-    for i in range(3):
+    good = (multiples[0], 2 * multiples[1], 3 * multiples[2])
+    state.check_dims(*good, "te.X")  # (no error)
+    for i, what in enumerate(("tokens", "in_features", "out_features")):
         dims = list(good)
-        dims[i] += multiple // 2
-        with pytest.raises(ValueError, match=rf"te\.X under {kind.upper()} .*divisible by {multiple}, got tokens="):
+        dims[i] += multiples[i] // 2
+        with pytest.raises(ValueError, match=rf"te\.X under {kind.upper()} .*{what}[^,]*? by {multiples[i]}"):
             state.check_dims(*dims, "te.X")
 
 
@@ -77,8 +79,8 @@ def test_the_dimension_rule_of_each_recipe(name):
 @pytest.mark.parametrize("module", [te.Linear, te.LayerNormLinear, te.LayerNormMLP])
 def test_each_module_applies_the_rule(name, module):
     layer = module(32, 32, device="cpu")
-    with pytest.raises(ValueError, match="divisible by 16, got tokens=8"), te.autocast(recipe=CASES[name][0]()):
-        layer(torch.randn(8, 32))
+    with pytest.raises(ValueError, match="divisible by 8.*got tokens=4"), te.autocast(recipe=CASES[name][0]()):
+        layer(torch.randn(4, 32))
 
 
 def _modules():

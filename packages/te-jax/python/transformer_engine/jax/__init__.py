@@ -21,7 +21,7 @@ import importlib as _importlib
 import jax as _jax  # noqa: F401 - fail here, clearly, when JAX is missing
 import transformer_engine.core  # noqa: F401 - loads the native core once, up front
 
-__version__ = "0.1.0"
+__version__ = "2.20.0.1"
 
 _SUBMODULES = (
     "activation",

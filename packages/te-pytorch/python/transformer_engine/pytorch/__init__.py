@@ -53,7 +53,15 @@ from .attention import (
     MultiheadAttention,
     RotaryPositionEmbedding,
 )
-from .device import get_device_compute_capability, is_fp8_available
+from .device import (
+    get_cudnn_version,
+    get_device_compute_capability,
+    is_bf16_available,
+    is_fp8_available,
+    is_fp8_block_scaling_available,
+    is_mxfp8_available,
+    is_nvfp4_available,
+)
 from .distributed import CudaRNGStatesTracker, checkpoint
 from .graph import make_graphed_callables
 from .module import LayerNorm, LayerNormLinear, LayerNormMLP, Linear, RMSNorm
@@ -80,7 +88,7 @@ from .tensor import (
 )
 from .transformer import TransformerLayer
 
-__version__ = "0.1.0"
+__version__ = "2.20.0.1"
 
 __all__ = [
     "CudaRNGStatesTracker",
@@ -114,8 +122,13 @@ __all__ = [
     "fp8_autocast",
     "fp8_model_init",
     "get_default_recipe",
+    "get_cudnn_version",
     "get_device_compute_capability",
+    "is_bf16_available",
     "is_fp8_available",
+    "is_fp8_block_scaling_available",
+    "is_mxfp8_available",
+    "is_nvfp4_available",
     "kernels",
     "make_graphed_callables",
     "quantized_model_init",

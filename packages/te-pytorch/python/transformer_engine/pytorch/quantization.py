@@ -28,7 +28,7 @@ import torch
 from transformer_engine.common.recipe import DelayedScaling, Float8CurrentScaling
 from transformer_engine.core import DType, lib
 
-from . import kernels
+from . import device, kernels
 from .kernels._common import compiling, stream_of
 from .recipe_state import check_recipe_support
 
@@ -85,6 +85,23 @@ class _FP8GlobalState:
 
     def get_meta_tensor_key(self, forward: bool = True) -> str:
         return "scaling_fwd" if forward else "scaling_bwd"
+
+    # The reference's availability queries, (available, reason) each (device.py).
+    @staticmethod
+    def is_fp8_available() -> tuple[bool, str]:
+        return device.is_fp8_available(return_reason=True)
+
+    @staticmethod
+    def is_mxfp8_available() -> tuple[bool, str]:
+        return device.is_mxfp8_available(return_reason=True)
+
+    @staticmethod
+    def is_fp8_block_scaling_available() -> tuple[bool, str]:
+        return device.is_fp8_block_scaling_available(return_reason=True)
+
+    @staticmethod
+    def is_nvfp4_available() -> tuple[bool, str]:
+        return device.is_nvfp4_available(return_reason=True)
 
     def reset(self) -> None:
         """Back to the state at import (tests call this between cases)."""

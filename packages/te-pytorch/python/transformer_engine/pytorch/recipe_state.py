@@ -77,14 +77,17 @@ def fp8_dtype_for(recipe, forward: bool) -> DType:
     return DType.kFloat8E4M3
 
 
-# The FP8 dimension rule, per operand kind. Each quantized dim is the
-# reduction dim K of one of a Linear's three GEMMs (fprop, dgrad, wgrad), so a
-# format's rule applies to tokens, in_features and out_features alike.
+# The FP8 dimension rule, per operand kind: (tokens, in_features,
+# out_features) multiples. Each quantized dim is the reduction dim K of one of
+# a Linear's three GEMMs (fprop, dgrad, wgrad). Per-tensor FP8 takes the
+# reference's rule (tokens and out_features by 8, in_features by 16:
+# assert_dim_for_fp8_exec); te_gemm wants 16 everywhere, so kernels/gemm.py
+# pads the other GEMMs internally. The block formats need whole blocks.
 _DIM_RULES = {
-    "fp8": (16, "FP8 GEMMs need"),
-    "fp8_block": (16, "FP8 block-scaled GEMMs need"),
-    "mxfp8": (32, "MXFP8 has one scale per 32 elements along each dim, so it needs"),
-    "nvfp4": (32, "NVFP4 has one scale per 16 elements and its GEMMs take K in steps of 32, so it needs"),
+    "fp8": ((8, 16, 8), "FP8 GEMMs need"),
+    "fp8_block": ((16, 16, 16), "FP8 block-scaled GEMMs need"),
+    "mxfp8": ((32, 32, 32), "MXFP8 has one scale per 32 elements along each dim, so it needs"),
+    "nvfp4": ((32, 32, 32), "NVFP4 has one scale per 16 elements and its GEMMs take K in steps of 32, so it needs"),
 }
 
 
@@ -92,13 +95,13 @@ def check_fp8_dims(kind: str, tokens: int, in_features: int, out_features: int, 
     """ValueError naming the dims operand kind `kind` cannot take, and how to pad them.
 
     The one place the rule lives: modules call it through RecipeState.check_dims."""
-    multiple, why = _DIM_RULES[kind]
-    if tokens % multiple or in_features % multiple or out_features % multiple:
+    (mt, mi, mo), why = _DIM_RULES[kind]
+    if tokens % mt or in_features % mi or out_features % mo:
         raise ValueError(
             f"{owner} under {kind.upper()} quantization: {why} the number of tokens (the product of the "
-            f"input's leading dims) and in_features/out_features divisible by {multiple}, got tokens={tokens}, "
-            f"in_features={in_features}, out_features={out_features}. Pad the sequence or batch "
-            f"to a multiple of {multiple} (e.g. torch.nn.functional.pad) and the feature sizes of the "
+            f"input's leading dims) divisible by {mt}, in_features by {mi} and out_features by {mo}, got "
+            f"tokens={tokens}, in_features={in_features}, out_features={out_features}. Pad the sequence or "
+            f"batch to a multiple of {mt} (e.g. torch.nn.functional.pad) and the feature sizes of the "
             "layer, or run this layer outside te.autocast"
         )
 
@@ -145,7 +148,7 @@ class RecipeState:
         self.num_quantizers = num_quantizers
         self._device = device
         self.split_accumulator = mm_split_accumulator(recipe)
-        self._dim_multiple = _DIM_RULES[self.operand_kind][0]
+        self._dim_multiples = _DIM_RULES[self.operand_kind][0]
 
     @property
     def device(self) -> torch.device:
@@ -166,8 +169,8 @@ class RecipeState:
 
     def check_dims(self, tokens: int, in_features: int, out_features: int, owner: str) -> None:
         """ValueError when a GEMM of these dims cannot run under this recipe (check_fp8_dims)."""
-        m = self._dim_multiple  # (the common case, that every dim is fine, costs no call)
-        if tokens % m or in_features % m or out_features % m:
+        mt, mi, mo = self._dim_multiples  # (the common case, that every dim is fine, costs no call)
+        if tokens % mt or in_features % mi or out_features % mo:
             check_fp8_dims(self.operand_kind, tokens, in_features, out_features, owner)
 
     def on_forward(self, manager) -> None:

@@ -8,10 +8,33 @@ CUDA: without that backend they could only fail.
 
 from __future__ import annotations
 
+import re
+
+import jaxlib
+
 import jax
 import transformer_engine.core as _core  # loads libte_core.so (and cuBLASLt) before the handlers need it
 
 from .. import _te_jax_ffi
+from .._build_info import JAXLIB_BUILT_AGAINST
+
+
+def _release(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in re.findall(r"\d+", version.split("+")[0])[:3])
+
+
+def check_jaxlib(running: str, built_against: str) -> None:
+    """ImportError when jaxlib is older than the one te-jax was compiled against.
+
+    The handlers carry the XLA FFI API version of their build's headers; an
+    older jaxlib speaks an older one and refuses them at registration ("API
+    version ... is incompatible"). A newer jaxlib accepts them."""
+    if _release(running) < _release(built_against):
+        raise ImportError(
+            f"transformer_engine.jax was built against jaxlib {built_against}, but jaxlib {running} is installed: "
+            f"its XLA FFI is older than the handlers'. Upgrade jax and jaxlib to >= {built_against}, or rebuild "
+            "te-jax against this one: pip install --no-build-isolation --force-reinstall --no-deps ./packages/te-jax"
+        )
 
 
 def _register() -> None:
@@ -24,4 +47,5 @@ def _register() -> None:
             jax.ffi.register_ffi_target(name, platforms["CUDA"], platform="CUDA")
 
 
+check_jaxlib(jaxlib.__version__, JAXLIB_BUILT_AGAINST)
 _register()

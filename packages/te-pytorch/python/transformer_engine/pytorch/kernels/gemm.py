@@ -15,6 +15,13 @@ te_gemm_workspace_size for these exact arguments and taken from the per-stream
 cache in _common (the core never allocates). `gemm_accumulate` writes into a
 caller's tensor with D = C = out (beta = 1 accumulates in place): the
 fuse_wgrad_accumulation path into `main_grad`.
+
+te_gemm takes FP8 operands only with M, N and K divisible by 16 (cuBLASLt's
+FP8 rule: 16-byte aligned leading dimensions; the core enforces it on every
+backend). The reference's modules accept 8 tokens, so an FP8 GEMM of other
+sizes runs here on copies zero-padded to multiples of 16 (_run_padded): zero
+bytes are +0 in E4M3 and E5M2, so padded K adds nothing and padded rows and
+columns of D are cut off; the result is the unpadded GEMM's.
 """
 
 from __future__ import annotations
@@ -98,9 +105,61 @@ def _workspace_bytes(key, descs, flags) -> int:
     return nbytes
 
 
+_FP8_MULTIPLE = 16  # te_gemm's FP8 rule for M, N and K (module docstring)
+
+
+def _pad_to(t: Tensor, rows: int, cols: int) -> Tensor:
+    """t (2-D) zero-padded at the end to [rows, cols]."""
+    out = t.new_zeros(rows, cols)
+    out[: t.shape[0], : t.shape[1]] = t
+    return out
+
+
+def _up(x: int) -> int:
+    return -(-x // _FP8_MULTIPLE) * _FP8_MULTIPLE
+
+
+def _run_padded(a, b, d, operands, bias, pre_gelu, bias_grad, alpha, beta, use_split_accumulator, mnk):
+    """_run on operands zero-padded to multiples of 16; writes the unpadded result into d (and pre_gelu, bias_grad)."""
+    m, n, k = mnk
+    mp, np_, kp = _up(m), _up(n), _up(k)
+    transa, transb = operands[4], operands[5]
+    a2 = a.reshape(-1, a.shape[-1])
+    b2 = b.reshape(-1, b.shape[-1])
+    a2 = _pad_to(a2, kp, mp) if transa else _pad_to(a2, mp, kp)
+    b2 = _pad_to(b2, np_, kp) if transb else _pad_to(b2, kp, np_)
+    d2 = d.view(m, n)
+    dp = _pad_to(d2, mp, np_) if beta != 0.0 else d.new_empty(mp, np_)
+    bias_p = None if bias is None else _pad_to(bias.reshape(1, n), 1, np_).reshape(np_)
+    pre_p = None if pre_gelu is None else pre_gelu.new_empty(mp, np_)
+    grad_p = None if bias_grad is None else bias_grad.new_empty(mp)
+    _run(a2, b2, dp, operands, bias_p, pre_p, grad_p, alpha, beta, use_split_accumulator)
+    d2.copy_(dp[:m, :n])
+    if pre_gelu is not None:
+        pre_gelu.copy_(pre_p[:m, :n])
+    if bias_grad is not None:
+        bias_grad.copy_(grad_p[:m])
+
+
+def _needs_padding(a, b, operands):
+    """(m, n, k) when an FP8 GEMM's sizes break te_gemm's multiple-of-16 rule, else None."""
+    if operands[0] not in FP8_CODES and operands[2] not in FP8_CODES:
+        return None
+    _, m, n = _out_shape(a, b, operands[4], operands[5])
+    k = a.numel() // a.shape[-1] if operands[4] else a.shape[-1]
+    if m % _FP8_MULTIPLE or n % _FP8_MULTIPLE or k % _FP8_MULTIPLE:
+        return m, n, k
+    return None
+
+
 def _run(a, b, d, operands, bias, pre_gelu, bias_grad, alpha, beta, use_split_accumulator):
     """te_gemm into d; operands = (a_dtype, a_scale_inv, b_dtype, b_scale_inv, transa, transb)."""
     a_dtype, a_scale_inv, b_dtype, b_scale_inv, transa, transb = operands
+    if a_dtype >= 0 or b_dtype >= 0:  # (FP8: the size rule; high precision skips the call)
+        mnk = _needs_padding(a, b, operands)
+        if mnk is not None:
+            _run_padded(a, b, d, operands, bias, pre_gelu, bias_grad, alpha, beta, use_split_accumulator, mnk)
+            return
     if not a.is_contiguous():
         a = a.contiguous()
     if not b.is_contiguous():
