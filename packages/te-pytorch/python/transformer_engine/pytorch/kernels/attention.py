@@ -71,6 +71,17 @@ def _core_args(cfg_ints, bias, alibi, cu_q, cu_kv, cu_qp, cu_kvp, mask, offset, 
     )
 
 
+def _prepare(workspace_size, q, k, v, cfg, *optional):
+    """What attention_fwd and attention_bwd both hand the core: the q/k/v
+    descriptors, the keyword arguments (_core_args of cfg and the optional
+    tensors), the stream and a workspace of workspace_size(qd, kd, vd, **args)."""
+    args = _core_args(cfg, *optional)
+    qd, kd, vd = hp_desc(q, "q"), hp_desc(k, "k"), hp_desc(v, "v")
+    stream = stream_of(q)
+    ws = workspace(workspace_size(qd, kd, vd, **args), q, stream)
+    return qd, kd, vd, args, stream, ws
+
+
 def _lse_shape(q, fmt):
     if fmt == 2:
         return (q.shape[0], q.shape[1])
@@ -114,12 +125,10 @@ def attention_fwd(
     """(o, softmax_lse) of te_attention_fwd; sq/skv: max_seqlen_q/kv (thd), det: deterministic."""
     q, k, v = contiguous(q), contiguous(k), contiguous(v)
     cfg = (fmt, mask_type, bias_type, softmax_type, scale, dropout, left, right, sq, skv, det)
-    args = _core_args(cfg, bias, alibi, cu_q, cu_kv, cu_qp, cu_kvp, mask, offset, rng)
+    optional = (bias, alibi, cu_q, cu_kv, cu_qp, cu_kvp, mask, offset, rng)
     o = q.new_empty((*q.shape[:-1], v.shape[-1]))
     lse = q.new_empty(_lse_shape(q, fmt), dtype=torch.float32)
-    qd, kd, vd = hp_desc(q, "q"), hp_desc(k, "k"), hp_desc(v, "v")
-    stream = stream_of(q)
-    ws = workspace(lib.attention_fwd_workspace_size(qd, kd, vd, **args), q, stream)
+    qd, kd, vd, args, stream, ws = _prepare(lib.attention_fwd_workspace_size, q, k, v, cfg, *optional)
     lib.attention_fwd(qd, kd, vd, hp_desc(o, "o"), desc(lse, FLOAT32), **args, workspace=ws, stream=stream)
     return o, lse
 
@@ -163,13 +172,11 @@ def attention_bwd(
     forward's arguments plus its o, softmax_lse and the output gradient d_o."""
     q, k, v, o, d_o = (contiguous(t) for t in (q, k, v, o, d_o))
     cfg = (fmt, mask_type, bias_type, softmax_type, scale, dropout, left, right, sq, skv, det)
-    args = _core_args(cfg, bias, alibi, cu_q, cu_kv, cu_qp, cu_kvp, mask, offset, rng)
+    optional = (bias, alibi, cu_q, cu_kv, cu_qp, cu_kvp, mask, offset, rng)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     dbias = torch.empty_like(bias) if bias is not None else None
     dalpha = torch.empty_like(offset) if softmax_type == 2 else None
-    qd, kd, vd = hp_desc(q, "q"), hp_desc(k, "k"), hp_desc(v, "v")
-    stream = stream_of(q)
-    ws = workspace(lib.attention_bwd_workspace_size(qd, kd, vd, **args), q, stream)
+    qd, kd, vd, args, stream, ws = _prepare(lib.attention_bwd_workspace_size, q, k, v, cfg, *optional)
     lib.attention_bwd(
         qd,
         kd,
