@@ -15,21 +15,14 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from transformer_engine.core import attention as _core
 from transformer_engine.core import lib
 
 from ._common import FLOAT32, contiguous, desc, hp_desc, stream_of, te_op, workspace
 
-QKV_FORMAT = {"bshd": 0, "sbhd": 1, "thd": 2}
-MASK_TYPE = {
-    "no_mask": 0,
-    "padding": 1,
-    "causal": 2,
-    "padding_causal": 3,
-    "causal_bottom_right": 4,
-    "padding_causal_bottom_right": 5,
-    "arbitrary": 6,
-}
-BIAS_TYPE = {"no_bias": 0, "pre_scale_bias": 1, "post_scale_bias": 2, "alibi": 3}
+# The codes are te-core's (one table for every package).
+QKV_FORMAT, MASK_TYPE, BIAS_TYPE = _core.QKV_FORMATS, _core.ATTN_MASK_TYPES, _core.ATTN_BIAS_TYPES
+# The reference's spelling "off-by-one" (te-core's NumPy API says "off_by_one").
 SOFTMAX_TYPE = {"vanilla": 0, "off-by-one": 1, "learnable": 2}
 INT32, INT64, BYTE = 2, 3, 0  # te_dtype codes of cu_seqlens, rng_state, attn_mask
 
