@@ -49,17 +49,22 @@ class KVCacheManager:
         return self.cache[layer_number]
 
 
+def _set_cache_shape(manager, max_batch_size, max_seqlen, num_heads, head_dim_k, dtype, head_dim_v):
+    """The shape attributes both cache managers keep (head_dim_v defaults to head_dim_k)."""
+    manager.max_batch_size = max_batch_size
+    manager.max_seqlen = max_seqlen
+    manager.num_heads = num_heads
+    manager.head_dim_k = head_dim_k
+    manager.head_dim_v = head_dim_k if head_dim_v is None else head_dim_v
+    manager.dtype = dtype
+
+
 class NonPagedKVCacheManager(KVCacheManager):
     """One contiguous [max_batch_size, max_seqlen, heads, head_dim] cache per layer."""
 
     def __init__(self, max_batch_size, max_seqlen, num_heads, head_dim_k, dtype, head_dim_v=None):
         super().__init__()
-        self.max_batch_size = max_batch_size
-        self.max_seqlen = max_seqlen
-        self.num_heads = num_heads
-        self.head_dim_k = head_dim_k
-        self.head_dim_v = head_dim_k if head_dim_v is None else head_dim_v
-        self.dtype = dtype
+        _set_cache_shape(self, max_batch_size, max_seqlen, num_heads, head_dim_k, dtype, head_dim_v)
         self._order = None  # old batch index of each new one, when the batch changed
         self._step = 0
         self._reindexed = {}  # layer -> the step its cache was last reordered at
@@ -138,12 +143,7 @@ class PagedKVCacheManager(KVCacheManager):
         super().__init__()
         self.total_num_pages = total_num_pages
         self.page_size = page_size
-        self.num_heads = num_heads
-        self.head_dim_k = head_dim_k
-        self.head_dim_v = head_dim_k if head_dim_v is None else head_dim_v
-        self.dtype = dtype
-        self.max_batch_size = max_batch_size
-        self.max_seqlen = max_seqlen
+        _set_cache_shape(self, max_batch_size, max_seqlen, num_heads, head_dim_k, dtype, head_dim_v)
         self.max_pages_per_seq = max_seqlen // page_size
         self.reset()
 
