@@ -24,6 +24,7 @@ import collections
 import torch
 
 from ..module import LayerNorm, LayerNormLinear, Linear, RMSNorm
+from ..module._args import check_module_args
 from ..module.base import not_yet_supported, reject_tp_group, resolve_device
 from .dot_product_attention import DotProductAttention
 from .rope import apply_rotary_pos_emb
@@ -125,6 +126,16 @@ class MultiheadAttention(torch.nn.Module):
             ub_bulk_wgrad=(ub_bulk_wgrad, False),
         )
         reject_tp_group(_OWNER, tp_group)
+        sizes = {"hidden_size": hidden_size, "num_attention_heads": num_attention_heads}
+        optional = {"kv_channels": kv_channels, "num_gqa_groups": num_gqa_groups}
+        sizes.update({k: v for k, v in optional.items() if v is not None})
+        params_dtype = check_module_args(
+            _OWNER,
+            sizes=sizes,
+            flags={"bias": bias, "return_bias": return_bias, "input_layernorm": input_layernorm},
+            eps=layernorm_epsilon,
+            params_dtype=params_dtype,
+        )
         if attention_type not in ("self", "cross"):
             raise ValueError(f"{_OWNER}: attention_type must be 'self' or 'cross', got {attention_type!r}")
         if layer_number is not None and layer_number <= 0:
@@ -138,7 +149,7 @@ class MultiheadAttention(torch.nn.Module):
         self.attention_type = attention_type
         self.return_layernorm_output = return_layernorm_output
         self.return_bias = return_bias
-        self.params_dtype = torch.get_default_dtype() if params_dtype is None else params_dtype
+        self.params_dtype = params_dtype
         self.num_attention_heads = num_attention_heads
         self.num_gqa_groups = num_attention_heads if num_gqa_groups is None else num_gqa_groups
         if num_attention_heads % self.num_gqa_groups:

@@ -13,6 +13,10 @@ On load, None or an empty tensor mean "no FP8 state". A non-empty uint8
 tensor is the reference library's pickled format: it is only unpickled when
 NVTE_ALLOW_UNSAFE_PICKLE_EXTRA_STATE=1 (unpickling runs arbitrary code), and
 ignored with a warning otherwise.
+
+Loading validates the state (ValueError naming the key and the rule): every
+key present, a known fp8_format name, a recipe stored as a dict, scales
+finite and > 0, amax histories finite and >= 0 with amax_history_len rows.
 """
 
 from __future__ import annotations
@@ -40,11 +44,60 @@ def _recipe_to_dict(recipe) -> dict:
     return out
 
 
-def _recipe_from_dict(data: dict) -> DelayedScaling:
-    if data.get("type") != "DelayedScaling":
-        raise ValueError(f"unknown recipe type in a checkpoint's _extra_state: {data.get('type')!r}")
-    kwargs = {name: data[name] for name in _RECIPE_FIELDS}
-    return DelayedScaling(fp8_format=Format[data["fp8_format"]], amax_compute_algo=data["amax_compute_algo"], **kwargs)
+_TENSOR_KEYS = ("scale_fwd", "amax_history_fwd", "scale_bwd", "amax_history_bwd")
+_WHERE = "a checkpoint's _extra_state"
+
+
+def _require(data: dict, key: str, where: str):
+    if key not in data:
+        raise ValueError(f"{where} has no {key!r} entry (required)")
+    return data[key]
+
+
+def _recipe_from_dict(data) -> DelayedScaling:
+    if not isinstance(data, dict):
+        raise ValueError(
+            f"{_WHERE}: 'recipe' must be a dict of the recipe's fields (as saved by get_extra_state), "
+            f"got {type(data).__name__} {data!r}"
+        )
+    where = f"{_WHERE}['recipe']"
+    if _require(data, "type", where) != "DelayedScaling":
+        raise ValueError(f"unknown recipe type in {_WHERE}: {data.get('type')!r} (expected 'DelayedScaling')")
+    name = _require(data, "fp8_format", where)
+    valid = [f.name for f in Format]
+    if name not in valid:
+        raise ValueError(f"{where}: unknown fp8_format {name!r}; valid names: {', '.join(valid)}")
+    kwargs = {key: _require(data, key, where) for key in (*_RECIPE_FIELDS, "amax_compute_algo")}
+    try:
+        return DelayedScaling(fp8_format=Format[name], **kwargs)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"{where}: invalid recipe fields: {err}") from err
+
+
+def _check_tensors(tensors: dict, recipe: DelayedScaling) -> dict:
+    """Scales finite and > 0, amax histories finite and >= 0, shapes consistent
+    with each other and with the recipe's amax_history_len: a bad value would
+    otherwise poison every later step."""
+    for suffix in ("fwd", "bwd"):
+        scale, history = tensors[f"scale_{suffix}"], tensors[f"amax_history_{suffix}"]
+        for key, value in ((f"scale_{suffix}", scale), (f"amax_history_{suffix}", history)):
+            if not isinstance(value, torch.Tensor) or not value.is_floating_point():
+                raise ValueError(f"{_WHERE}: {key} must be a floating-point tensor, got {type(value).__name__}")
+        if scale.dim() != 1 or history.dim() != 2 or history.shape[1] != scale.shape[0]:
+            raise ValueError(
+                f"{_WHERE}: scale_{suffix} must be [n] and amax_history_{suffix} [amax_history_len, n], got "
+                f"{tuple(scale.shape)} and {tuple(history.shape)}"
+            )
+        if history.shape[0] != recipe.amax_history_len:
+            raise ValueError(
+                f"{_WHERE}: amax_history_{suffix} has {history.shape[0]} rows but the stored recipe's "
+                f"amax_history_len is {recipe.amax_history_len}"
+            )
+        if not bool(torch.isfinite(scale).all()) or not bool((scale > 0).all()):
+            raise ValueError(f"{_WHERE}: scale_{suffix} must be finite and > 0, got {scale.tolist()}")
+        if not bool(torch.isfinite(history).all()) or not bool((history >= 0).all()):
+            raise ValueError(f"{_WHERE}: amax_history_{suffix} must be finite and >= 0")
+    return tensors
 
 
 def save_extra_state(fp8_meta: dict):
@@ -72,7 +125,8 @@ def _load_reference_pickle(state: torch.Tensor):
     recipe = data.get("recipe")
     if not isinstance(recipe, DelayedScaling):
         return None
-    return recipe, {k: data[k] for k in ("scale_fwd", "amax_history_fwd", "scale_bwd", "amax_history_bwd")}
+    tensors = {k: _require(data, k, "a pickled _extra_state") for k in _TENSOR_KEYS}
+    return recipe, _check_tensors(tensors, recipe)
 
 
 def load_extra_state(state):
@@ -86,5 +140,6 @@ def load_extra_state(state):
             "unrecognised _extra_state in a Transformer Engine checkpoint (expected "
             f"a dict with version {VERSION}, got {type(state).__name__})"
         )
-    tensors = {k: state[k] for k in ("scale_fwd", "amax_history_fwd", "scale_bwd", "amax_history_bwd")}
-    return _recipe_from_dict(state["recipe"]), tensors
+    recipe = _recipe_from_dict(_require(state, "recipe", _WHERE))
+    tensors = {k: _require(state, k, _WHERE) for k in _TENSOR_KEYS}
+    return recipe, _check_tensors(tensors, recipe)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from ..quantization import FP8GlobalStateManager
+from ._args import check_module_args
 from ._linear_fn import LinearArgs, LinearFunction
 from ._norm_parts import NormAmaxFunction, NormFP8Function, allocate_norm_params, check_normalization, reset_norm_params
 from ._operand import fused_amax
@@ -70,6 +71,9 @@ class LayerNormLinear(Linear):
         # Read by _allocate, which Linear.__init__ calls (plain attributes may
         # be set before nn.Module.__init__).
         self._norm_has_bias = check_normalization(_OWNER, normalization)
+        flags = {"zero_centered_gamma": zero_centered_gamma, "return_layernorm_output": return_layernorm_output}
+        flags["return_layernorm_output_gathered"] = return_layernorm_output_gathered
+        check_module_args(_OWNER, flags=flags, eps=eps, params_dtype=params_dtype)
         super().__init__(
             in_features,
             out_features,

@@ -8,6 +8,7 @@ from transformer_engine.core.activation import ACTIVATIONS, DEFAULT_PARAMS, is_g
 
 from ..distributed import checkpoint
 from ..quantization import FP8GlobalStateManager
+from ._args import check_module_args
 from ._layernorm_mlp_fn import LayerNormMLPFunction, MLPArgs
 from ._norm_parts import allocate_norm_params, check_normalization, reset_norm_params
 from .base import TransformerEngineBaseModule, not_yet_supported, reject_tp_group, resolve_device
@@ -84,6 +85,21 @@ class LayerNormMLP(TransformerEngineBaseModule):
             symmetric_ar_type=(symmetric_ar_type, None),
         )
         reject_tp_group(_OWNER, tp_group)
+        params_dtype = check_module_args(
+            _OWNER,
+            sizes={"hidden_size": hidden_size, "ffn_hidden_size": ffn_hidden_size},
+            flags={
+                "bias": bias,
+                "return_bias": return_bias,
+                "fuse_wgrad_accumulation": fuse_wgrad_accumulation,
+                "zero_centered_gamma": zero_centered_gamma,
+                "return_layernorm_output": return_layernorm_output,
+                "return_layernorm_output_gathered": return_layernorm_output_gathered,
+                "checkpoint": checkpoint,
+            },
+            eps=eps,
+            params_dtype=params_dtype,
+        )
         self._norm_has_bias = check_normalization(_OWNER, normalization)
         if not isinstance(activation, str) or activation.lower() not in ACTIVATIONS:
             raise ValueError(f"{_OWNER}: activation must be one of {', '.join(ACTIVATIONS)}; got {activation!r}")
@@ -121,7 +137,7 @@ class LayerNormMLP(TransformerEngineBaseModule):
         self.output_layer_init_method = (
             init_method_normal() if output_layer_init_method is None else output_layer_init_method
         )
-        self.params_dtype = torch.get_default_dtype() if params_dtype is None else params_dtype
+        self.params_dtype = params_dtype
         self._allocate(resolve_device(device) if device != "meta" else torch.device("meta"))
         if device != "meta":
             self.reset_parameters()

@@ -8,6 +8,7 @@ import torch
 
 from ..kernels._common import compiling
 from ..quantization import FP8GlobalStateManager
+from ._args import check_module_args
 from ._linear_fn import LinearArgs, LinearFunction
 from .base import TransformerEngineBaseModule, not_yet_supported, reject_tp_group, resolve_device
 
@@ -123,6 +124,12 @@ class Linear(TransformerEngineBaseModule):
             save_original_input=(save_original_input, False),
         )
         reject_tp_group(owner, tp_group)
+        params_dtype = check_module_args(
+            owner,
+            sizes={"in_features": in_features, "out_features": out_features},
+            flags={"bias": bias, "return_bias": return_bias, "fuse_wgrad_accumulation": fuse_wgrad_accumulation},
+            params_dtype=params_dtype,
+        )
         if parallel_mode not in (None, "column", "row"):
             raise ValueError(f"parallel_mode must be None, 'column' or 'row', got {parallel_mode!r}")
         self.parameter_split_sizes = _split_sizes(parameters_split, out_features)
@@ -147,7 +154,7 @@ class Linear(TransformerEngineBaseModule):
         self.parallel_mode = parallel_mode
         self.name = name
         self.init_method = init_method_normal() if init_method is None else init_method
-        self.params_dtype = torch.get_default_dtype() if params_dtype is None else params_dtype
+        self.params_dtype = params_dtype
         self._allocate(resolve_device(device) if device != "meta" else torch.device("meta"))
         if device != "meta":
             self.reset_parameters()

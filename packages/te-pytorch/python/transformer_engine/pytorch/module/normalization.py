@@ -11,11 +11,13 @@ output.
 from __future__ import annotations
 
 import math
+import numbers
 import warnings
 
 import torch
 
 from .. import kernels
+from ._args import check_bool, check_module_args
 from .base import resolve_device
 
 
@@ -97,14 +99,28 @@ class _Normalization(torch.nn.Module):
             dtype = params_dtype if dtype is None else dtype
         if normalized_shape is None:
             raise TypeError(f"{type(self).__name__}: normalized_shape is required")
-        if isinstance(normalized_shape, int):
+        owner = f"te.{type(self).__name__}"
+        if isinstance(normalized_shape, numbers.Integral):
             normalized_shape = (normalized_shape,)
+        if not isinstance(normalized_shape, (tuple, list, torch.Size)) or not normalized_shape:
+            raise TypeError(
+                f"{owner}: normalized_shape must be an int > 0 or a non-empty tuple of them, got {normalized_shape!r}"
+            )
+        dims = {f"normalized_shape[{i}]": d for i, d in enumerate(normalized_shape)}
+        dtype = check_module_args(
+            owner,
+            sizes=dims,
+            flags={"zero_centered_gamma": zero_centered_gamma},
+            eps=eps,
+            params_dtype=dtype,
+            dtype_name="dtype" if params_dtype is None else "params_dtype",
+        )
+        check_bool(owner, "sequence_parallel", sequence_parallel, allow_none=True)
         self.normalized_shape = tuple(int(d) for d in normalized_shape)
         self.eps = float(eps)
         self.zero_centered_gamma = zero_centered_gamma
         self.sequence_parallel = sequence_parallel
         self.sm_margin = sm_margin  # a CUDA occupancy hint of the reference; nothing to reserve here
-        dtype = torch.get_default_dtype() if dtype is None else dtype
         target = torch.device("meta") if device == "meta" else resolve_device(device)
         self.weight = torch.nn.Parameter(torch.empty(self.normalized_shape, device=target, dtype=dtype))
         if self._has_bias:

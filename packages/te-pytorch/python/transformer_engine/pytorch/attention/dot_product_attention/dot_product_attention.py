@@ -21,6 +21,7 @@ import warnings
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from ...module._args import check_module_args
 from ...module.base import TransformerEngineBaseModule, not_yet_supported, reject_tp_group
 from ...quantization import FP8GlobalStateManager
 from . import flash, fused, utils
@@ -83,6 +84,13 @@ class DotProductAttention(TransformerEngineBaseModule):
         super().__init__(num_gemms=1)
         not_yet_supported(_OWNER, sequence_parallel=(sequence_parallel, False), tp_size=(tp_size, 1))
         reject_tp_group(_OWNER, tp_group)
+        sizes = {"num_attention_heads": num_attention_heads}
+        if num_gqa_groups is not None:
+            sizes["num_gqa_groups"] = num_gqa_groups
+        # kv_channels: one head size, or (k, v) head sizes.
+        kv = kv_channels if isinstance(kv_channels, (tuple, list)) else (kv_channels,)
+        sizes.update({f"kv_channels[{i}]" if len(kv) > 1 else "kv_channels": d for i, d in enumerate(kv)})
+        check_module_args(_OWNER, sizes=sizes)
         if cp_group is not None:
             raise NotImplementedError(
                 f"{_OWNER}: context parallelism (cp_group) is not yet supported by transformer_engine.pytorch"
