@@ -17,11 +17,10 @@ Runs on the CPU too on a small case (a smoke test; times mean little):
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import torch
 import torch.nn.functional as F
+from bench_te_pytorch_mlp import _forward, _memory, _time_ms  # (bench/ is on sys.path when run as a script)
 
 import transformer_engine.pytorch as te
 from transformer_engine.common import recipe
@@ -77,48 +76,6 @@ def _te_layer(c, device):
         params_dtype=torch.bfloat16,
         device=device,
     )
-
-
-def _forward(layer, x, fp8_recipe):
-    with te.autocast(enabled=fp8_recipe is not None, recipe=fp8_recipe):
-        return layer(x)
-
-
-def _time_ms(step, device, iters):
-    for _ in range(3):
-        step()
-    times = []
-    for _ in range(iters):
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            step()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        else:
-            t0 = time.perf_counter()
-            step()
-            times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
-
-
-def _memory(layer, x, dy, fp8_recipe, device):
-    if device.type != "cuda":
-        return float("nan"), float("nan")
-    layer.zero_grad(set_to_none=True)
-    torch.cuda.synchronize()
-    before = torch.cuda.memory_allocated()
-    torch.cuda.reset_peak_memory_stats()
-    y = _forward(layer, x, fp8_recipe)
-    torch.cuda.synchronize()
-    saved = torch.cuda.memory_allocated() - before - y.numel() * y.element_size()
-    y.backward(dy)
-    del y
-    torch.cuda.synchronize()
-    peak = torch.cuda.max_memory_allocated() - before
-    layer.zero_grad(set_to_none=True)
-    return saved, peak
 
 
 def main() -> None:
