@@ -16,6 +16,7 @@ import torch
 
 from transformer_engine.core.nvfp4 import RHT_SIGN_MASK
 from transformer_engine.pytorch import kernels
+from transformer_engine.pytorch.kernels._common import op_arguments
 
 E4M3, E5M2 = 7, 8
 
@@ -146,7 +147,7 @@ _CASES = _cases()
 def test_opcheck(case):
     torch.manual_seed(case)
     name, args, kwargs = _cases()[case]  # (fresh tensors: the cases mutate amaxes and histories)
-    torch.library.opcheck(getattr(torch.ops.te, name).default, args, kwargs)
+    torch.library.opcheck(getattr(torch.ops.te, name).default, op_arguments(name, args, kwargs))
 
 
 def test_every_registered_op_is_checked():

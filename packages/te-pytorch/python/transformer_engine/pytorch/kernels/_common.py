@@ -260,20 +260,35 @@ def _op_signature(sig: inspect.Signature) -> inspect.Signature:
     return sig.replace(parameters=ordered, return_annotation=_op_return(_output_kinds(sig.return_annotation)))
 
 
+def _required_through_mutated(sig: inspect.Signature, mutated) -> inspect.Signature:
+    """The op signature with no defaults up to its last mutated parameter that
+    has one (an optional `amax`). Why: a boxed call drops trailing arguments
+    equal to their defaults, and torch 2.11's ADInplaceOrView kernel of a
+    custom op then indexes the mutated one past the end (IndexError under
+    torch.compile and opcheck; 2.13 checks the length). Required parameters
+    are never dropped; te_op's public function passes every argument."""
+    params = list(sig.parameters.values())
+    last = max((i for i, p in enumerate(params) if p.name in mutated and p.default is not p.empty), default=-1)
+    if last < 0:
+        return sig
+    return sig.replace(parameters=[p.replace(default=p.empty) for p in params[: last + 1]] + params[last + 1 :])
+
+
 class _Definition:
     """What te_op reads from one implementation: how its arguments map to the
     op's (groups flattened, keyword-only ones positional) and what it returns."""
 
-    def __init__(self, impl, signature=None):
+    def __init__(self, impl, signature=None, mutated=()):
         self.sig = inspect.signature(impl, eval_str=True) if signature is None else signature
         self.kinds = _output_kinds(self.sig.return_annotation)
-        self.op_sig = _op_signature(self.sig)
+        with_defaults = _op_signature(self.sig)
+        self.op_sig = _required_through_mutated(with_defaults, mutated)
         P = inspect.Parameter
         params = list(self.sig.parameters.values())
         self.n_positional = sum(p.kind != P.KEYWORD_ONLY for p in params)
         self.groups = {i: p.name for i, p in enumerate(params) if _group_fields(p.annotation) is not None}
-        op_params = list(self.op_sig.parameters.values())
-        self.op_params = tuple((p.name, p.default) for p in op_params)
+        op_params = list(with_defaults.parameters.values())
+        self.op_params = tuple((p.name, p.default) for p in op_params)  # (impl's defaults, to fill calls)
         n_keyword = len(params) - self.n_positional  # (impl's keyword-only ones: the op's last, reordered)
         self.keyword_names = [p.name for p in op_params[len(op_params) - n_keyword :]]
         tensors = [i for i, p in enumerate(op_params) if p.annotation is torch.Tensor]
@@ -282,7 +297,7 @@ class _Definition:
     def positional(self, args, kwargs) -> tuple:
         """An op call's arguments all positional, defaults filled (plain tuple and
         dict work: torch.compile traces this, and cannot trace Signature.bind)."""
-        if not kwargs:
+        if len(args) == len(self.op_params):
             return tuple(args)
         out = list(args)
         for name, default in self.op_params[len(args) :]:
@@ -349,6 +364,15 @@ def signature_without(public, *names: str, returns=inspect.Parameter.empty) -> i
     return sig if returns is inspect.Parameter.empty else sig.replace(return_annotation=returns)
 
 
+_DEFINITIONS: dict[str, _Definition] = {}
+
+
+def op_arguments(name: str, args: tuple, kwargs: dict) -> tuple:
+    """A call of torch.ops.te.<name> with op-level arguments, all positional
+    and defaults filled (the op's schema may have none: _required_through_mutated)."""
+    return _DEFINITIONS[name].positional(args, kwargs)
+
+
 def te_op(name: str, *, mutates_args: tuple[str, ...] = (), shapes=None, signature=None):
     """Decorator: the implementation `impl` becomes the public function of op
     torch.ops.te.<name>.
@@ -367,7 +391,7 @@ def te_op(name: str, *, mutates_args: tuple[str, ...] = (), shapes=None, signatu
     """
 
     def define(impl):
-        d = _Definition(impl, signature)
+        d = _Definition(impl, signature, mutates_args)
         kinds = d.kinds
 
         def body(*args, **kwargs):
@@ -393,13 +417,12 @@ def te_op(name: str, *, mutates_args: tuple[str, ...] = (), shapes=None, signatu
         def public(*args, **kwargs):
             if compiling():
                 args, kwargs = d.flatten(args, kwargs)
-                # All positional, defaults filled: torch 2.11's custom-op tracing
-                # indexes mutated arguments by position (a mutated argument
-                # passed by keyword raised IndexError there; 2.13 accepts both).
+                # All positional, defaults filled (see _required_through_mutated).
                 return _from_op(op(*d.positional(args, kwargs)), kinds)
             return impl(*args, **kwargs)
 
         public.op = op
+        _DEFINITIONS[name] = d
         if signature is not None:
             public.__signature__ = signature
         return public
