@@ -368,8 +368,13 @@ def test_fp8_layernorm_mlp_equals_functional_and_unfused(jax_device, jax_rng, fp
         want = vjp(jnp.asarray(dy))
         np.testing.assert_array_equal(np.asarray(y), np.asarray(want_y))
         np.testing.assert_array_equal(np.asarray(dx), np.asarray(want[0]))
-        for name, g in zip(("scale", "wi_kernel", "wo_kernel", "wi_bias", "wo_bias"), want[1:6]):
+        for name, g in zip(("scale", "wi_kernel", "wo_kernel", "wi_bias"), want[1:5]):
             np.testing.assert_array_equal(np.asarray(dp[name]), np.asarray(g), err_msg=name)
+        # wo_bias's gradient is XLA's sum of dy over the rows in both, fused differently
+        # inside the jitted step on a GPU: equal within two FP32 summation orders' bound.
+        rows = dy.reshape(-1, dy.shape[-1])
+        bound = 2 * (rows.shape[0] - 1) * np.finfo(np.float32).eps * np.abs(rows).sum(axis=0)
+        np.testing.assert_array_less(np.abs(np.asarray(dp["wo_bias"]) - np.asarray(want[5])), bound + 1e-30)
         if METAS in after:
             assert_metas_are_states(after[METAS], [(want[6][0], "_0"), (want[6][1], "_1")])
         # the unfused path: the same output and the same state (wi_bias's gradient is XLA's sum there)
