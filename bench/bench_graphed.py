@@ -13,7 +13,6 @@ GPU only (CUDA graphs).
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 
 import torch
@@ -46,7 +45,6 @@ def main() -> None:
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("bench_graphed.py needs a CUDA device")
-    os.environ["NVTE_EXPERIMENTAL_GRAPHED_CALLABLES"] = "1"  # (times only: its replays are not yet exact)
     n, t = args.features, args.tokens
     print(f"torch {torch.__version__}; te.Linear({n}, {n}), {t} tokens, bf16")
     print(f"{'recipe':8s} {'graphed us':>11s} {'eager us':>9s} {'speedup':>8s}")

@@ -318,24 +318,25 @@ def test_fp8_layernorm_dense_general_equals_functional(jax_device, jax_rng, fp8_
         params, results = train(model, variables, put(x, jax_device), put(dy, jax_device), steps=2)
     beta = params.get("ln_bias")
 
-    for i, (y, dp, dx, before, after) in enumerate(results):
-        qs = state_set(fp8_recipe, before.get(METAS))
+    with jax.default_device(jax_device):  # (the functional reference on the module's device)
+        for i, (y, dp, dx, before, after) in enumerate(results):
+            qs = state_set(fp8_recipe, before.get(METAS))
 
-        def fn(x, kernel, gamma, beta, bias, qs):
-            return layernorm_dense(x, kernel, gamma, beta, bias, norm_type, quantizer_set=qs)
+            def fn(x, kernel, gamma, beta, bias, qs):
+                return layernorm_dense(x, kernel, gamma, beta, bias, norm_type, quantizer_set=qs)
 
-        args = (x * (10.0**i), params["kernel"], params["scale"], beta, params["bias"])
-        want_y, vjp = jax.vjp(fn, *args, qs)
-        want = vjp(jnp.asarray(dy))
-        np.testing.assert_array_equal(np.asarray(y), np.asarray(want_y))
-        np.testing.assert_array_equal(np.asarray(dx), np.asarray(want[0]))
-        for name, g in (("kernel", want[1]), ("scale", want[2]), ("ln_bias", want[3]), ("bias", want[4])):
-            if name in dp:
-                np.testing.assert_array_equal(np.asarray(dp[name]), np.asarray(g), err_msg=name)
-        if METAS in after:
-            assert_metas_are_states(after[METAS], [(want[5], "")])
-        else:
-            assert set(after) == set()  # current scaling keeps no state
+            args = (x * (10.0**i), params["kernel"], params["scale"], beta, params["bias"])
+            want_y, vjp = jax.vjp(fn, *args, qs)
+            want = vjp(jnp.asarray(dy))
+            np.testing.assert_array_equal(np.asarray(y), np.asarray(want_y))
+            np.testing.assert_array_equal(np.asarray(dx), np.asarray(want[0]))
+            for name, g in (("kernel", want[1]), ("scale", want[2]), ("ln_bias", want[3]), ("bias", want[4])):
+                if name in dp:
+                    np.testing.assert_array_equal(np.asarray(dp[name]), np.asarray(g), err_msg=name)
+            if METAS in after:
+                assert_metas_are_states(after[METAS], [(want[5], "")])
+            else:
+                assert set(after) == set()  # current scaling keeps no state
 
 
 @pytest.mark.parametrize("fp8_recipe", FP8_RECIPES, ids=["delayed", "current"])
@@ -353,36 +354,37 @@ def test_fp8_layernorm_mlp_equals_functional_and_unfused(jax_device, jax_rng, fp
         params, results = train(model, variables, put(x, jax_device), put(dy, jax_device), steps=2)
         unfused = te_flax.LayerNormMLP(**kwargs, return_layernorm_output=True)
         _, unfused_results = train(unfused, variables, put(x, jax_device), put(dy, jax_device), steps=2)
-    for i, (y, dp, dx, before, after) in enumerate(results):
-        metas = before.get(METAS)
-        sets = (state_set(fp8_recipe, metas, "_0"), state_set(fp8_recipe, metas, "_1"))
+    with jax.default_device(jax_device):  # (the functional reference on the module's device)
+        for i, (y, dp, dx, before, after) in enumerate(results):
+            metas = before.get(METAS)
+            sets = (state_set(fp8_recipe, metas, "_0"), state_set(fp8_recipe, metas, "_1"))
 
-        def fn(x, gamma, w1, w2, b1, b2, sets):
-            return layernorm_mlp(
-                x, gamma, None, [w1, w2], [b1, b2], "rmsnorm", activation_type=activations, quantizer_sets=sets
-            )
+            def fn(x, gamma, w1, w2, b1, b2, sets):
+                return layernorm_mlp(
+                    x, gamma, None, [w1, w2], [b1, b2], "rmsnorm", activation_type=activations, quantizer_sets=sets
+                )
 
-        p = params
-        args = (x * (10.0**i), p["scale"], p["wi_kernel"], p["wo_kernel"], p["wi_bias"], p["wo_bias"])
-        want_y, vjp = jax.vjp(fn, *args, sets)
-        want = vjp(jnp.asarray(dy))
-        np.testing.assert_array_equal(np.asarray(y), np.asarray(want_y))
-        np.testing.assert_array_equal(np.asarray(dx), np.asarray(want[0]))
-        for name, g in zip(("scale", "wi_kernel", "wo_kernel", "wi_bias"), want[1:5]):
-            np.testing.assert_array_equal(np.asarray(dp[name]), np.asarray(g), err_msg=name)
-        # wo_bias's gradient is XLA's sum of dy over the rows in both, fused differently
-        # inside the jitted step on a GPU: equal within two FP32 summation orders' bound.
-        rows = dy.reshape(-1, dy.shape[-1])
-        bound = 2 * (rows.shape[0] - 1) * np.finfo(np.float32).eps * np.abs(rows).sum(axis=0)
-        np.testing.assert_array_less(np.abs(np.asarray(dp["wo_bias"]) - np.asarray(want[5])), bound + 1e-30)
-        if METAS in after:
-            assert_metas_are_states(after[METAS], [(want[6][0], "_0"), (want[6][1], "_1")])
-        # the unfused path: the same output and the same state (wi_bias's gradient is XLA's sum there)
-        y_u, _, dx_u, _, after_u = unfused_results[i]
-        np.testing.assert_array_equal(np.asarray(y_u), np.asarray(y))
-        np.testing.assert_array_equal(np.asarray(dx_u), np.asarray(dx))
-        for a, b in zip(jax.tree_util.tree_leaves(after_u), jax.tree_util.tree_leaves(after)):
-            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+            p = params
+            args = (x * (10.0**i), p["scale"], p["wi_kernel"], p["wo_kernel"], p["wi_bias"], p["wo_bias"])
+            want_y, vjp = jax.vjp(fn, *args, sets)
+            want = vjp(jnp.asarray(dy))
+            np.testing.assert_array_equal(np.asarray(y), np.asarray(want_y))
+            np.testing.assert_array_equal(np.asarray(dx), np.asarray(want[0]))
+            for name, g in zip(("scale", "wi_kernel", "wo_kernel", "wi_bias"), want[1:5]):
+                np.testing.assert_array_equal(np.asarray(dp[name]), np.asarray(g), err_msg=name)
+            # wo_bias's gradient is XLA's sum of dy over the rows in both, fused differently
+            # inside the jitted step on a GPU: equal within two FP32 summation orders' bound.
+            rows = dy.reshape(-1, dy.shape[-1])
+            bound = 2 * (rows.shape[0] - 1) * np.finfo(np.float32).eps * np.abs(rows).sum(axis=0)
+            np.testing.assert_array_less(np.abs(np.asarray(dp["wo_bias"]) - np.asarray(want[5])), bound + 1e-30)
+            if METAS in after:
+                assert_metas_are_states(after[METAS], [(want[6][0], "_0"), (want[6][1], "_1")])
+            # the unfused path: the same output and the same state (wi_bias's gradient is XLA's sum there)
+            y_u, _, dx_u, _, after_u = unfused_results[i]
+            np.testing.assert_array_equal(np.asarray(y_u), np.asarray(y))
+            np.testing.assert_array_equal(np.asarray(dx_u), np.asarray(dx))
+            for a, b in zip(jax.tree_util.tree_leaves(after_u), jax.tree_util.tree_leaves(after)):
+                np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
 def test_bad_fields():

@@ -21,17 +21,6 @@ pytest_plugins = ["pt_fixtures"]
 pytestmark = [pytest.mark.module, pytest.mark.usefixtures("te_state")]
 
 
-@pytest.fixture(autouse=True)
-def _experimental(monkeypatch):
-    monkeypatch.setenv("NVTE_EXPERIMENTAL_GRAPHED_CALLABLES", "1")
-
-
-def test_refused_unless_asked_for(monkeypatch):
-    monkeypatch.delenv("NVTE_EXPERIMENTAL_GRAPHED_CALLABLES")
-    with pytest.raises(NotImplementedError, match="NVTE_EXPERIMENTAL_GRAPHED_CALLABLES=1"):
-        te.make_graphed_callables(lambda x: x, (torch.randn(2),))
-
-
 RECIPES = {
     "none": None,
     "delayed": lambda: recipe.DelayedScaling(amax_history_len=4),

@@ -28,12 +28,12 @@ per module, so that equals one autocast around all of them.
 from __future__ import annotations
 
 import functools
-import os
 import warnings
+import weakref
 
 import torch
 
-from .quantization import autocast
+from .quantization import autocast, get_default_recipe
 
 _DEPRECATED = {
     "fp8_enabled": "enabled",
@@ -138,16 +138,11 @@ def make_graphed_callables(
     dict, or one per callable). Returns what it was given, graphed. Needs
     CUDA: capture is a CUDA feature (sample tensors on the CPU are refused).
 
-    Not yet reliable: in its first run on the H200 (2026-12-02) the replays
-    gave the eager outputs and input gradients in BF16 but not the LayerNorm
-    parameter gradients, nor the FP8 recipes' outputs. Until that is fixed it
-    runs only when NVTE_EXPERIMENTAL_GRAPHED_CALLABLES=1 is set."""
-    if os.environ.get("NVTE_EXPERIMENTAL_GRAPHED_CALLABLES") != "1":
-        raise NotImplementedError(
-            "te.make_graphed_callables is not yet supported: its graph replays do not yet match eager steps "
-            "on CUDA (LayerNorm parameter gradients, FP8 recipes). Set NVTE_EXPERIMENTAL_GRAPHED_CALLABLES=1 "
-            "to try it, or capture a step with torch.cuda.graph (the modules support capture)"
-        )
+    Two faults of its first H200 run (2026-12-02) are fixed: parameter
+    gradients added twice from the second replay on (autograd took the graph's
+    static gradient buffer as .grad: see clone_param_grads_on_return) and FP8
+    states built lazily during warm-up, so the warm-up's amaxes stayed in the
+    delayed-scaling histories (the states are now built before the snapshot)."""
     settings = _resolve_deprecated(
         {
             "enabled": enabled,
@@ -206,6 +201,7 @@ def make_graphed_callables(
         else:
             to_graph.append(flat_fn)
 
+    _init_fp8_states(callables, region, args_list)
     snapshot = _snapshot_fp8_states(callables)
     try:
         if pre_warmup_hook is not None:
@@ -224,6 +220,8 @@ def make_graphed_callables(
     finally:
         _restore_fp8_states(snapshot)
 
+    if clone_param_grads_on_return:  # (after capture: the hooks stay out of the graphs)
+        _clone_stolen_param_grads(callables)
     results = []
     for c, g, binding in zip(callables, graphed, bindings):
         replay = g.forward if isinstance(c, torch.nn.Module) else g
@@ -268,6 +266,46 @@ def _warmup(callables, flat_args, iters: int, allow_unused: bool) -> None:
                         outputs, inputs, [torch.zeros_like(o) for o in outputs], allow_unused=allow_unused
                     )
     torch.cuda.synchronize()
+
+
+def _init_fp8_states(callables, region: dict, args_list) -> None:
+    """Builds the FP8 state of every TE module in the module callables now
+    (modules build it lazily, at their first forward under autocast): the
+    snapshot below must hold it, so that the states the warm-up and capture
+    steps write are put back to their fresh values, as an eager copy has them."""
+    if not (region["enabled"] or region["calibrating"]):
+        return
+    recipe = region["recipe"] if region["recipe"] is not None else get_default_recipe()
+    for c, args in zip(callables, args_list):
+        if not isinstance(c, torch.nn.Module):
+            continue
+        device = next((t.device for t in args if isinstance(t, torch.Tensor)), torch.device("cuda"))
+        for m in c.modules():
+            if callable(getattr(m, "init_fp8_metadata", None)) and isinstance(getattr(m, "fp8_meta", None), dict):
+                m.init_fp8_metadata(recipe, device)
+
+
+def _clone_stolen_param_grads(callables) -> None:
+    """A graphed backward returns its parameter gradients in the graph's static
+    buffers. Where a parameter has no .grad yet, autograd's accumulation takes
+    that buffer itself as .grad, and the next replay writes into it: the next
+    step's gradient is then added to itself (2x, seen on the H200) or an
+    accumulated one is lost. A hook gives autograd a copy in exactly that case
+    (a parameter that has a .grad is accumulated into in place: no copy)."""
+    for c in callables:
+        if not isinstance(c, torch.nn.Module):
+            continue
+        for p in c.parameters():
+            if p.requires_grad:
+                p.register_hook(_clone_if_no_grad(weakref.ref(p)))
+
+
+def _clone_if_no_grad(ref):
+    def hook(grad):
+        p = ref()
+        return grad.clone() if p is not None and p.grad is None else grad
+
+    return hook
 
 
 def _snapshot_fp8_states(callables) -> list:

@@ -294,7 +294,10 @@ class DotProductAttention(TransformerEngineBaseModule):
         backend, plan = select_backend(cfg, dict(call, q=q, k=k, v=v))
         self.last_backend = backend
         if backend == "flash":
-            run = lambda: flash.run(cfg, q, k, v, self.training)  # noqa: E731
+            if cfg.qkv_format == "thd":
+                run = lambda: flash.run_thd(cfg, call, q, k, v)  # noqa: E731
+            else:
+                run = lambda: flash.run(cfg, q, k, v, self.training)  # noqa: E731
         elif backend == "fused":
             run = lambda: fused.run(plan)  # noqa: E731
         else:

@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# Diagnosis of the cuDNN attention path on the GPU machine: builds te-core with
+# TE_WITH_CUDNN=ON (cudnn-frontend headers from $TE_CUDNN_FRONTEND_INCLUDE_DIR,
+# cudnn.h from the nvidia-cudnn wheel) into build/cudnn-site (the regular
+# install stays), then runs one small attention call through the core under a
+# SIGSEGV handler that prints the native stack, with cuDNN's and the
+# frontend's logs on. Everything goes to $OUT/cudnn_*.log.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT="${OUT:-build/gpu-out}"
+mkdir -p "$OUT"
+PY="${PYTHON:-python3}"
+SITE=$("$PY" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+CUDNN_INC=$(dirname "$(ls "$SITE"/nvidia/cudnn/include/cudnn.h "$SITE"/nvidia/*/include/cudnn.h 2>/dev/null | head -1)")
+NVRTC_INC=$(dirname "$(command -v nvcc)")/../include
+echo "cudnn.h in $CUDNN_INC; nvrtc.h in $NVRTC_INC; frontend in ${TE_CUDNN_FRONTEND_INCLUDE_DIR:-?}"
+rm -rf build/cudnn-site
+start=$(date +%s)
+TE_WITH_CUDA=ON TE_CUDA_ARCHS=90 TE_WITH_CUDNN=ON "$PY" -m pip install --no-build-isolation --no-deps -v \
+  --target build/cudnn-site -Cbuild-dir=build/cudnn-build \
+  -Ccmake.define.TE_CUDNN_FRONTEND_INCLUDE_DIR="$TE_CUDNN_FRONTEND_INCLUDE_DIR" \
+  -Ccmake.define.TE_CUDNN_INCLUDE_DIR="$CUDNN_INC" -Ccmake.define.TE_NVRTC_INCLUDE_DIR="$NVRTC_INC" \
+  ./packages/te-core > "$OUT/cudnn_build.log" 2>&1 || { tail -40 "$OUT/cudnn_build.log"; exit 1; }
+echo "cuDNN build in $(( $(date +%s) - start )) s"
+cat > build/segv.c <<'C'
+#include <execinfo.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+static void on_segv(int sig) {
+  void* frames[64];
+  int n = backtrace(frames, 64);
+  fprintf(stderr, "\n=== signal %d: native stack ===\n", sig);
+  backtrace_symbols_fd(frames, n, 2);
+  _exit(128 + sig);
+}
+__attribute__((constructor)) static void install(void) {
+  signal(SIGSEGV, on_segv);
+  signal(SIGABRT, on_segv);
+  signal(SIGBUS, on_segv);
+}
+C
+gcc -shared -fPIC -o build/segv.so build/segv.c
+cat > build/cudnn_one_call.py <<'PYEOF'
+import os, sys, faulthandler
+faulthandler.enable()
+import torch
+import transformer_engine.core as tc
+print("te-core from", tc.__file__, "cuDNN build:", getattr(tc, "built_with_cudnn", lambda: "?")(), flush=True)
+os.environ["NVTE_FLASH_ATTN"] = "0"
+import transformer_engine.pytorch as te
+for dtype in (torch.bfloat16,):
+    q = torch.randn(2, 128, 4, 64, device="cuda", dtype=dtype, requires_grad=True)
+    dpa = te.DotProductAttention(4, 64, qkv_format="bshd", attn_mask_type="causal")
+    print("calling forward", flush=True)
+    o = dpa(q, q, q)
+    torch.cuda.synchronize()
+    print("forward ok, backend", dpa.last_backend, flush=True)
+    o.sum().backward()
+    torch.cuda.synchronize()
+    print("backward ok", flush=True)
+PYEOF
+export PYTHONPATH="$PWD/build/cudnn-site:$PWD/packages/te-pytorch/python"
+export CUDNN_LOGLEVEL_DBG=2 CUDNN_LOGDEST_DBG="$OUT/cudnn_backend.log"
+export CUDNN_FRONTEND_LOG_INFO=1 CUDNN_FRONTEND_LOG_FILE="$OUT/cudnn_frontend.log"
+LD_PRELOAD="$PWD/build/segv.so" timeout 120 "$PY" build/cudnn_one_call.py > "$OUT/cudnn_run.log" 2>&1
+echo "rc $?"
+tail -40 "$OUT/cudnn_run.log"
+if command -v gdb > /dev/null; then
+  timeout 120 gdb -batch -ex run -ex bt -ex "info sharedlibrary" --args "$PY" build/cudnn_one_call.py > "$OUT/cudnn_gdb.log" 2>&1
+  grep -A30 "SIGSEGV\|^#0" "$OUT/cudnn_gdb.log" | head -50
+else
+  echo "(no gdb)"
+fi
