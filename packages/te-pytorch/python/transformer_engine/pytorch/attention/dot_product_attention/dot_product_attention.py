@@ -230,6 +230,54 @@ class DotProductAttention(TransformerEngineBaseModule):
         thd_attention_policies=None,
         thd_attention_policy_dispatch: str = "auto",
     ):
+        if (
+            fp8_output
+            or bf16_backward
+            or num_splits != 1
+            or score_mod is not None
+            or score_mod_bprop is not None
+            or score_mod_tensors is not None
+            or score_mod_bprop_tensors is not None
+            or thd_attention_policies is not None
+            or thd_attention_policy_dispatch != "auto"
+        ):  # (checked inline first: this runs on every call, and most calls pass none)
+            self._not_yet_supported(locals())
+        _reject_fp8_attention()
+        return self._forward(
+            query_layer,
+            key_layer,
+            value_layer,
+            attention_mask,
+            qkv_format,
+            cu_seqlens_q,
+            cu_seqlens_kv,
+            cu_seqlens_q_padded,
+            cu_seqlens_kv_padded,
+            max_seqlen_q,
+            max_seqlen_kv,
+            attn_mask_type,
+            window_size,
+            bottom_right_diagonal,
+            softcap,
+            checkpoint_core_attention,
+            core_attention_bias_type,
+            core_attention_bias,
+            alibi_slopes,
+            inference_params,
+            qkv_layer,
+            kv_layer,
+            qkv_interleave_dim,
+        )
+
+    @staticmethod
+    def _not_yet_supported(a: dict) -> None:
+        fp8_output, bf16_backward, num_splits = a["fp8_output"], a["bf16_backward"], a["num_splits"]
+        score_mod, score_mod_bprop = a["score_mod"], a["score_mod_bprop"]
+        score_mod_tensors, score_mod_bprop_tensors = a["score_mod_tensors"], a["score_mod_bprop_tensors"]
+        thd_attention_policies, thd_attention_policy_dispatch = (
+            a["thd_attention_policies"],
+            a["thd_attention_policy_dispatch"],
+        )
         not_yet_supported(
             _OWNER,
             fp8_output=(fp8_output, False),
@@ -242,8 +290,34 @@ class DotProductAttention(TransformerEngineBaseModule):
             thd_attention_policies=(thd_attention_policies, None),
             thd_attention_policy_dispatch=(thd_attention_policy_dispatch, "auto"),
         )
-        _reject_fp8_attention()
-        del fast_zero_fill, pad_between_seqs  # (padded rows are always zero; cu_seqlens_*_padded say where)
+
+    def _forward(
+        self,
+        query_layer,
+        key_layer,
+        value_layer,
+        attention_mask,
+        qkv_format,
+        cu_seqlens_q,
+        cu_seqlens_kv,
+        cu_seqlens_q_padded,
+        cu_seqlens_kv_padded,
+        max_seqlen_q,
+        max_seqlen_kv,
+        attn_mask_type,
+        window_size,
+        bottom_right_diagonal,
+        softcap,
+        checkpoint_core_attention,
+        core_attention_bias_type,
+        core_attention_bias,
+        alibi_slopes,
+        inference_params,
+        qkv_layer,
+        kv_layer,
+        qkv_interleave_dim,
+    ):
+        # (fast_zero_fill, pad_between_seqs: padded rows are always zero; cu_seqlens_*_padded say where)
         q, k, v = _unpack(query_layer, key_layer, value_layer, qkv_layer, kv_layer, qkv_interleave_dim)
         qkv_format = self.qkv_format if qkv_format is None else qkv_format
         if qkv_format not in utils.QKV_FORMATS:
@@ -292,7 +366,7 @@ class DotProductAttention(TransformerEngineBaseModule):
             softmax_offset=self._softmax_offset(q),
         )
         backend, plan = select_backend(cfg, dict(call, q=q, k=k, v=v))
-        self.last_backend = backend
+        self.__dict__["last_backend"] = backend  # (not nn.Module.__setattr__: a plain attribute, set per call)
         if backend == "flash":
             if cfg.qkv_format == "thd":
                 run = lambda: flash.run_thd(cfg, call, q, k, v)  # noqa: E731
