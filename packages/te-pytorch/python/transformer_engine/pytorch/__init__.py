@@ -1,4 +1,4 @@
-"""transformer_engine.pytorch: Transformer Engine for PyTorch.
+"""transformer_engine.pytorch: Transformer Engine for PyTorch::
 
     import transformer_engine.pytorch as te
     from transformer_engine.common import recipe
