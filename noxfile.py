@@ -129,9 +129,9 @@ def cuda_check(session: nox.Session) -> None:
         session.run("ccache", "--show-stats", env=env)
 
 
-def installed_python(session: nox.Session) -> str:
-    """The current Python when it imports te-core, else the tests session's (.nox/tests)."""
-    probe = ["python", "-c", "import transformer_engine.core"]
+def installed_python(session: nox.Session, modules: str = "transformer_engine.core") -> str:
+    """The current Python when it imports `modules` (te-core by default), else the tests session's (.nox/tests)."""
+    probe = ["python", "-c", f"import {modules}"]
     if shutil.which("python") and subprocess.run(probe, stderr=subprocess.DEVNULL).returncode == 0:
         return "python"
     python = os.path.join(ROOT, ".nox", "tests", "bin", "python")
@@ -275,7 +275,23 @@ def clients(session: nox.Session) -> None:
     session.run("python", "ci/clients/lightning_te.py")
 
 
+DOCS_BUILD = "build/docs"
+# The packages the API reference documents (autodoc imports them).
+DOCUMENTED = "transformer_engine.core, transformer_engine.pytorch, transformer_engine.jax.flax"
+
+
 @nox.session(python=False)
 def docs(session: nox.Session) -> None:
-    """Checks that docs/c_api.md documents every public C entry point."""
+    """Checks that docs/c_api.md documents every public C entry point, then builds the site
+    (Sphinx + myst-parser, docs/docs_site.md) into build/docs/html: every warning an error,
+    every internal link and cross-reference checked. It runs in the Python that has te-core,
+    te-pytorch and te-jax installed (the current one, else the tests session's: no second
+    build) and installs docs/requirements.txt there. `nox -s docs -- linkcheck` checks the
+    external links instead (needs a network; not run in CI)."""
     session.run("python", "ci/check_c_api_docs.py")
+    python = installed_python(session, DOCUMENTED)
+    session.run(python, "-m", "pip", "install", "-q", "-r", "docs/requirements.txt", external=True)
+    builder = session.posargs[0] if session.posargs else "html"
+    # -E: a fresh environment, so that the warnings of unchanged pages are reported again.
+    options = ["-E", "-W", "--keep-going", "-n", "-q", "-b", builder, "-d", f"{DOCS_BUILD}/doctrees"]
+    session.run(python, "-m", "sphinx", *options, "docs", f"{DOCS_BUILD}/{builder}", external=True)

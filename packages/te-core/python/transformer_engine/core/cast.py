@@ -58,7 +58,7 @@ def quantize_fp8(x, scale, fp8_dtype="e4m3", *, rowwise=True, columnwise=False, 
 
 
 def compute_amax(x) -> np.float32:
-    """max |x| over the non-NaN elements (0 when there are none)."""
+    """``max |x|`` over the non-NaN elements (0 when there are none)."""
     x = as_high_precision(x, "x")
     amax = np.zeros((), np.float32)
     lib.compute_amax(desc(x), desc(amax))

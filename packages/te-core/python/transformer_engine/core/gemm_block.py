@@ -50,7 +50,7 @@ class BlockOperand(NamedTuple):
 
     @property
     def shape(self) -> tuple:
-        """The stored matrix's logical shape (FP4: two elements per byte)."""
+        """The stored matrix's logical shape; FP4 holds two elements per byte."""
         if self.scaling == "nvfp4":
             return tuple(self.data.shape[:-1]) + (2 * self.data.shape[-1],)
         return tuple(self.data.shape)
@@ -212,7 +212,7 @@ def gemm_block(
 
 
 def plan_gemm_block(a, b, **kwargs) -> tuple[str, int]:
-    """(path, workspace bytes) that gemm_block(a, b, **kwargs) takes (te_gemm_block_plan)."""
+    """(path, workspace bytes) that ``gemm_block(a, b, **kwargs)`` takes (te_gemm_block_plan)."""
     p = _prepare(a, b, **kwargs)
     path, size = lib.gemm_block_plan(p.params)
     return PATHS[path], size

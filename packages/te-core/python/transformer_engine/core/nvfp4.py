@@ -67,7 +67,7 @@ def _check_mask(mask: int) -> int:
 
 
 def compute_amax_nvfp4(x, *, random_hadamard=False, rht_sign_mask=RHT_SIGN_MASK):
-    """(amax_rowwise, amax_columnwise); the latter is max |RHT(x)| with the RHT."""
+    """(amax_rowwise, amax_columnwise); the latter is ``max |RHT(x)|`` with the RHT."""
     x = as_high_precision(x, "x")
     row = np.zeros((), np.float32)
     col = np.zeros((), np.float32)

@@ -22,6 +22,7 @@ What fused_attn supports:
     (segment ids 1..M in order of appearance, 0 = padding; each segment contiguous; positions
     must be 0, 1, ... within each segment: causal masks use the in-sequence index), or a legacy
     boolean mask [b, 1, sq, skv] (True = masked out) from which padding lengths are read.
+
 Not supported (NotImplementedError naming the argument): FP8 q/k/v (te-core has no FP8
 attention yet), context parallelism (context_parallel_*, stripe_size; the token reorderings
 reorder_causal_load_balancing and its inverse are there), score_mod callbacks,

@@ -43,7 +43,7 @@ from .quantize.quantizer import ScaledTensor
 
 
 def dense(x, kernel, bias=None, contracting_dims=None, quantizer_set=noop_quantizer_set):
-    """x [..., in] @ kernel [in, *out] (+ bias [*out]) -> [..., *out] in x's type.
+    """``x [..., in] @ kernel [in, *out] (+ bias [*out]) -> [..., *out]`` in x's type.
 
     contracting_dims: ((x.ndim - 1,), (0,)) (the default, None) is the only one
     supported so far. kernel and bias are cast to x's type first (as Flax's

@@ -45,7 +45,7 @@ def layernorm_dense(
     batch_first: bool = True,
     quantizer_set: QuantizerSet = noop_quantizer_set,
 ):
-    """norm(x [..., in]) @ kernel [in, *out] (+ bias [*out]) -> [..., *out] in x's type.
+    """``norm(x [..., in]) @ kernel [in, *out] (+ bias [*out]) -> [..., *out]`` in x's type.
 
     gamma [in] and beta [in] (None for norm_type 'rmsnorm') as in layernorm.layernorm.
     kernel and bias are cast to x's type (their gradients come back in their own

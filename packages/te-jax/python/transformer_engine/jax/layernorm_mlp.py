@@ -65,8 +65,8 @@ def layernorm_mlp(
     epsilon as in layernorm.layernorm. quantizer_sets: (FC1's set, FC2's set),
     each noop_quantizer_set or QuantizerFactory.create_set(recipe); an FP8 GEMM
     needs multiples of 16 in its rows, inputs and outputs. activation_params:
-    clamped_swiglu's {"limit", "alpha"}. The *_axes (logical sharding axes),
-    *_ckpt_name (remat names; the custom VJP saves its own residuals) and
+    clamped_swiglu's {"limit", "alpha"}. The ``*_axes`` (logical sharding axes),
+    ``*_ckpt_name`` (remat names; the custom VJP saves its own residuals) and
     batch_first are accepted and, on one device, change nothing.
     """
     norm_type = check_norm_arguments(norm_type, beta, zero_centered_gamma)

@@ -1,4 +1,4 @@
-"""transformer_engine.pytorch: Transformer Engine for PyTorch.
+"""transformer_engine.pytorch: Transformer Engine for PyTorch::
 
     import transformer_engine.pytorch as te
     from transformer_engine.common import recipe
@@ -14,15 +14,15 @@ backend then runs every op and emulates the FP8 numerics bit-exactly).
 
 Implemented: Linear, LayerNormLinear, LayerNormMLP (LayerNorm or RMSNorm;
 gelu, relu, silu, qgelu, srelu and the gated geglu, reglu, swiglu, qgeglu,
-sreglu, glu, clamped_swiglu), LayerNorm, RMSNorm; DotProductAttention (te-core's fused attention op or
+sreglu, glu, clamped_swiglu), LayerNorm, RMSNorm; DotProductAttention (te-core's fused attention op, torch SDPA or
 an unfused torch backend), MultiheadAttention, TransformerLayer,
 RotaryPositionEmbedding / attention.rope.apply_rotary_pos_emb and
 InferenceParams (KV cache, contiguous or paged); autocast (and the deprecated
 fp8_autocast) and quantized_model_init (te.Linear weights held only in a
 quantized format; the deprecated fp8_model_init) with DelayedScaling,
 Float8CurrentScaling and the block-scaled recipes MXFP8BlockScaling,
-Float8BlockScaling and NVFP4BlockScaling (Linear and LayerNormLinear so far;
-GEMMs emulated where the device has no native kernel, with a one-time
+Float8BlockScaling and NVFP4BlockScaling (the GEMMs of every module;
+emulated where the device has no native kernel, with a one-time
 warning); Float8Tensor, MXFP8Tensor, Float8BlockwiseQTensor, NVFP4Tensor and
 their quantizers; the te-core ops as torch.ops.te.*. The rest of the
 reference's API comes later.

@@ -171,7 +171,7 @@ def _legacy_positional(args: tuple) -> bool:
 def checkpoint(function, *args, **kwargs):
     """Recomputes `function`'s activations in backward instead of saving them.
 
-    The reference's signature: checkpoint(function, *args, **kwargs), with
+    The reference's signature: ``checkpoint(function, *args, **kwargs)``, with
     distribute_saved_activations (False), get_rng_state_tracker (None),
     tp_group (None) and use_reentrant (True) popped from kwargs; the other
     kwargs go to `function`. Works for plain callables, modules and

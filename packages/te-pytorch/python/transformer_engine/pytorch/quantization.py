@@ -136,12 +136,14 @@ def get_default_recipe():
 class autocast:
     """Runs TE modules inside it with quantized GEMMs (or calibrates them).
 
-    enabled:     quantize with `recipe` (default get_default_recipe()).
-    calibrating: run in high precision but record the amaxes of a
-                 DelayedScaling state, so that FP8 inference starts from
-                 calibrated scales.
-    amax_reduction_group: torch.distributed group over which delayed-scaling
-                 amaxes are all-reduced (None: the default group).
+    Args:
+        enabled:     quantize with `recipe` (default get_default_recipe()).
+        calibrating: run in high precision but record the amaxes of a
+                     DelayedScaling state, so that FP8 inference starts from
+                     calibrated scales.
+        amax_reduction_group: torch.distributed group over which delayed-scaling
+                     amaxes are all-reduced (None: the default group).
+
     Wrap the forward pass only; backward may run outside. Nestable; one
     instance cannot be entered twice at the same time.
     """

@@ -114,12 +114,13 @@ class FormatLimits(NamedTuple):
 class Format(Enum):
     """Low-precision element formats of a recipe; ``.value`` gives their maxima.
 
-    E2M1:   FP4 (NVFP4 data), max 6.
-    E4M3:   FP8 float8_e4m3fn, max 448, for every tensor.
-    E5M2:   FP8 float8_e5m2, max 57344. Pure E5M2 training is not supported:
-            FP8 recipes reject it.
-    HYBRID: E4M3 for forward tensors (input, weight, output) and E5M2 for
-            backward tensors (grad_output, grad_input).
+    Members:
+        E2M1:   FP4 (NVFP4 data), max 6.
+        E4M3:   FP8 float8_e4m3fn, max 448, for every tensor.
+        E5M2:   FP8 float8_e5m2, max 57344. Pure E5M2 training is not supported:
+                FP8 recipes reject it.
+        HYBRID: E4M3 for forward tensors (input, weight, output) and E5M2 for
+                backward tensors (grad_output, grad_input).
     """
 
     E2M1 = FormatLimits(max_fwd=6, max_bwd=6)
@@ -163,12 +164,13 @@ class MMParams:
 class QParams:
     """Options of one quantizer.
 
-    power_2_scale:             round each scale down to a power of 2.
-    amax_epsilon:              amax is raised to at least this before the
-                               scale is computed (scale = fp8_max / max(amax, eps)).
-    random_hadamard_transform: NVFP4: apply the 16x16 random Hadamard transform.
-    stochastic_rounding:       NVFP4: round stochastically instead of to nearest.
-    fp4_2d_quantization:       NVFP4: 16x16 blocks instead of 1x16.
+    Fields:
+        power_2_scale:             round each scale down to a power of 2.
+        amax_epsilon:              amax is raised to at least this before the
+                                   scale is computed (scale = fp8_max / max(amax, eps)).
+        random_hadamard_transform: NVFP4: apply the 16x16 random Hadamard transform.
+        stochastic_rounding:       NVFP4: round stochastically instead of to nearest.
+        fp4_2d_quantization:       NVFP4: 16x16 blocks instead of 1x16.
     """
 
     power_2_scale: bool = False

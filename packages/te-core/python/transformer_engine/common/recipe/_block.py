@@ -40,13 +40,14 @@ class MXFP8BlockScaling(Recipe):
 
         scale_inv = 2^ceil(log2(block_amax / fp8_max)),  q = saturate(x / scale_inv)
 
-    margin:                 accepted as in the reference; E8M0 block scales do not use it.
-    fp8_format:             Format.E4M3 (default) or Format.HYBRID.
-    fp8_dpa, fp8_mha:       FP8 attention (beta).
-    backward_override:      None, "high_precision" or "dequantized"; default
-                            from NVTE_BACKWARD_OVERRIDE.
-    enable_2d_quantization: 32x32 blocks for Linear/GroupedLinear weights in
-                            the forward pass.
+    Fields:
+        margin:                 accepted as in the reference; E8M0 block scales do not use it.
+        fp8_format:             Format.E4M3 (default) or Format.HYBRID.
+        fp8_dpa, fp8_mha:       FP8 attention (beta).
+        backward_override:      None, "high_precision" or "dequantized"; default
+                                from NVTE_BACKWARD_OVERRIDE.
+        enable_2d_quantization: 32x32 blocks for Linear/GroupedLinear weights in
+                                the forward pass.
     """
 
     _kind = "mxfp8"
@@ -83,14 +84,15 @@ class Float8BlockScaling(Recipe):
 
     rounded down to a power of 2 unless ``use_f32_scales``.
 
-    use_f32_scales:  default from NVTE_FP8_BLOCK_SCALING_FP32_SCALES.
-    fp8_format:      Format.E4M3 (default) or Format.HYBRID.
-    x_block_scaling_dim, w_block_scaling_dim, grad_block_scaling_dim:
-                     1 or 2 (defaults 1, 2, 1); no GEMM may pair two 2D operands.
-    fp8_gemm_fprop/dgrad/wgrad: must keep use_split_accumulator=True.
-    fp8_dpa, fp8_mha: must be False (no FP8 attention with this recipe).
-    backward_override: None, "high_precision" or "dequantized"; default from
-                     NVTE_BACKWARD_OVERRIDE.
+    Fields:
+        use_f32_scales:  default from NVTE_FP8_BLOCK_SCALING_FP32_SCALES.
+        fp8_format:      Format.E4M3 (default) or Format.HYBRID.
+        x_block_scaling_dim, w_block_scaling_dim, grad_block_scaling_dim:
+                         1 or 2 (defaults 1, 2, 1); no GEMM may pair two 2D operands.
+        fp8_gemm_fprop/dgrad/wgrad: must keep use_split_accumulator=True.
+        fp8_dpa, fp8_mha: must be False (no FP8 attention with this recipe).
+        backward_override: None, "high_precision" or "dequantized"; default from
+                         NVTE_BACKWARD_OVERRIDE.
 
     Derived: fp8_quant_fwd_inp, fp8_quant_fwd_weight, fp8_quant_bwd_grad =
     QParams(power_2_scale=not use_f32_scales, amax_epsilon=0.0).
@@ -152,24 +154,25 @@ class NVFP4BlockScaling(Recipe):
         S_enc = (448 * 6) / global_amax,  block scale = e4m3(block_amax * S_enc / 6)
         x ~= q * block_scale / S_enc
 
-    disable_rht:                 no random Hadamard transform (default from
-                                 NVTE_NVFP4_DISABLE_RHT); RHT applies to the
-                                 columnwise (wgrad) input and gradient.
-    disable_stochastic_rounding: gradients rounded to nearest (default from
-                                 NVTE_NVFP4_DISABLE_STOCHASTIC_ROUNDING).
-    disable_2d_quantization:     1x16 weight blocks (default from
-                                 NVTE_NVFP4_DISABLE_2D_QUANTIZATION).
-    row_scaled_activation:       one FP32 amax per row for forward activations
-                                 (default from NVTE_NVFP4_ROW_SCALED_ACTIVATION);
-                                 needs a backward_override.
-    nvfp4_4over6:                "none", "weights", "activations" or "all"
-                                 (NVTE_NVFP4_4OVER6).
-    nvfp4_4over6_e4m3_use_256:   same choices, default "all"
-                                 (NVTE_NVFP4_4OVER6_E4M3_USE_256).
-    nvfp4_4over6_err_mode:       "MAE" or "MSE" (NVTE_NVFP4_4OVER6_ERR_MODE).
-    fp4_format, fp8_format:      must be Format.E2M1 and Format.E4M3.
-    fp8_dpa, fp8_mha:            FP8 attention (beta).
-    backward_override:           None, "high_precision" or "dequantized".
+    Fields:
+        disable_rht:                 no random Hadamard transform (default from
+                                     NVTE_NVFP4_DISABLE_RHT); RHT applies to the
+                                     columnwise (wgrad) input and gradient.
+        disable_stochastic_rounding: gradients rounded to nearest (default from
+                                     NVTE_NVFP4_DISABLE_STOCHASTIC_ROUNDING).
+        disable_2d_quantization:     1x16 weight blocks (default from
+                                     NVTE_NVFP4_DISABLE_2D_QUANTIZATION).
+        row_scaled_activation:       one FP32 amax per row for forward activations
+                                     (default from NVTE_NVFP4_ROW_SCALED_ACTIVATION);
+                                     needs a backward_override.
+        nvfp4_4over6:                "none", "weights", "activations" or "all"
+                                     (NVTE_NVFP4_4OVER6).
+        nvfp4_4over6_e4m3_use_256:   same choices, default "all"
+                                     (NVTE_NVFP4_4OVER6_E4M3_USE_256).
+        nvfp4_4over6_err_mode:       "MAE" or "MSE" (NVTE_NVFP4_4OVER6_ERR_MODE).
+        fp4_format, fp8_format:      must be Format.E2M1 and Format.E4M3.
+        fp8_dpa, fp8_mha:            FP8 attention (beta).
+        backward_override:           None, "high_precision" or "dequantized".
 
     Derived QParams: fp4_quant_fwd_inp (RHT = not disable_rht),
     fp4_quant_fwd_weight (2D = not disable_2d_quantization) and

@@ -24,10 +24,12 @@ from ._base import (
 class QuantizerRole:
     """Identity of one quantizer slot, passed to a CustomRecipe's qfactory.
 
-    module_type: the module kind, e.g. "linear", "grouped_linear", "dpa".
-    tensor_type: the tensor, e.g. "input", "weight", "output", "grad_output",
-                 "grad_input" (attention uses its own names, e.g. "qkv").
-    name:        the module instance's name given by the caller, e.g. "fc1".
+    Fields:
+        module_type: the module kind, e.g. "linear", "grouped_linear", "dpa".
+        tensor_type: the tensor, e.g. "input", "weight", "output", "grad_output",
+                     "grad_input" (attention uses its own names, e.g. "qkv").
+        name:        the module instance's name given by the caller, e.g. "fc1".
+
     Empty strings mean "not known". Experimental, as in the reference library.
     """
 
@@ -45,16 +47,17 @@ class QuantizerRole:
 class CustomRecipe(Recipe):
     """Quantizers made by a user factory (experimental).
 
-    qfactory:               callable(QuantizerRole) -> a framework quantizer (or
-                            a quantizer request); called when a module builds
-                            its quantizers, not on every step.
-    fp8_format:             read by framework code that needs one FP8 type
-                            (default Format.HYBRID); the factory decides the
-                            actual quantization.
-    fp8_dpa, fp8_mha:       FP8 attention (beta).
-    backward_override:      None, "high_precision" or "dequantized"; default
-                            from NVTE_BACKWARD_OVERRIDE.
-    quantization_alignment: padding multiple for grouped inputs (default 128).
+    Fields:
+        qfactory:               callable(QuantizerRole) -> a framework quantizer (or
+                                a quantizer request); called when a module builds
+                                its quantizers, not on every step.
+        fp8_format:             read by framework code that needs one FP8 type
+                                (default Format.HYBRID); the factory decides the
+                                actual quantization.
+        fp8_dpa, fp8_mha:       FP8 attention (beta).
+        backward_override:      None, "high_precision" or "dequantized"; default
+                                from NVTE_BACKWARD_OVERRIDE.
+        quantization_alignment: padding multiple for grouped inputs (default 128).
     """
 
     _kind = "custom"

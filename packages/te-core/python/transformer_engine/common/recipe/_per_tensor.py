@@ -43,18 +43,19 @@ class DelayedScaling(Recipe):
     ("most_recent"); an amax of 0, inf or NaN keeps the old scale
     (core/include/te/recipe.h gives the exact rule).
 
-    margin:                      >= 0, the power-of-2 headroom above.
-    fp8_format:                  Format.HYBRID (default) or Format.E4M3.
-    amax_history_len:            >= 1.
-    amax_compute_algo:           "max", "most_recent", or a callable
-                                 amax_history -> amax (framework tensors).
-    scaling_factor_compute_algo: None, or a callable
-                                 (amax, old_scale, fp8_max, recipe) -> scale.
-    reduce_amax:                 all-reduce (MAX) amaxes over the autocast group.
-    fp8_dpa, fp8_mha:            FP8 attention (beta).
-    backward_override:           must be None for this recipe (the default comes
-                                 from NVTE_BACKWARD_OVERRIDE, so setting that
-                                 variable makes DelayedScaling() fail).
+    Fields:
+        margin:                      >= 0, the power-of-2 headroom above.
+        fp8_format:                  Format.HYBRID (default) or Format.E4M3.
+        amax_history_len:            >= 1.
+        amax_compute_algo:           "max", "most_recent", or a callable
+                                     amax_history -> amax (framework tensors).
+        scaling_factor_compute_algo: None, or a callable
+                                     (amax, old_scale, fp8_max, recipe) -> scale.
+        reduce_amax:                 all-reduce (MAX) amaxes over the autocast group.
+        fp8_dpa, fp8_mha:            FP8 attention (beta).
+        backward_override:           must be None for this recipe (the default comes
+                                     from NVTE_BACKWARD_OVERRIDE, so setting that
+                                     variable makes DelayedScaling() fail).
     """
 
     _kind = "delayed"
@@ -118,15 +119,16 @@ class Float8CurrentScaling(Recipe):
 
     rounded down to a power of 2 when ``use_power_2_scales``.
 
-    use_power_2_scales: default from NVTE_FP8_CURRENT_SCALING_POWER_2_SCALES.
-    fp8_format:         Format.HYBRID (default) or Format.E4M3.
-    fp8_gemm_fprop/dgrad/wgrad: GEMM options; fprop uses fast accumulation
-                        (use_split_accumulator=False) by default.
-    fp8_dpa, fp8_mha:   FP8 attention (beta).
-    backward_override:  None, "high_precision" (backward uses the original
-                        high-precision operands) or "dequantized" (backward
-                        uses the saved FP8 operands dequantized); default
-                        from NVTE_BACKWARD_OVERRIDE.
+    Fields:
+        use_power_2_scales: default from NVTE_FP8_CURRENT_SCALING_POWER_2_SCALES.
+        fp8_format:         Format.HYBRID (default) or Format.E4M3.
+        fp8_gemm_fprop/dgrad/wgrad: GEMM options; fprop uses fast accumulation
+                            (use_split_accumulator=False) by default.
+        fp8_dpa, fp8_mha:   FP8 attention (beta).
+        backward_override:  None, "high_precision" (backward uses the original
+                            high-precision operands) or "dequantized" (backward
+                            uses the saved FP8 operands dequantized); default
+                            from NVTE_BACKWARD_OVERRIDE.
 
     Derived (not constructor arguments): fp8_quant_fwd_inp,
     fp8_quant_fwd_weight, fp8_quant_bwd_grad =

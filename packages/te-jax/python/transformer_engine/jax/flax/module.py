@@ -99,12 +99,12 @@ class TransformerEngineBase(nn.Module):
 
 
 class DenseGeneral(TransformerEngineBase):
-    """y = x @ kernel + bias over x's last dim: x [..., in] -> y [..., *features],
+    """y = x @ kernel + bias over x's last dim: ``x [..., in] -> y [..., *features]``,
     in x's type (kernel and bias are cast to it), FP8 under an enabled autocast
     (transformer_engine.jax.dense.dense; FP8 needs multiples of 16 for the rows
     of x, in and prod(features)).
 
-    Params: kernel [in, *features] and bias [*features] (use_bias), of type `dtype`.
+    Params: ``kernel [in, *features]`` and ``bias [*features]`` (use_bias), of type `dtype`.
 
     features: int or tuple of ints. kernel_init: None means default_kernel_init
     (variance scaling 1.0, fan_in, truncated normal). axis: -1 only (the last
@@ -235,8 +235,8 @@ class LayerNormDenseGeneral(TransformerEngineBase):
     two ops, as in the reference), else None. enable_layernorm=False skips the norm
     (and its params). z is divided by depth_scaling when given.
 
-    Params: scale, ln_bias (norm; see LayerNorm), kernel [in, *features], bias
-    [*features] (use_bias). kernel_init None: default_kernel_init. FP8 under an
+    Params: scale, ln_bias (norm; see LayerNorm), ``kernel [in, *features]``,
+    ``bias [*features]`` (use_bias). kernel_init None: default_kernel_init. FP8 under an
     enabled autocast: one quantizer set, the norm writing the FP8 input of the GEMM
     (transformer_engine.jax.layernorm_dense). axis: -1 only; LoRA: not yet.
     return_layernorm_output defaults to False as in te_reference.md (some reference

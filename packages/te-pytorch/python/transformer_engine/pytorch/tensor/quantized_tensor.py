@@ -93,7 +93,7 @@ def _dequantize_arg(value):
 class QuantizedTensor(torch.Tensor):
     """A quantized tensor; its dtype is the nominal (high-precision) dtype.
 
-    Subclasses implement _dequantize, quantize_'s storage update through their
+    Subclasses implement ``_dequantize``, ``quantize_``'s storage update through their
     quantizer, and exact handlers for the ops that do not need the values
     (detach, views, ...), registered in their HANDLERS dict.
     """
