@@ -134,10 +134,20 @@ def _attention_cases():
     ]
 
 
+def _rope_cases():
+    freqs = torch.rand(9, 1, 1, 6) * 3
+    t, cu = torch.randn(7, 2, 8), torch.tensor([0, 3, 7], dtype=torch.int32)
+    return [
+        ("rope_fwd", (torch.randn(2, 5, 3, 8), freqs, None, torch.tensor([0, 2], dtype=torch.int32), 0, False), {}),
+        ("rope_fwd", (t, freqs, cu, None, 2, True), {}),
+        ("rope_bwd", (torch.randn(5, 2, 3, 8), freqs, None, None, 1, False), {"cp_size": 1, "cp_rank": 0}),
+    ]
+
+
 def _cases():
     x = torch.randn(5, 7) * 3
     cases = _cast_cases(x) + _gemm_cases() + _norm_cases(x) + _activation_cases() + _block_cases()
-    return cases + _attention_cases()
+    return cases + _attention_cases() + _rope_cases()
 
 
 _CASES = _cases()

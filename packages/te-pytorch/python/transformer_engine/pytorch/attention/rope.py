@@ -8,14 +8,20 @@ interleaved=True they are adjacent [f_0, f_0, f_1, f_1, ...] and the pairs
 are (x[2k], x[2k+1]). A pair (a, b) at angle f becomes
 (a cos f - b sin f, b cos f + a sin f); the last d - d2 channels pass through.
 
-This is the reference's math; fused=True computes it with the same torch
-code (te-core's fused RoPE kernel is not wired in yet), so both settings
-give the same result.
+fused=False is the reference's unfused torch math (cos/sin rounded to the
+tensor's type, products in that type; thd walks the sequences on the host).
+fused=True runs te-core's fused RoPE (te/rope.h): one pass forward and one
+backward on the CPU or the GPU, FP32 arithmetic with one rounding, no host
+synchronization for thd. The two agree within the tensor type's rounding, as
+the reference's fused and unfused paths do.
 """
 
 from __future__ import annotations
 
 import torch
+
+from .. import kernels
+from ..kernels import rope as _rope_kernels
 
 __all__ = ["RotaryPositionEmbedding", "apply_rotary_pos_emb"]
 
@@ -132,7 +138,6 @@ def apply_rotary_pos_emb(
     starts at position start_positions[i] (inference). thd needs cu_seqlens
     [b + 1] (each sequence starts at position 0). cp_size/cp_rank: t holds
     this rank's load-balanced share of each sequence."""
-    del fused  # same math either way (module docstring)
     if tensor_format not in _FORMATS:
         raise ValueError(f"apply_rotary_pos_emb: tensor_format must be one of {_FORMATS}, got {tensor_format!r}")
     if cp_size > 1 and start_positions is not None:
@@ -140,6 +145,19 @@ def apply_rotary_pos_emb(
     if freqs.dim() != 4 or freqs.shape[1] != 1 or freqs.shape[2] != 1:
         raise ValueError(f"apply_rotary_pos_emb: freqs must have shape [s, 1, 1, d], got {tuple(freqs.shape)}")
     freqs = freqs.float()
+    if fused:
+        if tensor_format == "thd" and cu_seqlens is None:
+            raise ValueError("apply_rotary_pos_emb: cu_seqlens is required when tensor_format is 'thd'")
+        return _FusedRoPE.apply(
+            t,
+            freqs,
+            cu_seqlens if tensor_format == "thd" else None,
+            start_positions,
+            _rope_kernels.TENSOR_FORMAT[tensor_format],
+            bool(interleaved),
+            int(cp_size),
+            int(cp_rank),
+        )
     if tensor_format == "thd":
         if cu_seqlens is None:
             raise ValueError("apply_rotary_pos_emb: cu_seqlens is required when tensor_format is 'thd'")
@@ -163,3 +181,19 @@ def apply_rotary_pos_emb(
     if tensor_format == "bshd":
         angles = angles.transpose(0, 1)
     return _rotate(t, angles, interleaved)
+
+
+class _FusedRoPE(torch.autograd.Function):
+    """te-core's fused RoPE (kernels.rope_fwd / rope_bwd): one pass each way."""
+
+    @staticmethod
+    def forward(ctx, t, freqs, cu_seqlens, start_positions, tensor_format, interleaved, cp_size, cp_rank):
+        ctx.save_for_backward(freqs, cu_seqlens, start_positions)
+        ctx.settings = (tensor_format, interleaved, cp_size, cp_rank)
+        return kernels.rope_fwd(t, freqs, cu_seqlens, start_positions, tensor_format, interleaved, cp_size, cp_rank)
+
+    @staticmethod
+    def backward(ctx, grad):
+        freqs, cu_seqlens, start_positions = ctx.saved_tensors
+        d_t = kernels.rope_bwd(grad, freqs, cu_seqlens, start_positions, *ctx.settings)
+        return d_t, None, None, None, None, None, None, None

@@ -24,6 +24,7 @@ from .mxfp8 import dequantize_mxfp8, quantize_mxfp8
 from .norm import layernorm_bwd, layernorm_fwd, rmsnorm_bwd, rmsnorm_fwd
 from .nvfp4 import dequantize_nvfp4, quantize_nvfp4
 from .recipe import delayed_scaling_update
+from .rope import rope_bwd, rope_fwd
 from .transpose import transpose
 
 __all__ = [
@@ -50,6 +51,8 @@ __all__ = [
     "quantize_fp8_current_scaling",
     "quantize_mxfp8",
     "quantize_nvfp4",
+    "rope_bwd",
+    "rope_fwd",
     "rmsnorm_bwd",
     "rmsnorm_fwd",
     "transpose",
