@@ -64,7 +64,7 @@ from .device import (
 )
 from .distributed import CudaRNGStatesTracker, checkpoint
 from .graph import make_graphed_callables
-from .module import LayerNorm, LayerNormLinear, LayerNormMLP, Linear, RMSNorm
+from .module import Fp8Padding, Fp8Unpadding, GroupedLinear, LayerNorm, LayerNormLinear, LayerNormMLP, Linear, RMSNorm
 from .quantization import (
     FP8GlobalStateManager,
     autocast,
@@ -102,6 +102,9 @@ __all__ = [
     "Float8Quantizer",
     "Float8Tensor",
     "LayerNorm",
+    "Fp8Padding",
+    "Fp8Unpadding",
+    "GroupedLinear",
     "LayerNormLinear",
     "LayerNormMLP",
     "Linear",
