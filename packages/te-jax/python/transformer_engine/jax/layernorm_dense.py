@@ -23,11 +23,12 @@ from __future__ import annotations
 from functools import partial
 
 import jax
+import jax.numpy as jnp
 
 from .dense import _check_arguments, _dense_bwd, _dense_fwd, fp8_forward
 from .layernorm import check_norm_arguments, norm_backward, norm_forward
 from .quantize import DelayedScaleQuantizer, QuantizerSet, noop_quantizer_set
-from .quantize.quantizer import ScaledTensor
+from .quantize.quantizer import ScaledTensor, amax_reduction_active
 
 
 def layernorm_dense(
@@ -84,6 +85,12 @@ def quantized_norm(x, gamma, beta, norm_type, zero_centered_gamma, epsilon, quan
             amax=quantizer.amax_history[:1],
         )
         quantizer = quantizer.record(out.amax)
+    elif amax_reduction_active():
+        # Partitioned: the FP32 norm, then the cast with the amax of every shard (the fused
+        # current-scaling norm does the same with the local amax only).
+        out = norm_forward(x, gamma, beta, norm_type, zero_centered_gamma, epsilon, out_dtype=jnp.float32)
+        q, quantizer = quantizer.quantize(out.y, rowwise=True, columnwise=True)
+        return q, out.mu, out.rsigma, quantizer
     else:
         out = norm_forward(
             x,
