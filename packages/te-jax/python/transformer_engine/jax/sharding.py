@@ -304,3 +304,14 @@ def dp_or_fsdp_axis_size() -> int:
 
 def ep_axis_size() -> int:
     return get_mesh_axis_size(get_active_resource_axis("ep"))
+
+
+def extend_logical_axis_rules(rules) -> tuple:
+    """flax logical axis rules `rules` ((logical name, mesh axis) pairs) plus te's logical axes
+    mapped by the active MeshResource, for flax.linen.logical_axis_rules; a name `rules`
+    already maps keeps its rule."""
+    if not isinstance(rules, (tuple, list)) or any(not isinstance(r, (tuple, list)) or len(r) != 2 for r in rules):
+        raise TypeError(f"argument 'rules' must be a sequence of (logical axis, mesh axis) pairs, got {rules!r}")
+    known = {name for name, _ in rules}
+    extra = [(k, v) for k, v in get_sharding_map_logic_axis_to_mesh_axis().items() if k not in known]
+    return (*(tuple(r) for r in rules), *extra)

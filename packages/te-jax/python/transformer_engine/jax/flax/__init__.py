@@ -4,7 +4,8 @@
 
 DenseGeneral, LayerNorm, LayerNormDenseGeneral and LayerNormMLP (module.py);
 DotProductAttention and RelativePositionBiases (attention.py), MultiHeadAttention
-(multi_head_attention.py), TransformerLayer and TransformerLayerType (transformer.py).
+(multi_head_attention.py), TransformerLayer and TransformerLayerType (transformer.py);
+extend_logical_axis_rules (te's logical axes added to flax's rules; ..sharding).
 """
 
 try:
@@ -16,6 +17,7 @@ from .attention import DotProductAttention, RelativePositionBiases
 from .module import DenseGeneral, LayerNorm, LayerNormDenseGeneral, LayerNormMLP, TransformerEngineBase
 from .multi_head_attention import MultiHeadAttention
 from .transformer import TransformerLayer, TransformerLayerType
+from ..sharding import extend_logical_axis_rules
 
 __all__ = [
     "DenseGeneral",
@@ -28,4 +30,5 @@ __all__ = [
     "TransformerEngineBase",
     "TransformerLayer",
     "TransformerLayerType",
+    "extend_logical_axis_rules",
 ]
