@@ -25,7 +25,7 @@ CASES = (
     [f"dense-{layout}-{r}" for layout in DENSE_LAYOUTS for r in RECIPES]
     + [f"layernorm_dense-sp_fsdp-{r}" for r in RECIPES]
     + [f"layernorm_mlp-sp_fsdp-{r}" for r in RECIPES]
-    + ["layernorm-sp-none", "activation-tp-none"]
+    + ["layernorm-sp-none", "activation-tp-none", "softmax-masked-none", "softmax-causal-none"]
     + [f"flax_{m}-{r}" for m in ("DenseGeneral", "LayerNormDenseGeneral", "LayerNormMLP") for r in ("none", "delayed")]
 )
 _COLLECTIVE = re.compile(
@@ -103,6 +103,9 @@ def _dense_case(layout, qs, f32):
 
 def _build(name: str):
     """(function of the arguments, arguments, mesh shape, mesh axes, sequence parallel)."""
+    import jax
+    import numpy as np
+
     from transformer_engine.jax import sharding as s
     from transformer_engine.jax.activation import activation
     from transformer_engine.jax.layernorm import layernorm
@@ -125,7 +128,14 @@ def _build(name: str):
 
         def fn(x, k, g, be, b, q):
             return layernorm_dense(
-                x, k, g, be, b, layernorm_input_axes=norm_axes, kernel_axes=(s.W_FSDP_AXES, s.W_TP_AXES), quantizer_set=q
+                x,
+                k,
+                g,
+                be,
+                b,
+                layernorm_input_axes=norm_axes,
+                kernel_axes=(s.W_FSDP_AXES, s.W_TP_AXES),
+                quantizer_set=q,
             )
 
         return fn, (x, k, gamma, beta, b, q1), *dp_fsdp_tp, True
@@ -142,6 +152,19 @@ def _build(name: str):
         return fn, (x, gamma, k1, k2, b1, b2, (q1, q2)), *dp_fsdp_tp, True
     if op == "layernorm":
         return (lambda x, g, be: layernorm(x, g, be, "layernorm")), (x, gamma, beta), *dp_tp, True
+    if op == "softmax":
+        from transformer_engine.jax.softmax import SoftmaxFusionType, softmax
+
+        logits = f32(4, 8, 16, 16, scale=3.0)
+        if layout == "causal":
+            return (
+                (lambda t: softmax(t, None, 0.5, SoftmaxFusionType.SCALED_UPPER_TRIANG_MASKED)),
+                (logits,),
+                *dp_tp,
+                False,
+            )
+        mask = jax.numpy.asarray(np.random.default_rng(1).random((4, 1, 16, 16)) < 0.3)
+        return (lambda t: softmax(t, mask, 0.5, SoftmaxFusionType.SCALED_MASKED)), (logits,), *dp_tp, False
     if op == "activation":
         return (lambda h: activation(h, ("gelu", "linear"))), (f32(4, 16, 2, 128),), *dp_tp, False
     raise ValueError(name)
@@ -149,7 +172,6 @@ def _build(name: str):
 
 def _flax(name: str):
     """A Flax module case: (apply function of (params, state, x), its arguments, mesh, axes, rules)."""
-    import flax.linen as nn
 
     from transformer_engine.jax import flax as te_flax
 
@@ -245,6 +267,35 @@ def _run_flax(name: str) -> dict:
     return result
 
 
+def _errors() -> dict:
+    """The message each unsupported layout raises (the test checks they name the problem)."""
+    import jax
+    import numpy as np
+
+    import transformer_engine.jax as te_jax
+    from transformer_engine.jax import sharding as s
+    from transformer_engine.jax.dense import dense
+
+    mesh = jax.sharding.Mesh(np.array(jax.devices()).reshape(2, 4), ("dp", "tp"))
+    x, k = jax.numpy.ones((4, 16, 64)), jax.numpy.ones((64, 128))
+    attempts = {
+        "cp": (s.MeshResource(dp_resource="dp", cp_resource="tp"), {}),
+        "rows_and_contraction": (
+            s.MeshResource(dp_resource="dp", tp_resource="tp"),
+            {"input_axes": (s.BATCH_AXES, s.HEAD_AXES, None), "kernel_axes": (s.W_TP_AXES, None)},
+        ),
+    }
+    messages = {}
+    for key, (resource, axes) in attempts.items():
+        try:
+            with jax.set_mesh(mesh), te_jax.autocast(mesh_resource=resource):
+                jax.jit(lambda x, k: dense(x, k, **axes))(x, k)
+            messages[key] = "no error"
+        except Exception as error:
+            messages[key] = f"{type(error).__name__}: {error}"
+    return messages
+
+
 def main() -> None:
     if "--xla_force_host_platform_device_count=8" not in os.environ.get("XLA_FLAGS", ""):
         sys.exit("run with XLA_FLAGS=--xla_force_host_platform_device_count=8")
@@ -252,7 +303,7 @@ def main() -> None:
 
     jax.config.update("jax_platforms", "cpu")
     assert len(jax.devices()) == 8, jax.devices()
-    results = {}
+    results = {"_errors": _errors()}
     for name in CASES:
         try:
             results[name] = _run_flax(name) if name.startswith("flax_") else _run_op(name)

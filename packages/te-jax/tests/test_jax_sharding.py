@@ -35,6 +35,7 @@ _FAMILY = {
     "layernorm_mlp": [pytest.mark.gemm, pytest.mark.norm, pytest.mark.activation],
     "layernorm": [pytest.mark.norm],
     "activation": [pytest.mark.activation],
+    "softmax": [pytest.mark.softmax],
 }
 
 
@@ -103,8 +104,19 @@ def test_compiled_collectives(results, name):
     assert not _gathers(result, FULL_WEIGHTS), "no device may gather a whole weight"
     if layout in ("dense-col", "dense-row", "flax_DenseGeneral", "activation-tp", "layernorm-sp"):
         assert not _has(result, "all-gather"), "pure tensor / data parallelism gathers nothing"
+    if layout.startswith("softmax"):
+        assert result["collectives"] == [], "softmax rows are independent: no collective"
     amax = _has(result, "all-reduce", "f32[1]", 8)  # the amax max-reduction over the whole mesh
     assert amax == (recipe != "none"), result["collectives"]
+
+
+@pytest.mark.gemm
+def test_unsupported_layouts_raise_clearly(results):
+    errors = results["_errors"]
+    assert errors["cp"].startswith("NotImplementedError") and "MeshResource.cp_resource='tp'" in errors["cp"]
+    assert "context / expert parallelism) is not yet supported" in errors["cp"]
+    rows = errors["rows_and_contraction"]
+    assert rows.startswith("NotImplementedError") and "sequence-parallel input of a row-parallel GEMM" in rows
 
 
 # ---- the sharding module on one device --------------------------------------------------------
@@ -113,7 +125,8 @@ def test_compiled_collectives(results, name):
 def test_reference_names():
     names = (
         "BATCH_AXES SEQLEN_AXES SEQLEN_TP_AXES SEQLEN_CP_AXES HEAD_AXES HIDDEN_AXES HIDDEN_TP_AXES JOINED_AXES "
-        "W_NO_SHARD_AXES W_FSDP_AXES W_TP_AXES W_JOINED_AXES is_mesh_available get_sharding_map_logic_axis_to_mesh_axis "
+        "W_NO_SHARD_AXES W_FSDP_AXES W_TP_AXES W_JOINED_AXES is_mesh_available "
+        "get_sharding_map_logic_axis_to_mesh_axis "
         "with_sharding_constraint with_sharding_constraint_by_logical_axes get_all_mesh_axes get_padded_spec "
         "lax_paral_op num_of_devices get_num_devices_in_mesh get_mesh_axis_size get_mesh_axis_rank MeshResource "
         "global_shard_guard global_mesh_resource get_active_resource_axis all_reduce_sum_along_dp_fsdp "
@@ -133,7 +146,9 @@ def test_logical_axis_map_follows_the_mesh_resource():
         assert rules[sharding.HIDDEN_AXES] is None and rules[sharding.W_NO_SHARD_AXES] is None
     with sharding.global_shard_guard(sharding.MeshResource(tp_resource="m", tpsp_resource="sp")):
         rules = sharding.get_sharding_map_logic_axis_to_mesh_axis()
-        assert rules[sharding.SEQLEN_TP_AXES] == rules[sharding.W_TP_AXES] == "sp" and rules[sharding.BATCH_AXES] is None
+        assert (
+            rules[sharding.SEQLEN_TP_AXES] == rules[sharding.W_TP_AXES] == "sp" and rules[sharding.BATCH_AXES] is None
+        )
     extended = sharding.extend_logical_axis_rules((("batch", "data"), (sharding.W_TP_AXES, "other")))
     assert extended[:2] == (("batch", "data"), (sharding.W_TP_AXES, "other"))
     assert dict(extended)[sharding.W_FSDP_AXES] is None

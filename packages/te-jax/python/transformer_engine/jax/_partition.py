@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+
 import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
@@ -142,12 +143,8 @@ def sharded_vjp(mesh, local_fwd, local_bwd, in_specs, out_spec):
         with amax_reduction(reduce_axes):
             return tuple(local_bwd(_drop_block_dim(res), dy))
 
-    fwd_map = jax.shard_map(
-        fwd_body, mesh=mesh, in_specs=tuple(in_specs), out_specs=(out_spec, block), check_vma=False
-    )
-    bwd_map = jax.shard_map(
-        bwd_body, mesh=mesh, in_specs=(block, out_spec), out_specs=tuple(in_specs), check_vma=False
-    )
+    fwd_map = jax.shard_map(fwd_body, mesh=mesh, in_specs=tuple(in_specs), out_specs=(out_spec, block), check_vma=False)
+    bwd_map = jax.shard_map(bwd_body, mesh=mesh, in_specs=(block, out_spec), out_specs=tuple(in_specs), check_vma=False)
 
     @jax.custom_vjp
     def op(*args):
@@ -216,7 +213,9 @@ def dense_plan(x_spec: tuple, k_spec: tuple, y_lead_spec: tuple | None = None) -
     gathered_lead = [None if any(d == g for g, _ in x_gather) else e for d, e in enumerate(lead)]
     rows = tuple(a for e in gathered_lead for a in axes_of(e))
     if set(rows) & set(contract):
-        raise NotImplementedError(f"x's rows and the kernel's contracting dim share mesh axes {set(rows) & set(contract)}")
+        raise NotImplementedError(
+            f"x's rows and the kernel's contracting dim share mesh axes {set(rows) & set(contract)}"
+        )
     y_lead, scatter_dim = list(gathered_lead), None
     if contract and y_lead_spec is not None:
         for d, e in enumerate(y_lead_spec):

@@ -12,8 +12,14 @@ from functools import partial
 from jax.sharding import PartitionSpec as P
 
 from . import _partition as pt
-from ._sharded_ops import _row_axes, dense_backward_local, dense_forward_local, norm_dense_backward_local
-from ._sharded_ops import ln_dense_plan, norm_dense_forward_local
+from ._sharded_ops import (
+    _row_axes,
+    dense_backward_local,
+    dense_forward_local,
+    ln_dense_plan,
+    norm_dense_backward_local,
+    norm_dense_forward_local,
+)
 from .cpp_extensions import activation_fwd
 from .dense import backward_gemms
 

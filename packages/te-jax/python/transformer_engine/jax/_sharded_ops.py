@@ -7,7 +7,6 @@ from __future__ import annotations
 import math
 from functools import partial
 
-import jax
 from jax.sharding import PartitionSpec as P
 
 from . import _partition as pt
@@ -154,9 +153,7 @@ def norm_dense_backward_local(plan, norm_args, rows, norm_res, dnorm_gathered):
     x, mu, rsigma, gamma = norm_res
     h = x.shape[-1]
     dnorm = pt.reduce_input_grad(plan, dnorm_gathered.reshape(*dnorm_gathered.shape[:-1], h))
-    dx, dgamma, dbeta = norm_backward(
-        dnorm.reshape(-1, h), x.reshape(-1, h), mu, rsigma, gamma, *norm_args[:2]
-    )
+    dx, dgamma, dbeta = norm_backward(dnorm.reshape(-1, h), x.reshape(-1, h), mu, rsigma, gamma, *norm_args[:2])
     return dx.reshape(x.shape), pt.psum(dgamma, rows), pt.psum(dbeta, rows)
 
 

@@ -76,9 +76,7 @@ def dense(
         from ._sharded_ops import sharded_dense  # the partitioned form (it imports this module)
 
         b = None if bias is None else bias.astype(x.dtype)
-        return sharded_dense(
-            mesh, x, kernel.astype(x.dtype), b, quantizer_set, input_axes, kernel_axes, output_axes
-        )
+        return sharded_dense(mesh, x, kernel.astype(x.dtype), b, quantizer_set, input_axes, kernel_axes, output_axes)
     in_features, out_shape = kernel.shape[0], kernel.shape[1:]
     # 2-D inside the custom VJP; reshapes of contiguous arrays are free in XLA.
     x2 = x.reshape(-1, in_features)

@@ -7,7 +7,8 @@
         SoftmaxFusionType.SCALED_UPPER_TRIANG_MASKED:  causal, logits [..., s, s]
 
 The forward saves y; the backward is dx = scale * y * (dy - sum(dy * y)) (the mask
-has no gradient). Masked elements are excluded exactly; a row with nothing visible
+has no gradient). Under a mesh (transformer_engine.jax.sharding) the rows split over the
+batch and head axes, with no collective. Masked elements are excluded exactly; a row with nothing visible
 gives zeros.
 """
 
@@ -19,6 +20,7 @@ from functools import partial
 import jax
 
 from . import cpp_extensions as _ext  # noqa: F401 - registers the FFI targets
+from ._partition import active_mesh
 from .cpp_extensions import softmax as tex
 
 
@@ -49,7 +51,35 @@ def softmax(logits, mask=None, scale_factor=1.0, softmax_fusion_type=SoftmaxFusi
             f"{softmax_fusion_type.name}"
         )
     tex.check_scale_factor(scale_factor)  # checked here, before tracing
+    mesh = active_mesh()
+    if mesh is not None and logits.ndim >= 3:
+        return _sharded_softmax(mesh, logits, mask, float(scale_factor), kind)
     return _softmax(logits, mask, float(scale_factor), kind)
+
+
+def _sharded_softmax(mesh, logits, mask, scale_factor, kind):
+    """Each row is independent: logits [b, h, sq, sk] split over the batch (dp / fsdp) and the
+    heads (tp), [n, s, s] over the batch; the mask [b or 1, 1, sq, sk] follows the batch."""
+    from jax.sharding import PartitionSpec as P
+
+    from . import _partition as pt
+    from . import sharding
+
+    default = (sharding.BATCH_AXES, sharding.HEAD_AXES if logits.ndim == 4 else None)
+    spec = pt.resolve_spec(None, logits.shape, default + (None,) * (logits.ndim - 2))
+    specs = (P(*spec),)
+    args = (logits,)
+    if mask is not None:
+        specs += (P(spec[0] if mask.shape[0] == logits.shape[0] else None),)
+        args += (mask,)
+
+    def local_fwd(x, m=None):
+        return _softmax_fwd(x, m, scale_factor, kind)
+
+    def local_bwd(y, dy):
+        return (_softmax_bwd(scale_factor, kind, y, dy)[0],) + ((None,) if mask is not None else ())
+
+    return pt.sharded_vjp(mesh, local_fwd, local_bwd, specs, P(*spec))(*args)
 
 
 @partial(jax.custom_vjp, nondiff_argnums=(2, 3))

@@ -13,11 +13,11 @@ try:
 except ImportError as error:  # pragma: no cover - flax is a dependency of te-jax
     raise ImportError("transformer_engine.jax.flax needs flax: pip install 'flax>=0.7.1'") from error
 
+from ..sharding import extend_logical_axis_rules
 from .attention import DotProductAttention, RelativePositionBiases
 from .module import DenseGeneral, LayerNorm, LayerNormDenseGeneral, LayerNormMLP, TransformerEngineBase
 from .multi_head_attention import MultiHeadAttention
 from .transformer import TransformerLayer, TransformerLayerType
-from ..sharding import extend_logical_axis_rules
 
 __all__ = [
     "DenseGeneral",

@@ -389,7 +389,9 @@ class LayerNormMLP(TransformerEngineBase):
             broadcast_dims=tuple(self.intermediate_hidden_dropout_dims),
             rng_collection=self.intermediate_dropout_rng_name,
         )(a, deterministic=deterministic)
-        y = dense(a, wo, wo_bias, input_axes=self.dot_2_input_axes, kernel_axes=self.kernel_axes_2, quantizer_set=sets[1])
+        y = dense(
+            a, wo, wo_bias, input_axes=self.dot_2_input_axes, kernel_axes=self.kernel_axes_2, quantizer_set=sets[1]
+        )
         return y, (ln if self.return_layernorm_output else None)
 
     def _mlp_params(self, hidden: int, act_dim: int):
