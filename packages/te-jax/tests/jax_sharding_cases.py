@@ -20,11 +20,12 @@ import zlib
 
 RECIPES = ("none", "delayed", "current")
 # (case name, mesh shape, op): the op builders are in _build below.
-DENSE_LAYOUTS = ("col", "row", "col_sp", "row_sp", "fsdp")
+# fsdp: rows on dp and fsdp (dW reduce-scattered); fsdpw: rows replicated (dW sliced to the shard).
+DENSE_LAYOUTS = ("col", "row", "col_sp", "row_sp", "fsdp", "fsdpw")
 CASES = (
     [f"dense-{layout}-{r}" for layout in DENSE_LAYOUTS for r in RECIPES]
     + [f"layernorm_dense-sp_fsdp-{r}" for r in RECIPES]
-    + [f"layernorm_mlp-sp_fsdp-{r}" for r in RECIPES]
+    + [f"layernorm_mlp-{layout}-{r}" for layout in ("sp_fsdp", "bf16") for r in RECIPES]
     + ["layernorm-sp-none", "activation-tp-none", "softmax-masked-none", "softmax-causal-none"]
     + [f"flax_{m}-{r}" for m in ("DenseGeneral", "LayerNormDenseGeneral", "LayerNormMLP") for r in ("none", "delayed")]
 )
@@ -93,6 +94,7 @@ def _dense_case(layout, qs, f32):
             "output_axes": (s.BATCH_AXES, s.SEQLEN_TP_AXES, s.HIDDEN_AXES),
         },
         "fsdp": {"input_axes": (s.BATCH_AXES, None, None), "kernel_axes": (s.W_FSDP_AXES, s.W_TP_AXES)},
+        "fsdpw": {"input_axes": (None, None, None), "kernel_axes": (s.W_FSDP_AXES, s.W_TP_AXES)},
     }[layout]
     k = k if layout != "row" and layout != "row_sp" else f32(128, 64, scale=0.1)
     b = b if layout != "row" and layout != "row_sp" else f32(64)
@@ -122,7 +124,7 @@ def _build(name: str):
     norm_axes = (s.BATCH_AXES, s.SEQLEN_TP_AXES, s.HIDDEN_AXES)
     if op == "dense":
         fn, args = _dense_case(layout, q1, f32)
-        return fn, args, *(dp_fsdp_tp if layout == "fsdp" else dp_tp), layout.endswith("sp")
+        return fn, args, *(dp_fsdp_tp if layout.startswith("fsdp") else dp_tp), layout.endswith("sp")
     if op == "layernorm_dense":
         k, b = f32(64, 128, scale=0.1), f32(128)
 
@@ -149,7 +151,10 @@ def _build(name: str):
                 activation_type=("silu", "linear"), quantizer_sets=qs,
             )  # fmt: skip
 
-        return fn, (x, gamma, k1, k2, b1, b2, (q1, q2)), *dp_fsdp_tp, True
+        args = (x, gamma, k1, k2, b1, b2)
+        if layout == "bf16":  # 16-bit activations and weights: FP32 sums rounded per shard
+            args = tuple(a.astype(jax.numpy.bfloat16) for a in args)
+        return fn, (*args, (q1, q2)), *dp_fsdp_tp, True
     if op == "layernorm":
         return (lambda x, g, be: layernorm(x, g, be, "layernorm")), (x, gamma, beta), *dp_tp, True
     if op == "softmax":
@@ -227,6 +232,7 @@ def _run_op(name: str) -> dict:
         out = compiled(args, dy)
     result = _compare(ref, out, lambda grads: grads[-1] if name.split("-")[0] in _WITH_SETS else ())
     result["y_exact"] = bool(np.array_equal(np.asarray(ref[0]), np.asarray(out[0])))
+    result["y_dtype"] = str(out[0].dtype)
     result["collectives"] = collectives(compiled.as_text())
     return result
 
