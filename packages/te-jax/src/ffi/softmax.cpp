@@ -21,20 +21,20 @@ Error softmax_fwd(const Device& d, AnyBuffer x, AnyBuffer mask, Result<AnyBuffer
   te_tensor tx, ty, tm;
   if (Error e = describe_all(d, {{x, "logits", &tx}, {*y, "y", &ty}}); e.failure()) return e;
   switch (kind) {
-    case 0:
-      return from_status(te_softmax_scaled_softmax_fwd(&tx, scale, &ty, d.stream));
+    case 0: return from_status(te_softmax_scaled_softmax_fwd(&tx, scale, &ty, d.stream));
     case 1:
       if (Error e = describe(mask, d, "mask", &tm); e.failure()) return e;
       return from_status(te_softmax_scaled_masked_softmax_fwd(&tx, &tm, scale, &ty, d.stream));
     case 2:
-      return from_status(te_softmax_scaled_upper_triang_masked_softmax_fwd(&tx, scale, &ty, d.stream));
+      return from_status(
+          te_softmax_scaled_upper_triang_masked_softmax_fwd(&tx, scale, &ty, d.stream));
     case 3:
       return from_status(
           te_softmax_scaled_aligned_causal_masked_softmax_fwd(&tx, scale, &ty, d.stream));
     default:
-      return Error(ffi::ErrorCode::kInvalidArgument,
-                   "te_jax_softmax_fwd: attribute 'kind' must be 0..3, got " +
-                       std::to_string(kind));
+      return Error(
+          ffi::ErrorCode::kInvalidArgument,
+          "te_jax_softmax_fwd: attribute 'kind' must be 0..3, got " + std::to_string(kind));
   }
 }
 
@@ -47,8 +47,7 @@ Error softmax_bwd(const Device& d, AnyBuffer dy, AnyBuffer y, Result<AnyBuffer> 
   if (Error e = describe_all(d, {{dy, "dy", &tdy}, {y, "y", &ty}, {*dx, "dx", &tdx}}); e.failure())
     return e;
   switch (kind) {
-    case 0:
-      return from_status(te_softmax_scaled_softmax_bwd(&tdy, &ty, scale, &tdx, d.stream));
+    case 0: return from_status(te_softmax_scaled_softmax_bwd(&tdy, &ty, scale, &tdx, d.stream));
     case 1:
       return from_status(te_softmax_scaled_masked_softmax_bwd(&tdy, &ty, scale, &tdx, d.stream));
     case 2:
@@ -58,9 +57,9 @@ Error softmax_bwd(const Device& d, AnyBuffer dy, AnyBuffer y, Result<AnyBuffer> 
       return from_status(
           te_softmax_scaled_aligned_causal_masked_softmax_bwd(&tdy, &ty, scale, &tdx, d.stream));
     default:
-      return Error(ffi::ErrorCode::kInvalidArgument,
-                   "te_jax_softmax_bwd: attribute 'kind' must be 0..3, got " +
-                       std::to_string(kind));
+      return Error(
+          ffi::ErrorCode::kInvalidArgument,
+          "te_jax_softmax_bwd: attribute 'kind' must be 0..3, got " + std::to_string(kind));
   }
 }
 
