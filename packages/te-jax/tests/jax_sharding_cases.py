@@ -28,6 +28,7 @@ CASES = (
     + [f"layernorm_mlp-{layout}-{r}" for layout in ("sp_fsdp", "bf16") for r in RECIPES]
     + ["layernorm-sp-none", "activation-tp-none", "softmax-masked-none", "softmax-causal-none"]
     + [f"flax_{m}-{r}" for m in ("DenseGeneral", "LayerNormDenseGeneral", "LayerNormMLP") for r in ("none", "delayed")]
+    + ["flax_TransformerLayer-delayed"]  # its dense layers data parallel; fused_attn is not partitioned
 )
 _COLLECTIVE = re.compile(
     r"= (\([^)]*\)|\S+) (all-gather|all-reduce|reduce-scatter|all-to-all|collective-permute)(?:-start)?\((.*)"
@@ -188,6 +189,10 @@ def _flax(name: str):
         model = te_flax.DenseGeneral(features=128, kernel_axes=("embed", "mlp"), input_axes=axes)
     elif module_name == "LayerNormDenseGeneral":
         model = te_flax.LayerNormDenseGeneral(features=128, kernel_axes=("embed", "mlp"), layernorm_input_axes=axes)
+    elif module_name == "TransformerLayer":
+        model = te_flax.TransformerLayer(
+            hidden_size=64, mlp_hidden_size=128, num_attention_heads=4, hidden_dropout=0.0, attention_dropout=0.0
+        )
     else:
         model = te_flax.LayerNormMLP(intermediate_dim=128, activations=("gelu", "linear"), layernorm_input_axes=axes)
     rules = (("batch", "dp"), ("length", None), ("embed", None), ("act", None), ("mlp", "tp"))
