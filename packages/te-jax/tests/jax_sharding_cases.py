@@ -286,21 +286,28 @@ def _errors() -> dict:
     import transformer_engine.jax as te_jax
     from transformer_engine.jax import sharding as s
     from transformer_engine.jax.dense import dense
+    from transformer_engine.jax.quantize import QuantizerFactory
 
     mesh = jax.sharding.Mesh(np.array(jax.devices()).reshape(2, 4), ("dp", "tp"))
     x, k = jax.numpy.ones((4, 16, 64)), jax.numpy.ones((64, 128))
+    dp_tp = s.MeshResource(dp_resource="dp", tp_resource="tp")
+    fp8 = QuantizerFactory.create_set(_recipe("delayed"))
     attempts = {
         "cp": (s.MeshResource(dp_resource="dp", cp_resource="tp"), {}),
         "rows_and_contraction": (
             s.MeshResource(dp_resource="dp", tp_resource="tp"),
             {"input_axes": (s.BATCH_AXES, s.HEAD_AXES, None), "kernel_axes": (s.W_TP_AXES, None)},
         ),
+        "axes_length": (dp_tp, {"input_axes": (s.BATCH_AXES, None)}),
+        # 16 rows in all, 8 per dp shard
+        "fp8_shard": (dp_tp, {"kernel_axes": (None, s.W_TP_AXES), "quantizer_set": fp8, "x": x[:2, :8]}),
     }
     messages = {}
     for key, (resource, axes) in attempts.items():
+        xs = axes.pop("x", x)
         try:
             with jax.set_mesh(mesh), te_jax.autocast(mesh_resource=resource):
-                jax.jit(lambda x, k: dense(x, k, **axes))(x, k)
+                jax.jit(lambda x, k: dense(x, k, **axes))(xs, k)
             messages[key] = "no error"
         except Exception as error:
             messages[key] = f"{type(error).__name__}: {error}"

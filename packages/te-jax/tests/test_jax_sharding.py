@@ -124,6 +124,9 @@ def test_unsupported_layouts_raise_clearly(results):
     assert "context / expert parallelism) is not yet supported" in errors["cp"]
     rows = errors["rows_and_contraction"]
     assert rows.startswith("NotImplementedError") and "sequence-parallel input of a row-parallel GEMM" in rows
+    assert errors["axes_length"].startswith("ValueError: argument 'input_axes' must name one logical axis")
+    fp8 = errors["fp8_shard"]
+    assert fp8.startswith("ValueError: FP8 dense over a mesh needs multiples of 16") and "8 rows" in fp8
 
 
 # ---- the sharding module on one device --------------------------------------------------------

@@ -69,15 +69,16 @@ def entry_of(axes: tuple[str, ...]):
     return None if not axes else axes[0] if len(axes) == 1 else tuple(axes)
 
 
-def resolve_spec(logical_axes, shape, default) -> tuple:
+def resolve_spec(logical_axes, shape, default, name: str = "logical axes") -> tuple:
     """The mesh spec (one entry per dim) of an array from its logical axes (te's or flax's names;
-    None: `default`). A dim whose size the axes do not divide stays unsharded."""
+    None: `default`). A dim whose size the axes do not divide stays unsharded. `name`: the
+    argument the axes came from, for the error."""
     if logical_axes is None or len(logical_axes) == 0:
         logical_axes = default
-    if len(logical_axes) != len(shape):
+    if isinstance(logical_axes, str) or len(logical_axes) != len(shape):
         raise ValueError(
-            f"logical axes {tuple(logical_axes)!r} must name one axis per dim of a {len(shape)}-d array "
-            f"(shape {tuple(shape)})"
+            f"argument '{name}' must name one logical axis (or None) per dim of its {len(shape)}-d array "
+            f"(shape {tuple(shape)}), got {logical_axes!r}"
         )
     spec = sharding.generate_pspec(logical_axes)
     out = []

@@ -67,11 +67,13 @@ def sharded_layernorm_mlp(mesh, x, gamma, beta, k1, k2, b1, b2, sets, norm_args,
     b1 [ACT_DIM, intermediate] | None, b2 [out] | None, all in x's type. act: (kind, attrs,
     ACT_DIM); axes: (norm_input_axes, kernel_1_axes, kernel_2_axes)."""
     norm_input_axes, kernel_1_axes, kernel_2_axes = axes
-    x_spec, plan_1 = ln_dense_plan(x.shape, k1.shape, norm_input_axes, kernel_1_axes)
+    x_spec, plan_1 = ln_dense_plan(
+        x.shape, k1.shape, norm_input_axes, kernel_1_axes, ("norm_input_axes", "kernel_1_axes")
+    )
     if plan_1.k_spec[1] is not None:
         raise NotImplementedError("layernorm_mlp: kernel_1's activation dim (ACT_DIM) must not be sharded")
     a_spec = (*plan_1.y_spec[:-2], plan_1.y_spec[-1])
-    k2_spec = pt.resolve_spec(kernel_2_axes, k2.shape, (None, None))
+    k2_spec = pt.resolve_spec(kernel_2_axes, k2.shape, (None, None), "kernel_2_axes")
     plan_2 = pt.dense_plan(a_spec, k2_spec, x_spec[:-1])
     if tuple(plan_2.x_spec) != tuple(a_spec) or plan_2.x_gather:
         raise NotImplementedError(

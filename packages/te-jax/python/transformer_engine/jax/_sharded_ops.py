@@ -26,6 +26,8 @@ def dense_forward_local(plan, x, k, b, qset, fp8_x=None):
     (by a fused norm or activation); x is then unused."""
     k = pt.gather_kernel(plan, k)
     kin, out = k.shape[0], k.shape[1:]
+    if not qset.is_noop:
+        _check_fp8_shard(x.shape[:-1] if fp8_x is None else fp8_x[2], kin, math.prod(out))
     fused_bias = None if plan.contract or b is None else b.reshape(-1)
     if fp8_x is None:
         lead = x.shape[:-1]
@@ -38,6 +40,16 @@ def dense_forward_local(plan, x, k, b, qset, fp8_x=None):
     if extra_bias is not None:
         y = y + extra_bias
     return y, (res, extra_bias)
+
+
+def _check_fp8_shard(lead, kin: int, n: int) -> None:
+    """te_gemm's multiples of 16, on the shard each device multiplies."""
+    rows = math.prod(lead)
+    if rows % 16 or kin % 16 or n % 16:
+        raise ValueError(
+            f"FP8 dense over a mesh needs multiples of 16 (te_gemm's rule) on each shard: a shard has {rows} rows, "
+            f"{kin} inputs and {n} outputs; shard fewer dims or use larger ones"
+        )
 
 
 def dense_backward_local(plan, res, dy):
@@ -61,12 +73,12 @@ def _dense_local_fwd(plan, x, k, b, qset):
 
 def sharded_dense(mesh, x, kernel, bias, quantizer_set, input_axes, kernel_axes, output_axes):
     """dense over the mesh; x, kernel and bias already in x's type, kernel [in, *out]."""
-    x_spec = pt.resolve_spec(input_axes, x.shape, pt.batch_default(x.ndim))
-    k_spec = pt.resolve_spec(kernel_axes, kernel.shape, (None,) * kernel.ndim)
+    x_spec = pt.resolve_spec(input_axes, x.shape, pt.batch_default(x.ndim), "input_axes")
+    k_spec = pt.resolve_spec(kernel_axes, kernel.shape, (None,) * kernel.ndim, "kernel_axes")
     y_lead = None
     if output_axes:
         y_shape = (*x.shape[:-1], *kernel.shape[1:])
-        y_lead = pt.resolve_spec(output_axes, y_shape, output_axes)[: x.ndim - 1]
+        y_lead = pt.resolve_spec(output_axes, y_shape, output_axes, "output_axes")[: x.ndim - 1]
     plan = pt.dense_plan(x_spec, k_spec, y_lead)
     op = pt.sharded_vjp(
         mesh,
@@ -81,12 +93,12 @@ def sharded_dense(mesh, x, kernel, bias, quantizer_set, input_axes, kernel_axes,
 # ---- norms -------------------------------------------------------------------------------
 
 
-def norm_spec(x_shape, logical_axes) -> tuple:
+def norm_spec(x_shape, logical_axes, name: str = "layernorm_input_axes") -> tuple:
     """A norm's input spec: rows over the batch axes (and the sequence over tpsp by default),
     the normalized last dim never split."""
     default = (sharding.BATCH_AXES,) + (sharding.SEQLEN_TP_AXES,) * (len(x_shape) > 2)
     default += (None,) * (len(x_shape) - len(default))
-    spec = pt.resolve_spec(logical_axes, x_shape, default)
+    spec = pt.resolve_spec(logical_axes, x_shape, default, name)
     return (*spec[:-1], None)
 
 
@@ -176,9 +188,12 @@ def _ln_dense_local_bwd(plan, norm_args, rows, res, dy):
     return dx, dk, dgamma, dbeta, db, qset
 
 
-def ln_dense_plan(x_shape, kernel_shape, layernorm_input_axes, kernel_axes):
-    x_spec = norm_spec(x_shape, layernorm_input_axes)
-    k_spec = pt.resolve_spec(kernel_axes, kernel_shape, (None,) * len(kernel_shape))
+def ln_dense_plan(
+    x_shape, kernel_shape, layernorm_input_axes, kernel_axes, names=("layernorm_input_axes", "kernel_axes")
+):
+    x_name, kernel_name = names
+    x_spec = norm_spec(x_shape, layernorm_input_axes, x_name)
+    k_spec = pt.resolve_spec(kernel_axes, kernel_shape, (None,) * len(kernel_shape), kernel_name)
     plan = pt.dense_plan(x_spec, k_spec)
     if plan.contract:
         raise NotImplementedError(
