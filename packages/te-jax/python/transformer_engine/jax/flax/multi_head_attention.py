@@ -61,7 +61,8 @@ class MultiHeadAttention(nn.Module):
     """Multi-head attention with the reference's fields (see the module docstring).
     Not supported (NotImplementedError): low_rank_adaptation_scope other than 'none',
     score_mod, output_layernorm (deprecated in the reference). enable_sequence_parallel
-    names a sharding choice: accepted, nothing to do on one device."""
+    names a sharding choice: accepted; its projections pass no logical axes yet (under a
+    mesh they run data parallel and fused_attn is not partitioned; docs/te_jax.md)."""
 
     head_dim: int
     num_attention_heads: int
