@@ -27,12 +27,24 @@ CASES = (
     + [f"layernorm_dense-sp_fsdp-{r}" for r in RECIPES]
     + [f"layernorm_mlp-{layout}-{r}" for layout in ("sp_fsdp", "bf16") for r in RECIPES]
     + ["layernorm-sp-none", "activation-tp-none", "softmax-masked-none", "softmax-causal-none"]
+    + ["attention-causal_gqa-none", "attention-padding_bias-none", "attention-thd-none", "attention-learnable-none"]
     + [f"flax_{m}-{r}" for m in ("DenseGeneral", "LayerNormDenseGeneral", "LayerNormMLP") for r in ("none", "delayed")]
     + ["flax_TransformerLayer-delayed"]  # its dense layers data parallel; fused_attn is not partitioned
 )
 _COLLECTIVE = re.compile(
     r"= (\([^)]*\)|\S+) (all-gather|all-reduce|reduce-scatter|all-to-all|collective-permute)(?:-start)?\((.*)"
 )
+
+
+_CALL = re.compile(r'custom_call_target="(te_jax_\w+)".*?operand_layout_constraints=\{([a-z0-9]+\[[0-9,]*\])')
+_CALL_FIRST = re.compile(r'operand_layout_constraints=\{([a-z0-9]+\[[0-9,]*\])[^\n]*custom_call_target="(te_jax_\w+)"')
+
+
+def ffi_calls(hlo: str) -> list[list[str]]:
+    """[target, shape of its first operand] of each te-jax FFI call in compiled HLO text: the
+    per-device block the kernel runs on (a call XLA did not partition sees the whole array)."""
+    calls = [[t, s] for t, s in _CALL.findall(hlo)]
+    return calls + [[t, s] for s, t in _CALL_FIRST.findall(hlo)]
 
 
 def collectives(hlo: str) -> list[dict]:
@@ -104,6 +116,47 @@ def _dense_case(layout, qs, f32):
     return (lambda x, k, b, q: dense(x, k, b, **axes, quantizer_set=q)), (x, k, b, qs)
 
 
+def _attention_case(layout, f32):
+    """fused_attn (bshd GQA causal; padding + a bias shared by the batch; thd segments; a
+    learnable softmax offset) on b=4, s=16, h=8 query and 4 kv heads: rows over dp, heads over tp."""
+    import jax
+    import numpy as np
+
+    from transformer_engine.jax import attention as A
+
+    q, k, v = f32(4, 16, 8, 16), f32(4, 16, 4, 16), f32(4, 16, 4, 16)
+    mask = {
+        "causal_gqa": A.AttnMaskType.CAUSAL_MASK,
+        "padding_bias": A.AttnMaskType.PADDING_CAUSAL_MASK,
+        "thd": A.AttnMaskType.PADDING_CAUSAL_MASK,
+        "learnable": A.AttnMaskType.CAUSAL_MASK,
+    }[layout]
+    layout_enum = A.QKVLayout.THD_THD_THD if layout == "thd" else A.QKVLayout.BSHD_BSHD_BSHD
+    desc, bias_type, softmax, segments = None, A.AttnBiasType.NO_BIAS, A.AttnSoftmaxType.VANILLA_SOFTMAX, 1
+    if layout == "padding_bias":
+        desc = A.SequenceDescriptor.from_seqlens(jax.numpy.asarray([16, 9, 3, 12], jax.numpy.int32))
+        bias_type = A.AttnBiasType.POST_SCALE_BIAS
+    if layout == "thd":
+        ids = np.repeat(np.array([[1] * 6 + [2] * 7 + [0] * 3]), 4, axis=0)
+        ids[1, :] = [1] * 16
+        pos = np.concatenate([np.arange(6), np.arange(7), np.zeros(3, int)])[None].repeat(4, axis=0)
+        pos[1, :] = np.arange(16)
+        desc = A.SequenceDescriptor.from_segment_ids_and_pos(jax.numpy.asarray(ids), jax.numpy.asarray(pos))
+        segments = 2
+    if layout == "learnable":
+        softmax = A.AttnSoftmaxType.LEARNABLE_SOFTMAX
+
+    def fn(q, k, v, bias, offset):
+        return A.fused_attn(
+            (q, k, v), bias, desc, None, bias_type, mask, layout_enum, softmax, 0.25, 0.0, True,
+            max_segments_per_seq=segments, softmax_offset=offset,
+        )  # fmt: skip
+
+    bias = f32(1, 8, 16, 16) if layout == "padding_bias" else None
+    offset = f32(1, 8, 1, 1) if layout == "learnable" else None
+    return fn, (q, k, v, bias, offset)
+
+
 def _build(name: str):
     """(function of the arguments, arguments, mesh shape, mesh axes, sequence parallel)."""
     import jax
@@ -171,6 +224,8 @@ def _build(name: str):
             )
         mask = jax.numpy.asarray(np.random.default_rng(1).random((4, 1, 16, 16)) < 0.3)
         return (lambda t: softmax(t, mask, 0.5, SoftmaxFusionType.SCALED_MASKED)), (logits,), *dp_tp, False
+    if op == "attention":
+        return (*_attention_case(layout, f32), *dp_tp, False)
     if op == "activation":
         return (lambda h: activation(h, ("gelu", "linear"))), (f32(4, 16, 2, 128),), *dp_tp, False
     raise ValueError(name)
@@ -239,6 +294,7 @@ def _run_op(name: str) -> dict:
     result["y_exact"] = bool(np.array_equal(np.asarray(ref[0]), np.asarray(out[0])))
     result["y_dtype"] = str(out[0].dtype)
     result["collectives"] = collectives(compiled.as_text())
+    result["ffi_calls"] = ffi_calls(compiled.as_text())
     return result
 
 
@@ -275,6 +331,7 @@ def _run_flax(name: str) -> dict:
     result = _compare(ref, out, lambda grads: grads[1])  # the fp8_metas "gradient": the new state
     result["y_exact"] = bool(np.array_equal(np.asarray(ref[0]), np.asarray(out[0])))
     result["collectives"] = collectives(compiled.as_text())
+    result["ffi_calls"] = ffi_calls(compiled.as_text())
     return result
 
 

@@ -37,6 +37,7 @@ _FAMILY = {
     "layernorm": [pytest.mark.norm],
     "activation": [pytest.mark.activation],
     "softmax": [pytest.mark.softmax],
+    "attention": [pytest.mark.attention],
 }
 
 
@@ -111,10 +112,42 @@ def test_compiled_collectives(results, name):
         assert not _has(result, "all-gather"), "pure tensor / data parallelism gathers nothing"
     if layout == "dense-fsdpw":
         assert not _has(result, "reduce-scatter"), "replicated rows: each shard keeps its block of dW"
-    if layout.startswith("softmax"):
-        assert result["collectives"] == [], "softmax rows are independent: no collective"
+    if layout.startswith("softmax") or layout in ("attention-causal_gqa", "attention-thd"):
+        assert result["collectives"] == [], "rows and heads are independent: no collective"
+    if layout == "attention-padding_bias":  # the bias is shared by the batch rows: its gradient summed over dp
+        assert _has(result, "all-reduce", "f32[1,2,16,16]", 2), result["collectives"]
+    if layout == "attention-learnable":  # the offset is shared by the batch rows
+        assert _has(result, "all-reduce", "f32[1,2,1,1]", 2), result["collectives"]
     amax = _has(result, "all-reduce", "f32[1]", 8)  # the amax max-reduction over the whole mesh
     assert amax == (recipe != "none"), result["collectives"]
+
+
+# The block each layout's main kernel runs on (its first operand, per device): the kernels are
+# partitioned, not run on gathered operands. x is [4, 16, 64] (rows 64) unless said otherwise.
+BLOCKS = {
+    "dense-col": ("te_jax_gemm", "32,64"),  # rows / dp
+    "dense-row": ("te_jax_gemm", "32,32"),  # x [4, 16, 128]: rows / dp, K / tp
+    "dense-fsdp": ("te_jax_gemm", "16,64"),  # rows / (dp fsdp)
+    "layernorm_dense-sp_fsdp": ("te_jax_layernorm_fwd", "8,64"),  # batch / (dp fsdp), sequence / tp
+    "layernorm_mlp-sp_fsdp": ("te_jax_rmsnorm_fwd", "8,64"),
+    "layernorm_mlp-bf16": ("te_jax_rmsnorm_fwd", "8,64"),
+    "layernorm-sp": ("te_jax_layernorm_fwd", "8,64"),
+    "activation-tp": ("te_jax_activation_fwd", "32,64"),  # [4, 16, 2, 128]: rows / dp, K / tp
+    "softmax-masked": ("te_jax_softmax_fwd", "2,2,16,16"),  # [4, 8, 16, 16]: batch / dp, heads / tp
+    "softmax-causal": ("te_jax_softmax_fwd", "4,16,16"),
+    "attention-causal_gqa": ("te_jax_attention_fwd", "2,16,2,16"),  # q [4, 16, 8, 16]
+    "attention-padding_bias": ("te_jax_attention_fwd", "2,16,2,16"),
+    "attention-learnable": ("te_jax_attention_fwd", "2,16,2,16"),
+    "attention-thd": ("te_jax_attention_fwd", "64,2,16"),  # thd: heads / tp only
+    "flax_TransformerLayer": ("te_jax_attention_fwd", "2,16,1,16"),
+}
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=_marks(n)) for n in CASES if n.rsplit("-", 1)[0] in BLOCKS])
+def test_kernels_run_on_local_blocks(results, name):
+    target, block = BLOCKS[name.rsplit("-", 1)[0]]
+    shapes = {shape.split("[")[1].rstrip("]") for t, shape in results[name]["ffi_calls"] if t == target}
+    assert block in shapes, (target, block, shapes)
 
 
 @pytest.mark.gemm

@@ -90,6 +90,11 @@ def resolve_spec(logical_axes, shape, default, name: str = "logical axes") -> tu
     return tuple(out)
 
 
+def axis_size(entry) -> int:
+    """The number of devices a PartitionSpec entry splits a dim over."""
+    return math.prod(sharding.get_mesh_axis_size(a) for a in axes_of(entry))
+
+
 def batch_default(ndim: int) -> tuple:
     """Logical axes of an activation without explicit ones: the leading dim is the batch."""
     return (sharding.BATCH_AXES,) + (None,) * (ndim - 1)

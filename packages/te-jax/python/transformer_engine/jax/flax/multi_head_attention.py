@@ -62,7 +62,7 @@ class MultiHeadAttention(nn.Module):
     Not supported (NotImplementedError): low_rank_adaptation_scope other than 'none',
     score_mod, output_layernorm (deprecated in the reference). enable_sequence_parallel
     names a sharding choice: accepted; its projections pass no logical axes yet (under a
-    mesh they run data parallel and fused_attn is not partitioned; docs/te_jax.md)."""
+    mesh they run data parallel, the attention splits over the batch and heads; docs/te_jax.md)."""
 
     head_dim: int
     num_attention_heads: int
