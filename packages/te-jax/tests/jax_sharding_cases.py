@@ -29,7 +29,7 @@ CASES = (
     + ["layernorm-sp-none", "activation-tp-none", "softmax-masked-none", "softmax-causal-none"]
     + ["attention-causal_gqa-none", "attention-padding_bias-none", "attention-thd-none", "attention-learnable-none"]
     + [f"flax_{m}-{r}" for m in ("DenseGeneral", "LayerNormDenseGeneral", "LayerNormMLP") for r in ("none", "delayed")]
-    + ["flax_TransformerLayer-delayed"]  # its dense layers data parallel; fused_attn is not partitioned
+    + ["flax_MultiHeadAttention-none", "flax_MultiHeadAttention-delayed", "flax_TransformerLayer-delayed"]
 )
 _COLLECTIVE = re.compile(
     r"= (\([^)]*\)|\S+) (all-gather|all-reduce|reduce-scatter|all-to-all|collective-permute)(?:-start)?\((.*)"
@@ -244,6 +244,8 @@ def _flax(name: str):
         model = te_flax.DenseGeneral(features=128, kernel_axes=("embed", "mlp"), input_axes=axes)
     elif module_name == "LayerNormDenseGeneral":
         model = te_flax.LayerNormDenseGeneral(features=128, kernel_axes=("embed", "mlp"), layernorm_input_axes=axes)
+    elif module_name == "MultiHeadAttention":  # GQA: the query and kv projections apart
+        model = te_flax.MultiHeadAttention(head_dim=16, num_attention_heads=8, num_gqa_groups=4)
     elif module_name == "TransformerLayer":
         model = te_flax.TransformerLayer(
             hidden_size=64, mlp_hidden_size=128, num_attention_heads=4, hidden_dropout=0.0, attention_dropout=0.0
@@ -304,17 +306,20 @@ def _run_flax(name: str) -> dict:
     import numpy as np
 
     import transformer_engine.jax as te_jax
+    from transformer_engine.jax import flax as te_flax
 
     model, x, rec, rules = _flax(name)
     enabled = rec is not None
     with te_jax.autocast(enabled=enabled, recipe=rec):
-        variables = model.init(jax.random.PRNGKey(0), x)
+        init_args = (x, x) if isinstance(model, te_flax.MultiHeadAttention) else (x,)
+        variables = model.init(jax.random.PRNGKey(0), *init_args)
     params = variables["params"]
     state = {k: v for k, v in variables.items() if k != "params"}  # fp8_metas under DelayedScaling
 
     def step(params, state, x):
         def loss(p, s, x):
-            y = model.apply({"params": p, **s}, x)
+            two = isinstance(model, te_flax.MultiHeadAttention)  # (inputs_q, inputs_kv)
+            y = model.apply({"params": p, **s}, x, x) if two else model.apply({"params": p, **s}, x)
             y = y[0] if isinstance(y, tuple) else y
             return jax.numpy.sum(y * jax.numpy.cos(y)), y
 
@@ -329,6 +334,9 @@ def _run_flax(name: str) -> dict:
         compiled = jax.jit(step).lower(params, state, x).compile()
         out = compiled(params, state, x)
     result = _compare(ref, out, lambda grads: grads[1])  # the fp8_metas "gradient": the new state
+    result["weights"] = sorted(
+        {str(list(np.shape(w))).replace(" ", "") for w in jax.tree.leaves(params) if np.ndim(w) >= 2}
+    )
     result["y_exact"] = bool(np.array_equal(np.asarray(ref[0]), np.asarray(out[0])))
     result["collectives"] = collectives(compiled.as_text())
     result["ffi_calls"] = ffi_calls(compiled.as_text())
