@@ -368,6 +368,18 @@ def _errors() -> dict:
         "fp8_shard": (dp_tp, {"kernel_axes": (None, s.W_TP_AXES), "quantizer_set": fp8, "x": x[:2, :8]}),
     }
     messages = {}
+    try:
+        from transformer_engine.jax import attention as A
+
+        q = jax.numpy.ones((4, 16, 8, 16))
+        with jax.set_mesh(mesh), te_jax.autocast(mesh_resource=dp_tp):
+            A.fused_attn(
+                (q, q, q), None, None, jax.random.PRNGKey(0), A.AttnBiasType.NO_BIAS, A.AttnMaskType.CAUSAL_MASK,
+                A.QKVLayout.BSHD_BSHD_BSHD, A.AttnSoftmaxType.VANILLA_SOFTMAX, 0.25, 0.1, True,
+            )  # fmt: skip
+        messages["dropout"] = "no error"
+    except Exception as error:
+        messages["dropout"] = f"{type(error).__name__}: {error}"
     for key, (resource, axes) in attempts.items():
         xs = axes.pop("x", x)
         try:

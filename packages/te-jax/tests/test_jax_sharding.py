@@ -173,6 +173,7 @@ def test_unsupported_layouts_raise_clearly(results):
     rows = errors["rows_and_contraction"]
     assert rows.startswith("NotImplementedError") and "sequence-parallel input of a row-parallel GEMM" in rows
     assert errors["axes_length"].startswith("ValueError: argument 'input_axes' must name one logical axis")
+    assert errors["dropout"].startswith("NotImplementedError: fused_attn over a mesh: dropout_probability > 0")
     fp8 = errors["fp8_shard"]
     assert fp8.startswith("ValueError: FP8 dense over a mesh needs multiples of 16") and "8 rows" in fp8
 
