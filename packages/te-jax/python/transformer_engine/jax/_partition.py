@@ -42,7 +42,7 @@ def active_mesh():
         return None
     gsr = sharding.global_mesh_resource()
     names = {f.name: getattr(gsr, f.name) for f in dataclasses.fields(gsr)}
-    used = {k: v for k, v in names.items() if v is not None and sharding.get_mesh_axis_size_or_zero(v) > 1}
+    used = {k: v for k, v in names.items() if v is not None and sharding._mesh_axis_size_or_zero(v) > 1}
     for kind in ("cp_resource", "ep_resource"):
         if kind in used:
             raise NotImplementedError(

@@ -146,10 +146,10 @@ def get_mesh_axis_rank(axis, mesh=None):
 
 def _in_mesh(axis) -> str | None:
     """axis if the mesh in scope has it with size > 1, else None (an absent axis shards nothing)."""
-    return axis if axis is not None and get_mesh_axis_size_or_zero(axis) > 1 else None
+    return axis if axis is not None and _mesh_axis_size_or_zero(axis) > 1 else None
 
 
-def get_mesh_axis_size_or_zero(axis) -> int:
+def _mesh_axis_size_or_zero(axis) -> int:
     mesh = current_mesh()
     return 0 if mesh is None or axis not in mesh.shape else int(mesh.shape[axis])
 
