@@ -94,7 +94,7 @@ def test_bad_arguments():
     assert get_fp8_recipe() is None
 
 
-def test_mesh_resource_single_device_only():
+def test_mesh_resource_fields_and_guard():
     assert [f for f in MeshResource.__dataclass_fields__] == [
         "dp_resource",
         "tp_resource",
@@ -105,9 +105,11 @@ def test_mesh_resource_single_device_only():
         "ep_resource",
     ]
     assert te_jax.MeshResource is MeshResource
-    with pytest.raises(NotImplementedError, match=r"te-jax runs on one device so far: .*\{'dp_resource': 'data'\}"):
-        with te_jax.autocast(enabled=True, mesh_resource=MeshResource(dp_resource="data")):
-            pass
+    named = MeshResource(dp_resource="data", tp_resource="model")
+    with te_jax.autocast(enabled=True, mesh_resource=named):  # axes are read by the ops under a mesh
+        assert global_mesh_resource() is named
+    with pytest.raises(TypeError, match="argument 'tp_resource' of MeshResource must be None or a mesh axis name"):
+        MeshResource(tp_resource=4)
     with pytest.raises(TypeError, match="argument 'mesh_resource' must be None or a MeshResource, got dict"):
         with te_jax.autocast(mesh_resource={"dp_resource": None}):
             pass

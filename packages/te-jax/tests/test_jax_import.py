@@ -49,6 +49,7 @@ def test_flax_subpackage():
         "TransformerEngineBase",
         "TransformerLayer",
         "TransformerLayerType",
+        "extend_logical_axis_rules",
     ]
     assert all(getattr(te_flax, name) is not None for name in te_flax.__all__)
 

@@ -8,12 +8,13 @@ functions (XLA FFI custom calls with CPU and CUDA handlers; jit and vmap
 work); `quantize`, the per-tensor FP8 quantizers and quantizer sets; the
 functional ops with custom VJPs `dense.dense`, `layernorm.layernorm`,
 `layernorm_dense.layernorm_dense`, `layernorm_mlp.layernorm_mlp`,
-`activation.activation` and `attention.fused_attn`; `autocast` (the recipe of the
-Flax modules), `update_collections`, `MeshResource` (one device only) and the Flax
+`activation.activation`, `softmax.softmax` and `attention.fused_attn`; `autocast` (the recipe of the
+Flax modules), `update_collections`, `MeshResource` and `sharding` (the ops partition over
+a jax.sharding.Mesh, docs/te_jax.md) and the Flax
 modules `flax.DenseGeneral`, `LayerNorm`, `LayerNormDenseGeneral`, `LayerNormMLP`,
 `DotProductAttention`, `MultiHeadAttention`, `RelativePositionBiases` and
-`TransformerLayer`. The other functional ops (softmax, ...) come in later work; they
-are absent, not stubbed. Recipes are shared with PyTorch: transformer_engine.common.recipe.
+`TransformerLayer`. The other functional ops (grouped_dense, ...) come in later work;
+they are absent, not stubbed. Recipes are shared with PyTorch: transformer_engine.common.recipe.
 """
 
 import importlib as _importlib
@@ -34,6 +35,7 @@ _SUBMODULES = (
     "layernorm_mlp",
     "quantize",
     "sharding",
+    "softmax",
 )
 # name -> the submodule defining it, imported on first access
 _LAZY_NAMES = {

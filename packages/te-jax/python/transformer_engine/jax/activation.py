@@ -25,6 +25,7 @@ from functools import partial
 
 import jax
 
+from ._partition import active_mesh
 from .cpp_extensions import activation_bwd, activation_fwd
 
 # activation_type tuple -> te-core's activation kind
@@ -112,6 +113,13 @@ def activation(x, activation_type=("gelu",), quantizer=None, act_params=None):
             "layernorm_mlp); pass quantizer=None"
         )
     attrs = tuple(sorted(activation_attributes(kind, act_params).items()))
+    mesh = active_mesh()
+    if mesh is not None:  # rows on the batch axes, K on tp; no collective (docs/te_jax.md)
+        from ._sharded_ops import sharded_activation
+
+        return sharded_activation(
+            mesh, partial(_activation_fwd, kind=kind, attrs=attrs), partial(_activation_bwd, kind, attrs), x
+        )
     return _activation(x, kind, attrs)
 
 

@@ -26,7 +26,9 @@ What fused_attn supports:
 Not supported (NotImplementedError naming the argument): FP8 q/k/v (te-core has no FP8
 attention yet), context parallelism (context_parallel_*, stripe_size; the token reorderings
 reorder_causal_load_balancing and its inverse are there), score_mod callbacks,
-return_max_logit.
+return_max_logit, dropout over a mesh.
+Over a mesh (jax.set_mesh and a MeshResource) the rows split over the batch axes (bshd) and
+the heads over tp, with no collective (_sharded_attention.py; docs/te_jax.md).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from enum import Enum
 import jax
 import jax.numpy as jnp
 
+from ._partition import active_mesh
 from ._sequences import (
     SequenceDescriptor,
     reorder_tokens,
@@ -455,6 +458,11 @@ def fused_attn(
         # (the reference's switch: "0" asks for a deterministic backward)
         deterministic=os.environ.get("NVTE_ALLOW_NONDETERMINISTIC_ALGO", "1") == "0",
     )
+    mesh = active_mesh()
+    if mesh is not None:  # rows over the batch, heads over tp (docs/te_jax.md)
+        from ._sharded_attention import sharded_core_attention
+
+        return sharded_core_attention(mesh, q, k, v, bias, softmax_offset, seqlens, config, _core_fwd, _core_bwd)
     if not thd:
         return core_attention(q, k, v, bias, softmax_offset, seqlens, rng_state, config)
     # thd: the rows [b, s] flattened into te-core's packed token dimension

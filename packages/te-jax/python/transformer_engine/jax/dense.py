@@ -36,13 +36,24 @@ import math
 import jax
 import jax.numpy as jnp
 
+from ._partition import active_mesh
 from .cpp_extensions import gemm
 from .cpp_extensions._checks import HIGH_PRECISION, check_dtype
 from .quantize import QuantizerSet, noop_quantizer_set
 from .quantize.quantizer import ScaledTensor
 
 
-def dense(x, kernel, bias=None, contracting_dims=None, quantizer_set=noop_quantizer_set):
+def dense(
+    x,
+    kernel,
+    bias=None,
+    contracting_dims=None,
+    transpose_batch_sequence: bool = False,
+    input_axes=None,
+    kernel_axes=None,
+    output_axes=None,
+    quantizer_set=noop_quantizer_set,
+):
     """``x [..., in] @ kernel [in, *out] (+ bias [*out]) -> [..., *out]`` in x's type.
 
     contracting_dims: ((x.ndim - 1,), (0,)) (the default, None) is the only one
@@ -50,9 +61,22 @@ def dense(x, kernel, bias=None, contracting_dims=None, quantizer_set=noop_quanti
     DenseGeneral does); their gradients come back in their own types.
     quantizer_set: noop_quantizer_set (high-precision GEMMs) or a set from
     QuantizerFactory.create_set(recipe). With FP8, the rows of x (the product of
-    its leading dims), in and out must be multiples of 16 (te_gemm's rule).
+    its leading dims), in and out must be multiples of 16 (te_gemm's rule) — on
+    each shard when partitioned.
+    input_axes / kernel_axes / output_axes: logical axes of x, kernel and y (te's
+    names from transformer_engine.jax.sharding or flax's logical names). With a
+    mesh in scope and a MeshResource naming its axes, the GEMMs partition by them
+    (column / row tensor parallel, FSDP, data parallel; docs/te_jax.md); without
+    them x's first dim is the batch and the kernel is replicated. Ignored on one
+    device. transpose_batch_sequence: accepted (the layout is read from the axes).
     """
     _check_arguments(x, kernel, bias, contracting_dims, quantizer_set)
+    mesh = active_mesh()
+    if mesh is not None:
+        from ._sharded_ops import sharded_dense  # the partitioned form (it imports this module)
+
+        b = None if bias is None else bias.astype(x.dtype)
+        return sharded_dense(mesh, x, kernel.astype(x.dtype), b, quantizer_set, input_axes, kernel_axes, output_axes)
     in_features, out_shape = kernel.shape[0], kernel.shape[1:]
     # 2-D inside the custom VJP; reshapes of contiguous arrays are free in XLA.
     x2 = x.reshape(-1, in_features)

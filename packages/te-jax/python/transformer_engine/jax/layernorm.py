@@ -16,6 +16,7 @@ from functools import partial
 
 import jax
 
+from ._partition import active_mesh
 from .cpp_extensions import layernorm_bwd, layernorm_fwd, rmsnorm_bwd, rmsnorm_fwd
 
 NORM_TYPES = ("layernorm", "rmsnorm")
@@ -56,6 +57,11 @@ def layernorm(x, gamma, beta, norm_type: str, zero_centered_gamma: bool = False,
             "layernorm: argument 'quantizer' is not yet supported (an FP8 norm output is fused into "
             "layernorm_dense / layernorm_mlp instead); pass quantizer=None"
         )
+    mesh = active_mesh()
+    if mesh is not None:  # rows over the batch (and the sequence over tpsp), docs/te_jax.md
+        from ._sharded_ops import sharded_layernorm
+
+        return sharded_layernorm(mesh, x, gamma, beta, norm_type, zero_centered_gamma, float(epsilon))
     return _layernorm(x, gamma, beta, norm_type, zero_centered_gamma, float(epsilon))
 
 

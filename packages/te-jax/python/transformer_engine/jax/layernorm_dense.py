@@ -23,11 +23,13 @@ from __future__ import annotations
 from functools import partial
 
 import jax
+import jax.numpy as jnp
 
+from ._partition import active_mesh
 from .dense import _check_arguments, _dense_bwd, _dense_fwd, fp8_forward
 from .layernorm import check_norm_arguments, norm_backward, norm_forward
 from .quantize import DelayedScaleQuantizer, QuantizerSet, noop_quantizer_set
-from .quantize.quantizer import ScaledTensor
+from .quantize.quantizer import ScaledTensor, amax_reduction_active
 
 
 def layernorm_dense(
@@ -51,12 +53,24 @@ def layernorm_dense(
     kernel and bias are cast to x's type (their gradients come back in their own
     types), as dense does. quantizer_set: noop_quantizer_set or a set from
     QuantizerFactory.create_set(recipe); FP8 needs the rows of x, in and
-    prod(out) to be multiples of 16. layernorm_input_axes, dot_input_axes and
-    kernel_axes (logical sharding axes) and batch_first are accepted and, on
-    one device, change nothing.
+    prod(out) to be multiples of 16. layernorm_input_axes and kernel_axes: the
+    logical axes of x and kernel; with a mesh in scope the norm runs on x's shard
+    (sequence parallel when x's sequence is on tpsp), its output is all-gathered for
+    a column-parallel GEMM and the kernel's FSDP dims are gathered (docs/te_jax.md).
+    dot_input_axes (the gathered layout follows from the kernel) and batch_first
+    are accepted.
     """
     norm_type = check_norm_arguments(norm_type, beta, zero_centered_gamma)
     _check_arguments(x, kernel, bias, None, quantizer_set)
+    mesh = active_mesh()
+    if mesh is not None:
+        from ._sharded_ops import sharded_layernorm_dense
+
+        b = None if bias is None else bias.astype(x.dtype)
+        norm_args = (norm_type, zero_centered_gamma, float(epsilon))
+        return sharded_layernorm_dense(
+            mesh, x, kernel.astype(x.dtype), gamma, beta, b, quantizer_set, norm_args, layernorm_input_axes, kernel_axes
+        )
     in_features, out_shape = kernel.shape[0], kernel.shape[1:]
     x2 = x.reshape(-1, in_features)
     kernel2 = kernel.astype(x.dtype).reshape(in_features, -1)
@@ -84,6 +98,12 @@ def quantized_norm(x, gamma, beta, norm_type, zero_centered_gamma, epsilon, quan
             amax=quantizer.amax_history[:1],
         )
         quantizer = quantizer.record(out.amax)
+    elif amax_reduction_active():
+        # Partitioned: the FP32 norm, then the cast with the amax of every shard (the fused
+        # current-scaling norm does the same with the local amax only).
+        out = norm_forward(x, gamma, beta, norm_type, zero_centered_gamma, epsilon, out_dtype=jnp.float32)
+        q, quantizer = quantizer.quantize(out.y, rowwise=True, columnwise=True)
+        return q, out.mu, out.rsigma, quantizer
     else:
         out = norm_forward(
             x,

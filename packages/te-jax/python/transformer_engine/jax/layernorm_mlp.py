@@ -27,6 +27,7 @@ from functools import partial
 
 import jax
 
+from ._partition import active_mesh
 from .activation import activation_attributes, activation_kind, canonicalize_activation_type
 from .cpp_extensions import activation_bwd, activation_fwd
 from .dense import _check_arguments, _dense_bwd, _dense_fwd, backward_gemms, fp8_forward
@@ -65,15 +66,37 @@ def layernorm_mlp(
     epsilon as in layernorm.layernorm. quantizer_sets: (FC1's set, FC2's set),
     each noop_quantizer_set or QuantizerFactory.create_set(recipe); an FP8 GEMM
     needs multiples of 16 in its rows, inputs and outputs. activation_params:
-    clamped_swiglu's {"limit", "alpha"}. The ``*_axes`` (logical sharding axes),
-    ``*_ckpt_name`` (remat names; the custom VJP saves its own residuals) and
-    batch_first are accepted and, on one device, change nothing.
+    clamped_swiglu's {"limit", "alpha"}. norm_input_axes, kernel_1_axes and
+    kernel_2_axes: logical axes of x, W1 and W2; with a mesh in scope the block
+    partitions by them (FC1 column parallel, FC2 row parallel, sequence parallel
+    norm, FSDP kernels; docs/te_jax.md). dot_1_input_axes / dot_2_input_axes (the
+    layouts between follow from the kernels), ``*_ckpt_name`` (remat names; the custom
+    VJP saves its own residuals) and batch_first are accepted.
     """
     norm_type = check_norm_arguments(norm_type, beta, zero_centered_gamma)
     names = canonicalize_activation_type(activation_type)
     kind = activation_kind(names)
     attrs = tuple(sorted(activation_attributes(kind, activation_params).items()))
     kernel_1, kernel_2, bias_1, bias_2, sets = _check_mlp_arguments(x, kernels, biases, quantizer_sets, len(names))
+    mesh = active_mesh()
+    if mesh is not None:
+        from ._sharded_mlp import sharded_layernorm_mlp
+
+        b1, b2 = (None if b is None else b.astype(x.dtype) for b in (bias_1, bias_2))
+        return sharded_layernorm_mlp(
+            mesh,
+            x,
+            gamma,
+            beta,
+            kernel_1.astype(x.dtype),
+            kernel_2.astype(x.dtype),
+            b1,
+            b2,
+            sets,
+            (norm_type, zero_centered_gamma, float(epsilon)),
+            (kind, attrs, len(names)),
+            (norm_input_axes, kernel_1_axes, kernel_2_axes),
+        )
     hidden = kernel_1.shape[0]
     x2 = x.reshape(-1, hidden)
     k1 = kernel_1.astype(x.dtype).reshape(hidden, -1)  # [hidden, ACT_DIM * intermediate]: [activated | linear]

@@ -9,6 +9,14 @@ from .attention import AttentionForward, AttentionGrad, attention_bwd, attention
 from .cast import compute_amax, delayed_scaling_update, dequantize_fp8, quantize_fp8, quantize_fp8_current_scaling
 from .gemm import gemm
 from .norm import NormForward, layernorm_bwd, layernorm_fwd, rmsnorm_bwd, rmsnorm_fwd
+from .softmax import (
+    scaled_masked_softmax_bwd,
+    scaled_masked_softmax_fwd,
+    scaled_softmax_bwd,
+    scaled_softmax_fwd,
+    scaled_upper_triang_masked_softmax_bwd,
+    scaled_upper_triang_masked_softmax_fwd,
+)
 
 __all__ = [
     "ActivationOutput",
@@ -30,4 +38,10 @@ __all__ = [
     "quantize_fp8_current_scaling",
     "rmsnorm_bwd",
     "rmsnorm_fwd",
+    "scaled_masked_softmax_bwd",
+    "scaled_masked_softmax_fwd",
+    "scaled_softmax_bwd",
+    "scaled_softmax_fwd",
+    "scaled_upper_triang_masked_softmax_bwd",
+    "scaled_upper_triang_masked_softmax_fwd",
 ]

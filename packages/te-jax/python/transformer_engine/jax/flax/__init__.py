@@ -4,7 +4,8 @@
 
 DenseGeneral, LayerNorm, LayerNormDenseGeneral and LayerNormMLP (module.py);
 DotProductAttention and RelativePositionBiases (attention.py), MultiHeadAttention
-(multi_head_attention.py), TransformerLayer and TransformerLayerType (transformer.py).
+(multi_head_attention.py), TransformerLayer and TransformerLayerType (transformer.py);
+extend_logical_axis_rules (te's logical axes added to flax's rules; ..sharding).
 """
 
 try:
@@ -12,6 +13,7 @@ try:
 except ImportError as error:  # pragma: no cover - flax is a dependency of te-jax
     raise ImportError("transformer_engine.jax.flax needs flax: pip install 'flax>=0.7.1'") from error
 
+from ..sharding import extend_logical_axis_rules
 from .attention import DotProductAttention, RelativePositionBiases
 from .module import DenseGeneral, LayerNorm, LayerNormDenseGeneral, LayerNormMLP, TransformerEngineBase
 from .multi_head_attention import MultiHeadAttention
@@ -28,4 +30,5 @@ __all__ = [
     "TransformerEngineBase",
     "TransformerLayer",
     "TransformerLayerType",
+    "extend_logical_axis_rules",
 ]

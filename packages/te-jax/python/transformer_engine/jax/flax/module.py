@@ -108,9 +108,11 @@ class DenseGeneral(TransformerEngineBase):
 
     features: int or tuple of ints. kernel_init: None means default_kernel_init
     (variance scaling 1.0, fan_in, truncated normal). axis: -1 only (the last
-    dim of x) so far. kernel_axes, bias_axes, input_axes and
-    transpose_batch_sequence name logical sharding axes: accepted, and without a
-    mesh (te-jax runs on one device) they change nothing, as in the reference.
+    dim of x) so far. input_axes and kernel_axes: logical sharding axes (te's
+    names or flax's, mapped through flax.linen.logical_axis_rules); with a mesh in
+    scope the GEMMs partition by them (docs/te_jax.md), without one they change
+    nothing. bias_axes (the bias follows the kernel's out dims) and
+    transpose_batch_sequence are accepted.
     quantization_checkpoint_name (a rematerialization name for the quantized
     tensors) is accepted and unused so far. enable_low_rank_adaptation=True
     raises NotImplementedError (LoRA is not yet available in te-jax).
@@ -138,7 +140,14 @@ class DenseGeneral(TransformerEngineBase):
         kernel_init = default_kernel_init if self.kernel_init is None else self.kernel_init
         kernel = self.param("kernel", kernel_init, (inputs.shape[-1], *features), self.dtype)
         bias = self.param("bias", self.bias_init, features, self.dtype) if self.use_bias else None
-        return dense(inputs, kernel, bias, quantizer_set=self.generate_quantizer_set())
+        return dense(
+            inputs,
+            kernel,
+            bias,
+            input_axes=self.input_axes or None,
+            kernel_axes=self.kernel_axes or None,
+            quantizer_set=self.generate_quantizer_set(),
+        )
 
     def _check_fields(self, inputs) -> None:
         check_dense_fields(self, inputs)
@@ -178,8 +187,8 @@ def _features(features, kind: str = "DenseGeneral") -> tuple[int, ...]:
 # Parameter names are the reference's: "scale" (gamma) and "ln_bias" (beta, LayerNorm only),
 # "kernel"/"bias" (LayerNormDenseGeneral), "wi_kernel" [hidden, ACT_DIM, intermediate],
 # "wi_bias" [ACT_DIM, intermediate], "wo_kernel" [intermediate, hidden], "wo_bias" [hidden]
-# (LayerNormMLP). Parameters are created plain (no nn.Partitioned boxes): the *_axes fields name
-# logical sharding axes, accepted and unused on one device, as DenseGeneral's. LayerNormMLP's two
+# (LayerNormMLP). Parameters are created plain (no nn.Partitioned boxes); the *_axes fields name
+# logical sharding axes that the ops partition by when a mesh is in scope (docs/te_jax.md). LayerNormMLP's two
 # GEMMs take the fp8_metas postfixes "_0" (FC1) and "_1" (FC2), the reference's
 # generate_quantizer_set("_0") / ("_1"); the variable names themselves ({x,kernel,grad}_0_scale,
 # ...) are ours: the reference docs do not name them.
@@ -210,7 +219,8 @@ class LayerNorm(nn.Module):
     scale_init None: ones, or zeros with zero_centered_gamma (then the weight is
     1 + scale). Params are of type `dtype`, cast to the input's type; the output
     has the input's type and shape. scale_axes, bias_axes and
-    transpose_batch_sequence are accepted and change nothing on one device.
+    transpose_batch_sequence are accepted (under a mesh the norm runs on the rows'
+    shards: the batch, and the sequence on tpsp; docs/te_jax.md).
     """
 
     epsilon: float = 1e-6
@@ -281,12 +291,14 @@ class LayerNormDenseGeneral(TransformerEngineBase):
         if norm is not None and not self.return_layernorm_output:
             z = layernorm_dense(
                 inputs, kernel, *norm, bias, self.layernorm_type, self.zero_centered_gamma, self.epsilon,
-                quantizer_set=quantizer_set,
+                layernorm_input_axes=self.layernorm_input_axes, dot_input_axes=self.dot_input_axes,
+                kernel_axes=self.kernel_axes or None, quantizer_set=quantizer_set,
             )  # fmt: skip
         else:
             y = inputs if norm is None else self._norm(inputs, *norm)
             ln_output = y if self.return_layernorm_output else None
-            z = dense(y, kernel, bias, quantizer_set=quantizer_set)
+            axes = {"input_axes": self.dot_input_axes, "kernel_axes": self.kernel_axes or None}
+            z = dense(y, kernel, bias, **axes, quantizer_set=quantizer_set)
         if self.depth_scaling is not None:
             z = z / jnp.asarray(self.depth_scaling, z.dtype)
         return z, ln_output
@@ -361,21 +373,25 @@ class LayerNormMLP(TransformerEngineBase):
         if norm is not None and not (self.return_layernorm_output or dropout):
             y = layernorm_mlp(
                 inputs, *norm, [wi, wo], [wi_bias, wo_bias], self.layernorm_type, self.zero_centered_gamma,
-                self.epsilon, activation_type=activations, quantizer_sets=sets,
+                self.epsilon, norm_input_axes=self.layernorm_input_axes, kernel_1_axes=self.kernel_axes_1,
+                kernel_2_axes=self.kernel_axes_2, activation_type=activations, quantizer_sets=sets,
                 activation_params=self.activation_params,
             )  # fmt: skip
             return y, None
         ln = inputs if norm is None else layernorm(
             inputs, *norm, self.layernorm_type, self.zero_centered_gamma, self.epsilon
         )  # fmt: skip
-        h = dense(ln, wi, wi_bias, quantizer_set=sets[0])  # [..., ACT_DIM, intermediate]
+        fc1_axes = {"input_axes": self.dot_1_input_axes, "kernel_axes": self.kernel_axes_1}
+        h = dense(ln, wi, wi_bias, **fc1_axes, quantizer_set=sets[0])  # [..., ACT_DIM, intermediate]
         a = activation(h, activations, act_params=self.activation_params)
         a = nn.Dropout(
             rate=self.intermediate_dropout_rate,
             broadcast_dims=tuple(self.intermediate_hidden_dropout_dims),
             rng_collection=self.intermediate_dropout_rng_name,
         )(a, deterministic=deterministic)
-        y = dense(a, wo, wo_bias, quantizer_set=sets[1])
+        y = dense(
+            a, wo, wo_bias, input_axes=self.dot_2_input_axes, kernel_axes=self.kernel_axes_2, quantizer_set=sets[1]
+        )
         return y, (ln if self.return_layernorm_output else None)
 
     def _mlp_params(self, hidden: int, act_dim: int):

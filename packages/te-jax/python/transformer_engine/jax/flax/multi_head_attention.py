@@ -27,8 +27,16 @@ import flax.linen as nn  # (ruff's isort files it apart: this package is named f
 import jax
 import jax.numpy as jnp
 
+from .. import sharding as sh
 from .attention import DotProductAttention
 from .module import DenseGeneral, LayerNormDenseGeneral
+
+# The projections' logical axes (the reference's): q / k / v column parallel over tp (heads),
+# the out projection row parallel; hidden dims of the kernels over fsdp. They partition only
+# under a mesh with a MeshResource (docs/te_jax.md).
+_QKV_AXES = (sh.W_FSDP_AXES, sh.W_JOINED_AXES, sh.W_TP_AXES)  # [hidden, 3 or 2, heads * d]
+_PROJ_AXES = (sh.W_FSDP_AXES, sh.W_TP_AXES)  # [hidden, heads * d]
+_OUT_AXES = (sh.W_TP_AXES, sh.W_FSDP_AXES)  # [heads * d, hidden]
 
 
 def rotary_pos_emb(x, windows, transpose_batch_sequence: bool, group_method: str = "consecutive", positions=None):
@@ -61,7 +69,9 @@ class MultiHeadAttention(nn.Module):
     """Multi-head attention with the reference's fields (see the module docstring).
     Not supported (NotImplementedError): low_rank_adaptation_scope other than 'none',
     score_mod, output_layernorm (deprecated in the reference). enable_sequence_parallel
-    names a sharding choice: accepted, nothing to do on one device."""
+    puts the inputs' sequence on tpsp. Under a mesh the q / k / v projections are column
+    parallel over the heads, the attention splits over the batch and heads and the out
+    projection is row parallel (docs/te_jax.md)."""
 
     head_dim: int
     num_attention_heads: int
@@ -141,17 +151,28 @@ class MultiHeadAttention(nn.Module):
 
         return init
 
+    def _activation_axes(self, hidden_axis):
+        """Logical axes of a [b, s, hidden] activation ([s, b, ...] transposed); the sequence
+        over tpsp with enable_sequence_parallel."""
+        seq = sh.SEQLEN_TP_AXES if self.enable_sequence_parallel else sh.SEQLEN_AXES
+        lead = (seq, sh.BATCH_AXES) if self.transpose_batch_sequence else (sh.BATCH_AXES, seq)
+        return (*lead, hidden_axis)
+
     def _ln_dense(self, features, kernel_init, name, return_ln):
         return LayerNormDenseGeneral(
             features=features, enable_layernorm=self.input_layernorm, layernorm_type=self.layernorm_type,
             epsilon=self.layernorm_epsilon, zero_centered_gamma=self.zero_centered_gamma, kernel_init=kernel_init,
             use_bias=self.use_bias, bias_init=self.bias_init, return_layernorm_output=return_ln, dtype=self.dtype,
-            name=name,
+            kernel_axes=_QKV_AXES if isinstance(features, tuple) else _PROJ_AXES,
+            layernorm_input_axes=self._activation_axes(sh.HIDDEN_AXES), name=name,
         )  # fmt: skip
 
-    def _dense(self, features, kernel_init, name):
+    def _dense(self, features, kernel_init, name, out=False):
+        kernel_axes = _OUT_AXES if out else _QKV_AXES if isinstance(features, tuple) else _PROJ_AXES
+        input_axes = self._activation_axes(sh.HIDDEN_TP_AXES if out else sh.HIDDEN_AXES)
         return DenseGeneral(features=features, kernel_init=kernel_init, use_bias=self.use_bias,
-                            bias_init=self.bias_init, dtype=self.dtype, name=name)  # fmt: skip
+                            bias_init=self.bias_init, dtype=self.dtype, kernel_axes=kernel_axes,
+                            input_axes=input_axes, name=name)  # fmt: skip
 
     def _project(self, inputs_q, inputs_kv, self_attn: bool):
         """(q, k, v) as [.., s, heads, d] each and ln_out."""
@@ -210,7 +231,7 @@ class MultiHeadAttention(nn.Module):
             transpose_batch_sequence=transposed, window_size=self.window_size, softmax_type=self.softmax_type,
         )(q, k, v, mask, bias, deterministic=deterministic)  # fmt: skip
         x = x.reshape(*x.shape[:2], x.shape[2] * x.shape[3])
-        out = self._dense(inputs_q.shape[-1], self._kernel_init(), "out")(x)
+        out = self._dense(inputs_q.shape[-1], self._kernel_init(), "out", out=True)(x)
         return out.astype(dtype), ln_out
 
     def _dropout(self) -> float:

@@ -37,9 +37,11 @@ def autocast(enabled: bool = False, recipe: recipe_lib.Recipe | None = None, mes
     also inside an enabled autocast; leaving the context restores the outer state.
     recipe: None means DelayedScaling(). Supported: DelayedScaling (margin,
     fp8_format, amax_history_len and amax_compute_algo "max" | "most_recent" are
-    honoured; reduce_amax has nothing to reduce on one device) and
-    Float8CurrentScaling; others raise NotImplementedError when enabled.
-    mesh_resource: a MeshResource naming no mesh axes, or None (te-jax runs on one device).
+    honoured; over a mesh amaxes are always max-reduced over every axis but pp's,
+    whatever reduce_amax says, as in the reference's JAX) and Float8CurrentScaling;
+    others raise NotImplementedError when enabled.
+    mesh_resource: a MeshResource (or None: MeshResource()); with a mesh in scope
+    (jax.set_mesh) the ops partition over the axes it names (docs/te_jax.md).
     """
     global _ACTIVE_RECIPE
     if not isinstance(enabled, bool):

@@ -14,10 +14,17 @@ DelayedScaleQuantizer: scale comes from earlier steps. quantize() records
     slot 0 is zeroed) and scale = (fp8_max * 2^-margin) / amax, amax the window
     max ("max") or the newest amax ("most_recent"); 0 or non-finite keeps the
     old scale.
+
+Inside an op partitioned over a mesh (transformer_engine/jax/_partition.py)
+every amax is max-reduced over the mesh axes (all but pp's) before it is used or
+recorded, so each shard quantizes with the scale the whole tensor would give:
+the delayed-scaling data-parallel amax reduction, and current scaling's global
+amax (amax -> pmax -> scale -> quantize with that scale).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from typing import ClassVar, NamedTuple
 
@@ -42,6 +49,47 @@ class ScaledTensor(NamedTuple):
     scale_inv: jax.Array
 
 
+_AMAX_AXES: tuple[str, ...] = ()  # mesh axes amaxes are max-reduced over (while tracing a partitioned op)
+
+
+@contextlib.contextmanager
+def amax_reduction(axes: tuple[str, ...]):
+    """Inside: every quantizer amax is jax.lax.pmax'ed over `axes` (in a shard_map body)."""
+    global _AMAX_AXES
+    previous, _AMAX_AXES = _AMAX_AXES, tuple(axes)
+    try:
+        yield
+    finally:
+        _AMAX_AXES = previous
+
+
+def amax_reduction_active() -> bool:
+    return bool(_AMAX_AXES)
+
+
+def reduce_amax(amax):
+    """amax max-reduced over the active reduction axes (unchanged outside a partitioned op)."""
+    return jax.lax.pmax(amax, _AMAX_AXES) if _AMAX_AXES else amax
+
+
+def _fp8_max(q_dtype) -> float:
+    return float(jnp.finfo(q_dtype).max)
+
+
+def scale_from_amax(amax, q_dtype, x_dtype, power_2_scale: bool, amax_epsilon: float):
+    """Current scaling's scale (te/cast.h, te_cast_quantize_fp8_current_scaling), in float32:
+    fp8_max / max(amax, eps); 1 for 0 / inf / NaN; the largest finite value of x's type where
+    the division overflows; the mantissa cleared with power_2_scale."""
+    a = jnp.maximum(amax, jnp.float32(amax_epsilon))
+    bad = (a == 0) | ~jnp.isfinite(a)
+    scale = jnp.float32(_fp8_max(q_dtype)) / jnp.where(bad, jnp.float32(1), a)
+    scale = jnp.where(jnp.isinf(scale), jnp.float32(jnp.finfo(x_dtype).max), scale)
+    if power_2_scale:
+        bits = jax.lax.bitcast_convert_type(scale, jnp.uint32) & jnp.uint32(0xFF800000)
+        scale = jax.lax.bitcast_convert_type(bits, jnp.float32)
+    return jnp.where(bad, jnp.float32(1), scale)
+
+
 def _ext():
     # Imported on first use: building quantizers must not register the FFI targets.
     from .. import cpp_extensions
@@ -61,6 +109,13 @@ class CurrentScaleQuantizer:
 
     def quantize(self, x, *, rowwise=True, columnwise=False) -> tuple[ScaledTensor, CurrentScaleQuantizer]:
         """Returns (the FP8 copies of x, this quantizer unchanged)."""
+        if amax_reduction_active():  # the global amax first: every shard then casts with one scale
+            amax = reduce_amax(_ext().compute_amax(x))
+            scale = scale_from_amax(amax, self.q_dtype, x.dtype, self.power_2_scale, self.amax_epsilon)
+            row, col, scale_inv, _ = _ext().quantize_fp8(
+                x, scale, jnp.zeros((1,), jnp.float32), self.q_dtype, rowwise=rowwise, columnwise=columnwise
+            )
+            return ScaledTensor(row, col, scale_inv), self
         row, col, _, scale_inv, _ = _ext().quantize_fp8_current_scaling(
             x,
             self.q_dtype,
@@ -106,7 +161,10 @@ class DelayedScaleQuantizer:
     def record(self, amax) -> DelayedScaleQuantizer:
         """This quantizer with amax (float32 (1,), already max-accumulated with
         amax_history[0]) in slot 0: what quantize() leaves behind, for a kernel
-        (norm, activation) that wrote the FP8 copy with this scale itself."""
+        (norm, activation) that wrote the FP8 copy with this scale itself. In a
+        partitioned op amax is first max-reduced over the mesh, so every shard
+        records the same history and computes the same next scale."""
+        amax = reduce_amax(amax)
         return dataclasses.replace(self, amax_history=self.amax_history.at[0].set(amax[0]))
 
     def update(self) -> DelayedScaleQuantizer:

@@ -70,7 +70,7 @@ class QuantizerFactory:
         DelayedScaling: x and kernel E4M3, dgrad E5M2 under Format.HYBRID (E4M3
         under Format.E4M3); scale 1 and a zero history of amax_history_len; margin
         and amax_compute_algo ("max" or "most_recent") from the recipe.
-        reduce_amax has nothing to reduce over on one device.
+        reduce_amax is not read: over a mesh every amax is max-reduced (docs/te_jax.md).
         Float8CurrentScaling: the same formats; power_2_scale and amax_epsilon
         from fp8_quant_fwd_inp / fwd_weight / bwd_grad.
         """
