@@ -135,7 +135,7 @@ class _AmaxWatch:
             roles = _ROLES[state.mode]
             for i in torch.nonzero(bad[offset : offset + n]).flatten().tolist():
                 found.append(
-                    f"{state.mode} {roles[i % len(roles)]} of GEMM {i // len(roles)}: {staged[offset + i].item()!r}"
+                    f"{state.mode} {roles[i % len(roles)]} of GEMM {i // len(roles)}: {staged[offset + i].item():.6g}"
                 )
             offset += n
         history = states[0].recipe.amax_history_len
@@ -272,7 +272,8 @@ class autocast:
             check_recipe_support(recipe)
         s = FP8GlobalStateManager
         self._saved = (s.fp8_enabled, s.fp8_calibration, s.fp8_recipe, s.fp8_group)
-        self._thread = threading.get_ident()
+        # (dynamo cannot trace get_ident; a compiled region is one thread anyway)
+        self._thread = None if compiling() else threading.get_ident()
         if s.autocast_depth == 0:
             if compiling():
                 # Only current scaling compiles (no queued states), so clearing in
@@ -290,7 +291,7 @@ class autocast:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        if self._thread != threading.get_ident():
+        if self._thread is not None and self._thread != threading.get_ident():
             raise RuntimeError(
                 "te.autocast: a region must be exited in the thread that entered it (its state is thread-local)"
             )
