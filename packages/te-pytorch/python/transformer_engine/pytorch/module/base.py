@@ -343,9 +343,12 @@ class TransformerEngineBaseModule(torch.nn.Module):
     def _load_from_state_dict(
         self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
     ):
-        super()._load_from_state_dict(
-            state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
-        )
+        try:
+            super()._load_from_state_dict(
+                state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+            )
+        except ValueError as err:  # (set_extra_state's: name the state_dict key)
+            raise ValueError(f"{type(self).__name__}: state_dict key {prefix}_extra_state: {err}") from err
         # A checkpoint without FP8 state (e.g. from torch.nn modules) loads.
         key = prefix + "_extra_state"
         if key in missing_keys:
