@@ -76,3 +76,10 @@ def gpu_scale(*values):
 # A test that only means something on the GPU (e.g. a CUDA input with host
 # outputs) takes `device` restricted to "cuda".
 CUDA_ONLY = pytest.mark.parametrize("device", [pytest.param("cuda", marks=pytest.mark.gpu)], indirect=True)
+
+
+@pytest.fixture
+def rng_and_seed():
+    """rng plus its seed, for tests that name the seed in their messages."""
+    seed = draw_seed()
+    return np.random.default_rng(seed), seed
