@@ -117,8 +117,7 @@ class CpuOutputs:
 
     def args(self):
         return tuple(
-            None if a is None else host_desc(a)
-            for a in (self.row, self.col, self.scale, self.scale_inv, self.amax)
+            None if a is None else host_desc(a) for a in (self.row, self.col, self.scale, self.scale_inv, self.amax)
         )
 
     def result(self):
