@@ -81,7 +81,7 @@ class DeviceArray:
     @property
     def desc(self):
         if not self.nbytes:  # (an empty array: a null pointer, as the core expects)
-            return lib.TensorDesc(0, self.code, list(self.shape), core_device.device_type(), self.buffer.device_index)
+            return lib.TensorDesc(0, self.code, list(self.shape), self.buffer.device_type, self.buffer.device_index)
         return self.buffer.desc(self.offset, self.code, self.shape)
 
     def numpy(self) -> np.ndarray:

@@ -64,11 +64,6 @@ def sync() -> None:
         _torch().cuda.synchronize()
 
 
-def device_type() -> int:
-    """The descriptor's device type code: 0 CPU, 1 CUDA."""
-    return 0 if current() == "cpu" else 1
-
-
 class Buffer:
     """`nbytes` bytes on the current device, each `fill` (0xA5 by default)."""
 
@@ -105,5 +100,15 @@ class Buffer:
             return self.storage[offset : offset + nbytes].copy()
         return self.storage[offset : offset + nbytes].cpu().numpy()
 
+    @property
+    def device_type(self) -> int:
+        """The descriptor's device type code of this buffer: 0 CPU, 1 CUDA."""
+        return 0 if self.device == "cpu" else 1
+
     def desc(self, offset: int, dtype_code: int, shape) -> lib.TensorDesc:
-        return lib.TensorDesc(self.ptr + offset, int(dtype_code), list(shape), device_type(), self.device_index)
+        return lib.TensorDesc(self.ptr + offset, int(dtype_code), list(shape), self.device_type, self.device_index)
+
+    def sync(self) -> None:
+        """Waits for the queued work of this buffer's device."""
+        if self.device == "cuda":
+            _torch().cuda.synchronize()

@@ -93,7 +93,7 @@ class DeviceArray:
         return self.buffer.desc(self.offset, int(tec.te_dtype(self.dtype)), self.shape)
 
     def numpy(self) -> np.ndarray:
-        core_device.sync()
+        self.buffer.sync()
         return self.buffer.read(self.offset, self.nbytes).view(self.dtype).reshape(self.shape)
 
 

@@ -35,7 +35,7 @@ class Dev:
         return self.buffer.desc(self.offset, self.code, self.shape)
 
     def numpy(self) -> np.ndarray:
-        core_device.sync()
+        self.buffer.sync()
         return self.buffer.read(self.offset, self.nbytes).view(self.dtype).reshape(self.shape)
 
 
