@@ -26,7 +26,8 @@ then flush to 0), after which the scale recovers. So that this is never
 silent, an update driven by a non-finite amax or one >= ABSURD_AMAX warns
 (RuntimeWarning, naming the tensor). On CUDA the check reads the amaxes
 through an asynchronous copy, so its warning comes at the next update
-rather than stalling the step.
+rather than stalling the step; updates captured in a CUDA graph
+(make_graphed_callables) are not checked.
 """
 
 from __future__ import annotations
@@ -102,12 +103,14 @@ class _AmaxWatch:
         self.lock = threading.Lock()
 
     def check(self, states: list) -> None:
-        self._drain()
         rows = [s.amax_history[0] for s in states]
-        staged = rows[0] if len(rows) == 1 else torch.cat(rows)
-        if staged.device.type == "cpu":
-            self._report(staged, states)
+        if rows[0].device.type == "cpu":
+            self._report(rows[0] if len(rows) == 1 else torch.cat(rows), states)
             return
+        if torch.cuda.is_current_stream_capturing():
+            return  # (a captured update: no host copy or event query may enter the graph)
+        self._drain()
+        staged = rows[0] if len(rows) == 1 else torch.cat(rows)
         host = staged.to("cpu", non_blocking=True)  # (stream-ordered before the update)
         event = torch.cuda.Event()
         event.record()
