@@ -53,8 +53,9 @@ struct BackwardArgs {
   te_dtype dbias_dtype;
   float* workspace;  // CUDA: ceil(rows / 64) * in_cols partial sums when dbias is set
   // The forward output's FP8 columnwise copy [cols, rows] written in the same
-  // pass (te_activation_bwd_with_fwd_columnwise): fwd.columnwise is null when
-  // not asked; fwd.rowwise and fwd.amax are always null. The values are
+  // pass (te_activation_bwd_with_fwd_columnwise): fwd.scale is null when not
+  // asked (fwd.columnwise may be null also when asked, for an empty input);
+  // fwd.rowwise and fwd.amax are always null. The values are
   // rounded to fwd_values_dtype (FP32: unchanged) before they are quantized.
   OutputArgs fwd;
   te_dtype fwd_values_dtype;

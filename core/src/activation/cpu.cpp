@@ -143,7 +143,9 @@ static void forward_columnwise(const BackwardArgs& a) {
 }
 
 void backward(const BackwardArgs& a) {
-  if (a.fwd.columnwise != nullptr) forward_columnwise(a);
+  // (Asked for when fwd.scale is set, as on CUDA: an empty fwd_columnwise may
+  // have no data pointer, and its fwd_scale_inv is written all the same.)
+  if (a.fwd.scale != nullptr) forward_columnwise(a);
   const int64_t in_cols = input_cols(a.kind, a.cols);
   const int64_t chunks = dbias_chunks(a.rows);
   const Writer writer(a.out, a.rows, in_cols);

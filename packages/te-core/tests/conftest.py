@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import core_device
 import ml_dtypes
 import numpy as np
 import pytest
@@ -48,3 +49,37 @@ def hostile(rng, shape, dtype, fmt: str = "e4m3") -> np.ndarray:
     x[mask] = rng.choice(pool, int(mask.sum()))
     with np.errstate(over="ignore"):
         return x.astype(dtype).reshape(shape)
+
+
+# The devices a test that takes `device` runs on: the CPU backend always, the CUDA
+# backend (marked gpu) where torch sees a GPU and te-core has its CUDA backend --
+# the same parametrization as te-pytorch's and te-jax's `device` fixtures.
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+
+
+@pytest.fixture(params=DEVICES)
+def device(request):
+    """ "cpu" or "cuda", made current for core_device's buffers during the test."""
+    if request.param == "cuda" and not core_device.cuda_ready():
+        pytest.skip("needs a CUDA device and a te-core build with the CUDA backend")
+    if request.param == "cpu" and request.node.get_closest_marker("gpu_scale"):
+        pytest.skip("sized for the CUDA kernels' tiles and warps; the CPU backend runs the smaller cases")
+    with core_device.use(request.param):
+        yield request.param
+
+
+def gpu_scale(*values):
+    """Parameter values that only the CUDA run needs (pytest.param ... gpu_scale)."""
+    return [pytest.param(v, marks=pytest.mark.gpu_scale) for v in values]
+
+
+# A test that only means something on the GPU (e.g. a CUDA input with host
+# outputs) takes `device` restricted to "cuda".
+CUDA_ONLY = pytest.mark.parametrize("device", [pytest.param("cuda", marks=pytest.mark.gpu)], indirect=True)
+
+
+@pytest.fixture
+def rng_and_seed():
+    """rng plus its seed, for tests that name the seed in their messages."""
+    seed = draw_seed()
+    return np.random.default_rng(seed), seed

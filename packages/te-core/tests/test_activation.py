@@ -1,8 +1,12 @@
 """Activations on the CPU backend against the float64 oracle: every kind, shape
-and dtype, hostile values, analytic and finite-difference derivatives."""
+and dtype, hostile values, analytic and finite-difference derivatives; and every
+backend (the `device` fixture) byte for byte against the CPU backend."""
 
 from __future__ import annotations
 
+import activation_device as ad
+import backend_checks as bc
+import core_device
 import ml_dtypes
 import numpy as np
 import pytest
@@ -16,10 +20,12 @@ from activation_helpers import (
     staged_backward,
     staged_forward,
 )
-from conftest import INPUT_DTYPES, hostile
+from conftest import CUDA_ONLY, INPUT_DTYPES, hostile
 
 import transformer_engine.core as tc
+from transformer_engine.core import lib
 from transformer_engine.core import reference_activation as ra
+from transformer_engine.core.activation import ACTIVATIONS
 
 pytestmark = pytest.mark.activation
 
@@ -243,3 +249,169 @@ def test_oracle_gelu_is_the_tanh_formula():
         rtol=1e-7,
         atol=1e-9,
     )
+
+
+# ---- every backend, raw buffers ----------------------------------------------
+# The bindings on buffers of the test's device (activation_device): every
+# output equals the CPU backend's byte for byte. Inputs are hostile (NaN of
+# both signs and several payloads, +-inf, subnormals, huge values), shapes odd,
+# pointers aligned and off the 16-byte grid (the element-wise paths).
+
+
+@pytest.mark.parametrize("out", ad.OUT_DTYPES)
+@pytest.mark.parametrize("dtype", bc.INPUT_DTYPES, ids=str)
+@pytest.mark.parametrize("kind", ACTIVATIONS)
+def test_device_forward(device, kind, dtype, out, rng_and_seed):
+    rng, seed = rng_and_seed
+    for shape in ad.device_shapes(kind, out):
+        x = bc.make_input(shape, dtype, rng)
+        for layout in ad.layouts(out):
+            rowwise, columnwise = bc.LAYOUTS[layout]
+            ctx = bc.ctx(seed, shape=shape, layout=layout)
+            dx = bc.DeviceArray.of(x)
+            o = ad.Outputs(ad.out_shape(kind, shape), out, rowwise, columnwise, amax0=0.5)
+            lib.activation_fwd(ACTIVATIONS.index(kind), dx.desc, *o.args(), stream=core_device.stream(), **ad.PARAMS)
+            o.check(ad.cpu_forward(x, kind, out, rowwise, columnwise, 0.5, ad.PARAMS), ctx)
+
+
+@pytest.mark.parametrize("out", ad.OUT_DTYPES)
+@pytest.mark.parametrize("dtype", bc.INPUT_DTYPES, ids=str)
+@pytest.mark.parametrize("kind", ACTIVATIONS)
+def test_device_backward_with_dbias(device, kind, dtype, out, rng_and_seed):
+    rng, seed = rng_and_seed
+    for shape in ad.device_shapes(kind, out):
+        x = bc.make_input(shape, dtype, rng)
+        g = bc.make_input(ad.out_shape(kind, shape), dtype, rng)
+        for i, layout in enumerate(ad.layouts(out)):
+            rowwise, columnwise = bc.LAYOUTS[layout]
+            # FP32 dbias everywhere; BF16 dbias and no dbias once per shape.
+            extra = [np.dtype(ml_dtypes.bfloat16), None] if i == 0 else []
+            for dbias_dtype in [np.dtype(np.float32)] + extra:
+                ctx = bc.ctx(seed, shape=shape, layout=layout, dbias=dbias_dtype)
+                ad.run_backward(kind, x, g, out, rowwise, columnwise, dbias_dtype, ad.PARAMS, ctx)
+
+
+@pytest.mark.parametrize("kind", ["swiglu", "geglu", "clamped_swiglu", "gelu", "srelu"])
+@pytest.mark.parametrize("dtype", bc.INPUT_DTYPES, ids=str)
+@pytest.mark.parametrize("out", ["bfloat16", "e4m3"])
+def test_device_unaligned_pointers(device, kind, dtype, out, rng_and_seed):
+    """Pointers one element off the 16-byte grid take the element-wise paths."""
+    rng, seed = rng_and_seed
+    itemsize = np.dtype(dtype).itemsize
+    out_item = ad.NUMPY_OUT[out].itemsize
+    for shape in [(256, 192), (130, 72)]:
+        x = bc.make_input(shape, dtype, rng)
+        g = bc.make_input(ad.out_shape(kind, shape), dtype, rng)
+        for offsets in [(itemsize, 0, 0), (0, itemsize, 0), (0, 0, out_item), (itemsize, itemsize, out_item)]:
+            for layout in ad.layouts(out):
+                rowwise, columnwise = bc.LAYOUTS[layout]
+                ctx = bc.ctx(seed, shape=shape, offsets=offsets, layout=layout)
+                ad.run_backward(kind, x, g, out, rowwise, columnwise, np.dtype(np.float32), ad.PARAMS, ctx, offsets)
+                dx = bc.DeviceArray.of(x, offsets[0])
+                o = ad.Outputs(ad.out_shape(kind, shape), out, rowwise, columnwise, offsets[2])
+                lib.activation_fwd(
+                    ACTIVATIONS.index(kind), dx.desc, *o.args(), stream=core_device.stream(), **ad.PARAMS
+                )
+                o.check(ad.cpu_forward(x, kind, out, rowwise, columnwise, 0.0, ad.PARAMS), ctx)
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        dict(limit=3.0, alpha=1.0, glu_linear_offset=0.0),
+        dict(limit=0.5, alpha=2.5, glu_linear_offset=-1.0),
+        dict(limit=float("inf"), alpha=1.702, glu_linear_offset=1.0),
+    ],
+)
+def test_device_clamped_swiglu_parameters(device, params, rng_and_seed):
+    rng, seed = rng_and_seed
+    x = bc.make_input((217, 256), np.dtype(np.float32), rng)
+    g = bc.make_input((217, 128), np.dtype(np.float32), rng)
+    for out, layout in [("float32", "rowwise"), ("e4m3", "both")]:
+        rowwise, columnwise = bc.LAYOUTS[layout]
+        ctx = bc.ctx(seed, out=out, **params)
+        ad.run_backward("clamped_swiglu", x, g, out, rowwise, columnwise, np.dtype(np.float32), params, ctx)
+        dx = bc.DeviceArray.of(x)
+        o = ad.Outputs((217, 128), out, rowwise, columnwise)
+        lib.activation_fwd(
+            ACTIVATIONS.index("clamped_swiglu"), dx.desc, *o.args(), stream=core_device.stream(), **params
+        )
+        o.check(ad.cpu_forward(x, "clamped_swiglu", out, rowwise, columnwise, 0.0, params), ctx)
+
+
+@pytest.mark.parametrize("out", ["bfloat16", "e5m2"])
+def test_device_empty_input_writes_scale_inv_and_zero_dbias(device, out):
+    x = np.zeros((0, 64), np.float32)
+    g = np.zeros((0, 32), np.float32)
+    rowwise, columnwise = (True, out in bc.FP8)
+    ad.run_backward("swiglu", x, g, out, rowwise, columnwise, np.dtype(np.float32), ad.PARAMS, "empty")
+
+
+@CUDA_ONLY
+def test_cuda_dbias_workspace_is_required(device, rng_and_seed):
+    rng, _ = rng_and_seed
+    x = bc.DeviceArray.of(bc.make_input((100, 64), np.dtype(np.float32), rng))
+    g = bc.DeviceArray.of(bc.make_input((100, 32), np.dtype(np.float32), rng))
+    d, dbias = bc.DeviceArray((100, 64), np.float32), bc.DeviceArray((64,), np.float32)
+    with pytest.raises(
+        ValueError,
+        match=r"argument 'workspace' is required: the bias gradient on "
+        r"CUDA needs 512 bytes",
+    ):
+        lib.activation_bwd(
+            ACTIVATIONS.index("swiglu"),
+            g.desc,
+            x.desc,
+            d.desc,
+            None,
+            None,
+            None,
+            None,
+            dbias.desc,
+            None,
+            stream=core_device.stream(),
+        )
+    small = bc.DeviceArray((511,), np.uint8)
+    with pytest.raises(ValueError, match="argument 'workspace' must hold at least 512 bytes, got 511"):
+        lib.activation_bwd(
+            ACTIVATIONS.index("swiglu"),
+            g.desc,
+            x.desc,
+            d.desc,
+            None,
+            None,
+            None,
+            None,
+            dbias.desc,
+            small.desc,
+            stream=core_device.stream(),
+        )
+
+
+@CUDA_ONLY
+def test_cuda_graph_capture(device, rng_and_seed):
+    """Forward and backward (bc.FP8, columnwise, dbias) captured in a graph and
+    replayed: no host synchronization or allocation inside the calls."""
+    torch = pytest.importorskip("torch")
+    rng, seed = rng_and_seed
+    kind = ACTIVATIONS.index("swiglu")
+    x_np = bc.make_input((512, 1024), np.dtype(ml_dtypes.bfloat16), rng)
+    g_np = bc.make_input((512, 512), np.dtype(ml_dtypes.bfloat16), rng)
+    x, g = bc.DeviceArray.of(x_np), bc.DeviceArray.of(g_np)
+    y = ad.Outputs((512, 512), "e4m3", True, True)
+    d = ad.Outputs((512, 1024), "e5m2", True, True)
+    dbias = bc.DeviceArray((1024,), np.float32)
+    workspace = bc.DeviceArray((lib.activation_bwd_workspace_size(x.desc, True),), np.uint8)
+    core_device.sync()  # the inputs' copies are done before the capture starts
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        s = torch.cuda.current_stream().cuda_stream  # the capture stream
+        lib.activation_fwd(kind, x.desc, *y.args(), stream=s)
+        lib.activation_bwd(kind, g.desc, x.desc, *d.args(), dbias.desc, workspace.desc, stream=s)
+    graph.replay()
+    core_device.sync()
+    ctx = bc.ctx(seed, graph=True)
+    y.check(ad.cpu_forward(x_np, "swiglu", "e4m3", True, True, 0.0, ad.PARAMS), ctx)
+    want, want_dbias = ad.cpu_backward(g_np, x_np, "swiglu", "e5m2", True, True, np.float32, ad.PARAMS)
+    d.check(want, ctx)
+    bc.assert_same_bytes(dbias.numpy(), want_dbias, "dbias", ctx)

@@ -12,6 +12,9 @@ FP32 forward values (rounded to fwd_values_dtype first).
 
 from __future__ import annotations
 
+import activation_device as ad
+import backend_checks as bc
+import core_device
 import ml_dtypes
 import numpy as np
 import pytest
@@ -22,6 +25,7 @@ import transformer_engine.core as tc
 from transformer_engine.core import reference as ref
 from transformer_engine.core import reference_activation as ra
 from transformer_engine.core._arrays import desc
+from transformer_engine.core.activation import ACTIVATIONS
 
 pytestmark = pytest.mark.activation
 
@@ -221,3 +225,169 @@ def test_numpy_level_errors():
         tc.activation_backward(g, x, "swiglu", fwd_columnwise="e4m3", fwd_scale=1.0, fwd_values_dtype="e4m3")
     with pytest.raises(ValueError, match=r"'fwd_columnwise' must be an FP8 dtype \('e4m3' or 'e5m2'\)"):
         tc.activation_backward(g, x, "swiglu", fwd_columnwise=np.float32, fwd_scale=1.0)
+
+
+# ---- every backend, raw buffers ----------------------------------------------
+# The CUDA backend fuses the forward output's FP8 columnwise copy into the
+# backward's tile kernel (and takes that kernel even for a high-precision
+# grad_input); the CPU backend is the composition of the backward and the
+# forward. On the test's device (activation_device) every output equals the
+# CPU backend's byte for byte: grad_input (FP8 rowwise / columnwise, or
+# FP32/BF16/FP16), its amax and scale_inv, dbias, fwd_columnwise and
+# fwd_scale_inv. Inputs hostile, shapes ragged against the 128 x 64 tiles,
+# pointers aligned and off the grid.
+
+# grad_input's (type, rowwise, columnwise): bc.FP8 with and without its own
+# columnwise copy, bc.FP8 columnwise only, and high precision.
+DEVICE_GRAD_OUTPUTS = [
+    ("e4m3", True, True),
+    ("e5m2", True, False),
+    ("e4m3", False, True),
+    ("bfloat16", True, False),
+    ("float32", True, False),
+    ("float16", True, False),
+]
+FWD_SCALE = {"e4m3": 2.5, "e5m2": 0.125}
+# fwd_values_dtype: the forward values quantized as they are (delayed scaling) or
+# rounded to BF16/FP16 first (current scaling quantizes the stored output).
+VALUES = {
+    "fp32": int(tc.DType.kFloat32),
+    "bf16": int(tc.DType.kBFloat16),
+    "fp16": int(tc.DType.kFloat16),
+}
+
+
+def cpu_fused(g, x, kind, out, rowwise, columnwise, dbias_dtype, fwd_fmt, values, params):
+    """The CPU backend's outputs: ((grad_input result, amax), dbias, fwd_columnwise, fwd_scale_inv)."""
+    o = ad.CpuOutputs(x.shape, out, rowwise, columnwise, 0.0)
+    dbias = np.zeros(x.shape[-1], dbias_dtype) if dbias_dtype is not None else None
+    rows, cols = bc.matrix(ad.out_shape(kind, x.shape))
+    fwd_col = np.zeros((cols, rows), bc.FP8[fwd_fmt])
+    fwd_scale = np.array(FWD_SCALE[fwd_fmt], np.float32)
+    fwd_scale_inv = np.zeros((), np.float32)
+    d = desc
+    lib.activation_bwd_with_fwd_columnwise(
+        ACTIVATIONS.index(kind),
+        d(g),
+        d(x),
+        *o.args(),
+        None if dbias is None else d(dbias),
+        None,
+        d(fwd_col),
+        d(fwd_scale),
+        d(fwd_scale_inv),
+        VALUES[values],
+        **params,
+    )
+    return (o.result(), o.amax), dbias, fwd_col, fwd_scale_inv
+
+
+def run_fused(
+    kind, x, g, out, rowwise, columnwise, dbias_dtype, fwd_fmt, params, ctx, offsets=(0, 0, 0, 0), values="fp32"
+):
+    """The call on the test's device (x, g, grad_input and fwd_columnwise at byte offsets) against the CPU backend."""
+    dx, dg = bc.DeviceArray.of(x, offsets[0]), bc.DeviceArray.of(g, offsets[1])
+    o = ad.Outputs(x.shape, out, rowwise, columnwise, offsets[2])
+    dbias = bc.DeviceArray((x.shape[-1],), dbias_dtype) if dbias_dtype is not None else None
+    size = lib.activation_bwd_workspace_size(dx.desc, dbias is not None)
+    workspace = bc.DeviceArray((size,), np.uint8) if size else None
+    rows, cols = bc.matrix(ad.out_shape(kind, x.shape))
+    fwd_col = bc.DeviceArray((cols, rows), bc.FP8[fwd_fmt], offsets[3])
+    fwd_scale, fwd_scale_inv = bc.scalar(FWD_SCALE[fwd_fmt]), bc.scalar(-1.0)
+    lib.activation_bwd_with_fwd_columnwise(
+        ACTIVATIONS.index(kind),
+        dg.desc,
+        dx.desc,
+        *o.args(),
+        bc.desc_or_none(dbias),
+        bc.desc_or_none(workspace),
+        fwd_col.desc,
+        fwd_scale.desc,
+        fwd_scale_inv.desc,
+        VALUES[values],
+        stream=core_device.stream(),
+        **params,
+    )
+    want, want_dbias, want_col, want_scale_inv = cpu_fused(
+        g, x, kind, out, rowwise, columnwise, dbias_dtype, fwd_fmt, values, params
+    )
+    o.check(want, ctx)
+    if dbias is not None:
+        bc.assert_same_bytes(dbias.numpy(), want_dbias, "dbias", ctx)
+    bc.assert_same_bytes(fwd_col.numpy(), want_col, "fwd_columnwise", ctx)
+    bc.assert_same_bytes(fwd_scale_inv.numpy(), want_scale_inv, "fwd_scale_inv", ctx)
+
+
+@pytest.mark.parametrize("grad_out", DEVICE_GRAD_OUTPUTS, ids=lambda o: f"{o[0]}-r{int(o[1])}c{int(o[2])}")
+@pytest.mark.parametrize("dtype", bc.INPUT_DTYPES, ids=str)
+@pytest.mark.parametrize("kind", ACTIVATIONS)
+def test_device_fused_matches_cpu(device, kind, dtype, grad_out, rng_and_seed):
+    rng, seed = rng_and_seed
+    out, rowwise, columnwise = grad_out
+    for i, shape in enumerate(ad.device_shapes(kind, out)):
+        x = bc.make_input(shape, dtype, rng)
+        g = bc.make_input(ad.out_shape(kind, shape), dtype, rng)
+        fwd_fmt = "e4m3" if i % 2 == 0 else "e5m2"
+        # FP32 dbias, BF16 dbias and none, in turn.
+        dbias_dtype = [np.dtype(np.float32), np.dtype(ml_dtypes.bfloat16), None][i % 3]
+        values = ["fp32", "bf16", "fp16"][(i + 1) % 3]
+        ctx = bc.ctx(seed, shape=shape, fwd=fwd_fmt, dbias=dbias_dtype, values=values)
+        run_fused(kind, x, g, out, rowwise, columnwise, dbias_dtype, fwd_fmt, ad.PARAMS, ctx, values=values)
+
+
+@pytest.mark.parametrize("kind", ["swiglu", "gelu"])
+@pytest.mark.parametrize("out", ["bfloat16", "e4m3"])
+@pytest.mark.gpu_scale
+def test_device_large(device, kind, out, rng_and_seed):
+    """The LayerNormMLP shape family: 8192 rows, 2 x 1024 columns (many full tiles)."""
+    rng, seed = rng_and_seed
+    dtype = np.dtype(ml_dtypes.bfloat16)
+    shape = (8192, 2048)
+    x = bc.make_input(shape, dtype, rng, "finite")
+    g = bc.make_input(ad.out_shape(kind, shape), dtype, rng, "finite")
+    fp8 = out in bc.FP8
+    for values in ("fp32", "bf16"):
+        ctx = bc.ctx(seed, large=True, values=values)
+        run_fused(kind, x, g, out, True, fp8, np.dtype(np.float32), "e4m3", ad.PARAMS, ctx, values=values)
+
+
+@pytest.mark.parametrize("kind", ["swiglu", "clamped_swiglu", "srelu"])
+@pytest.mark.parametrize("dtype", bc.INPUT_DTYPES, ids=str)
+@pytest.mark.parametrize("out", ["bfloat16", "float32", "e4m3"])
+def test_device_unaligned_pointers(device, kind, dtype, out, rng_and_seed):
+    """Pointers off the 16-byte grid: element-wise loads and stores, narrow columnwise stores."""
+    rng, seed = rng_and_seed
+    item, out_item = np.dtype(dtype).itemsize, ad.NUMPY_OUT[out].itemsize
+    for shape in [(256, 192), (130, 72), *([(1000, 128)] if core_device.current() == "cuda" else [])]:
+        x = bc.make_input(shape, dtype, rng)
+        g = bc.make_input(ad.out_shape(kind, shape), dtype, rng)
+        for offsets in [(item, 0, 0, 0), (0, item, 0, 0), (0, 0, out_item, 0), (0, 0, 0, 1), (0, 0, 0, 8)]:
+            ctx = bc.ctx(seed, shape=shape, offsets=offsets)
+            values = "bf16" if offsets[3] else "fp32"
+            run_fused(
+                kind, x, g, out, True, out in bc.FP8, np.dtype(np.float32), "e5m2", ad.PARAMS, ctx, offsets, values
+            )
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        dict(limit=3.0, alpha=1.0, glu_linear_offset=0.0),
+        dict(limit=0.5, alpha=2.5, glu_linear_offset=-1.0),
+        dict(limit=float("inf"), alpha=1.702, glu_linear_offset=1.0),
+    ],
+)
+def test_device_clamped_swiglu_parameters(device, params, rng_and_seed):
+    rng, seed = rng_and_seed
+    x = bc.make_input((217, 256), np.dtype(np.float32), rng)
+    g = bc.make_input((217, 128), np.dtype(np.float32), rng)
+    for out, rowwise, columnwise in [("float32", True, False), ("e4m3", True, True)]:
+        ctx = bc.ctx(seed, out=out, **params)
+        run_fused("clamped_swiglu", x, g, out, rowwise, columnwise, np.dtype(np.float32), "e4m3", params, ctx)
+
+
+@pytest.mark.parametrize("out", ["bfloat16", "e5m2"])
+def test_device_empty_input_writes_the_scales(device, out):
+    x = np.zeros((0, 64), np.float32)
+    g = np.zeros((0, 32), np.float32)
+    run_fused("swiglu", x, g, out, True, out in bc.FP8, np.dtype(np.float32), "e4m3", ad.PARAMS, "empty")

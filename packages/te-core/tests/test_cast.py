@@ -1,13 +1,20 @@
-"""Per-tensor FP8 quantization on the CPU backend, bit-exact against the NumPy oracle."""
+"""Per-tensor FP8 quantization: the CPU backend bit-exact against the NumPy oracle,
+and every backend (the `device` fixture) byte for byte against the NumPy API."""
 
 from __future__ import annotations
 
+import math
+
+import backend_checks as bc
+import core_device
 import numpy as np
 import pytest
 from conftest import FP8_FORMATS, INPUT_DTYPES, SHAPES, finfo, hostile
 
 import transformer_engine.core as tc
+from transformer_engine.core import lib
 from transformer_engine.core import reference as ref
+from transformer_engine.core.dtypes import DType, te_dtype
 
 pytestmark = pytest.mark.cast
 
@@ -186,3 +193,218 @@ def test_force_pow2_scales_is_a_deprecated_spelling(name):
     assert not np.array_equal(np.asarray(call(force_pow_2_scales=True)), np.asarray(want))
     with pytest.raises(TypeError, match="both 'force_pow_2_scales' and its deprecated spelling"):
         call(force_pow2_scales=True, force_pow_2_scales=True)
+
+
+# ---------------------------------------------------------------- every backend, raw buffers
+# The bindings on buffers of the test's device (backend_checks): the bytes equal
+# the NumPy API's. On CUDA that is the CPU == CUDA contract; on the CPU, the
+# raw-buffer path (0xA5-prefilled outputs, pointers off the 16-byte grid).
+# Odd shapes first; (32768, 64) and (256, 192) take the CUDA kernels'
+# vectorized full-tile paths, (1000, 1000) the 8-byte columnwise stores,
+# (3, 7, 33) unaligned rows.
+
+# ---------------------------------------------------------------- quantize
+
+
+def _outputs(shape, fp8: str, rowwise: bool, columnwise: bool, offset: int = 0):
+    rows, cols = bc.matrix(shape)
+    row = bc.DeviceArray(shape, bc.FP8[fp8], offset) if rowwise else None
+    col = bc.DeviceArray((cols, rows), bc.FP8[fp8], offset) if columnwise else None
+    return row, col
+
+
+def _check_fp8_outputs(row, col, want, ctx):
+    if row is not None:
+        bc.assert_same_bytes(row.numpy(), want.rowwise, "rowwise", ctx)
+    if col is not None:
+        bc.assert_same_bytes(col.numpy(), want.columnwise, "columnwise", ctx)
+
+
+def run_delayed(x, scale, fp8, layout, amax0, x_offset=0, out_offset=0):
+    """Delayed-scaling quantize of x on the device (raw buffers) and through the NumPy API."""
+    rowwise, columnwise = bc.LAYOUTS[layout]
+    dx = bc.DeviceArray.of(x, x_offset)
+    row, col = _outputs(x.shape, fp8, rowwise, columnwise, out_offset)
+    d_scale, d_inv, d_amax = bc.scalar(scale), bc.scalar(-1.0), bc.scalar(amax0)
+    lib.quantize_fp8(
+        dx.desc, d_scale.desc, bc.desc_or_none(row), bc.desc_or_none(col), d_inv.desc, d_amax.desc, core_device.stream()
+    )
+    want = tc.quantize_fp8(x, np.float32(scale), fp8, rowwise=rowwise, columnwise=columnwise, amax=np.float32(amax0))
+    return row, col, d_inv, d_amax, want
+
+
+@pytest.mark.parametrize("layout", list(bc.LAYOUTS))
+@pytest.mark.parametrize("fp8", list(bc.FP8))
+@pytest.mark.parametrize("dtype", bc.INPUT_DTYPES, ids=str)
+@pytest.mark.parametrize("shape", bc.SHAPES, ids=str)
+def test_device_quantize_delayed(device, shape, dtype, fp8, layout, rng_and_seed):
+    rng, seed = rng_and_seed
+    x = bc.make_input(shape, dtype, rng)
+    # (scale, amax already in the buffer): the amax is max-accumulated, NaN replaced.
+    for scale, amax0 in [(1.0, 0.0), (3.7, 7.5), (1.0e4, 1e30), (0.0625, np.nan), (2.0**-20, -1.0)]:
+        ctx = bc.ctx(seed, scale=scale, amax0=amax0)
+        row, col, d_inv, d_amax, want = run_delayed(x, scale, fp8, layout, amax0)
+        _check_fp8_outputs(row, col, want, ctx)
+        bc.assert_same_bytes(d_inv.numpy(), want.scale_inv, "scale_inv", ctx)
+        bc.assert_same_bytes(d_amax.numpy(), want.amax, "amax", ctx)
+
+
+@pytest.mark.parametrize("fp8", list(bc.FP8))
+@pytest.mark.parametrize("dtype", bc.INPUT_DTYPES, ids=str)
+def test_device_quantize_rounding_ties_and_saturation(device, dtype, fp8, rng_and_seed):
+    """Every bc.FP8 value, every midpoint between neighbours (RNE ties), their
+    neighbours one input-ulp away, and values past the bc.FP8 max, at power-of-two
+    scales (so that x * scale is exact and the ties stay ties)."""
+    rng, seed = rng_and_seed
+    grid = np.arange(256, dtype=np.uint8).view(bc.FP8[fp8]).astype(np.float32)
+    grid = np.unique(np.abs(grid[np.isfinite(grid)]))
+    mids = (grid[:-1] + grid[1:]) / 2
+    top = grid[-1]
+    beyond = np.array([top * 1.03125, top * 1.0625, top * 1.09375, top * 1.5, top * 4], np.float32)
+    base = np.concatenate(
+        [grid, mids, np.nextafter(mids, np.float32(0)), np.nextafter(mids, np.float32(np.inf)), beyond]
+    )
+    base = np.concatenate([base, -base])
+    for scale in [1.0, 2.0**-3, 2.0**5]:
+        with np.errstate(over="ignore"):
+            x = (base / np.float32(scale)).astype(dtype)
+        x = rng.permutation(x)
+        cols = 64
+        x = np.concatenate([x, np.zeros((-x.size) % cols, dtype)]).reshape(-1, cols)
+        ctx = bc.ctx(seed, scale=scale)
+        row, col, d_inv, d_amax, want = run_delayed(x, scale, fp8, "both", 0.0)
+        _check_fp8_outputs(row, col, want, ctx)
+        bc.assert_same_bytes(d_amax.numpy(), want.amax, "amax", ctx)
+
+
+@pytest.mark.parametrize("layout", list(bc.LAYOUTS))
+@pytest.mark.parametrize("dtype", bc.INPUT_DTYPES, ids=str)
+@pytest.mark.parametrize("shape", [(256, 192), (130, 72), (64, 48)], ids=str)
+def test_device_quantize_unaligned_pointers(device, shape, dtype, layout, rng_and_seed):
+    """Data pointers off the 16-byte grid take the element-wise paths."""
+    rng, seed = rng_and_seed
+    x = bc.make_input(shape, dtype, rng)
+    for x_offset, out_offset in [(dtype.itemsize, 0), (0, 1), (dtype.itemsize * 3, 2)]:
+        ctx = bc.ctx(seed, x_offset=x_offset, out_offset=out_offset)
+        row, col, d_inv, d_amax, want = run_delayed(x, 3.7, "e4m3", layout, 0.0, x_offset, out_offset)
+        _check_fp8_outputs(row, col, want, ctx)
+        bc.assert_same_bytes(d_amax.numpy(), want.amax, "amax", ctx)
+
+
+# (force_pow_2_scales, amax_epsilon, input kind)
+CURRENT_CONFIGS = [
+    (False, 0.0, "finite"),
+    (True, 0.0, "finite"),
+    (False, 0.0, "hostile"),
+    (False, 1e6, "finite"),
+    (True, 1e-2, "tiny"),
+    (False, 0.0, "tiny"),
+]
+
+
+@pytest.mark.parametrize("layout", list(bc.LAYOUTS))
+@pytest.mark.parametrize("fp8", list(bc.FP8))
+@pytest.mark.parametrize("dtype", bc.INPUT_DTYPES, ids=str)
+@pytest.mark.parametrize("shape", bc.SHAPES + [(0, 16)], ids=str)
+def test_device_quantize_current_scaling(device, shape, dtype, fp8, layout, rng_and_seed):
+    rng, seed = rng_and_seed
+    rowwise, columnwise = bc.LAYOUTS[layout]
+    for pow2, eps, kind in CURRENT_CONFIGS:
+        ctx = bc.ctx(seed, force_pow2=pow2, eps=eps, kind=kind)
+        x = bc.make_input(shape, dtype, rng, kind)
+        dx = bc.DeviceArray.of(x)
+        row, col = _outputs(shape, fp8, rowwise, columnwise)
+        d_scale, d_inv, d_amax = bc.scalar(-1.0), bc.scalar(-1.0), bc.scalar(-1.0)
+        lib.quantize_fp8_current_scaling(
+            dx.desc,
+            bc.desc_or_none(row),
+            bc.desc_or_none(col),
+            d_scale.desc,
+            d_inv.desc,
+            d_amax.desc,
+            pow2,
+            eps,
+            core_device.stream(),
+        )
+        want = tc.quantize_fp8_current_scaling(
+            x, fp8, rowwise=rowwise, columnwise=columnwise, force_pow_2_scales=pow2, amax_epsilon=eps
+        )
+        bc.assert_same_bytes(d_amax.numpy(), want.amax, "amax", ctx)
+        bc.assert_same_bytes(d_scale.numpy(), want.scale, "scale", ctx)
+        bc.assert_same_bytes(d_inv.numpy(), want.scale_inv, "scale_inv", ctx)
+        _check_fp8_outputs(row, col, want, ctx)
+
+
+# ---------------------------------------------------------------- amax, scale
+
+
+@pytest.mark.parametrize("dtype", bc.INPUT_DTYPES, ids=str)
+@pytest.mark.parametrize("shape", bc.SHAPES + [(0, 16), (4097,)], ids=str)
+def test_device_compute_amax(device, shape, dtype, rng_and_seed):
+    rng, seed = rng_and_seed
+    for kind in ["hostile", "finite", "tiny"]:
+        x = bc.make_input(shape, dtype, rng, kind)
+        for offset in [0, dtype.itemsize]:
+            d_amax = bc.scalar(123.0)  # overwritten, not accumulated
+            dx = bc.DeviceArray.of(x, offset)
+            lib.compute_amax(dx.desc, d_amax.desc, core_device.stream())
+            ctx = bc.ctx(seed, kind=kind, offset=offset)
+            bc.assert_same_bytes(d_amax.numpy(), np.float32(tc.compute_amax(x)), "amax", ctx)
+
+
+@pytest.mark.parametrize("dtype", bc.INPUT_DTYPES, ids=str)
+def test_device_compute_amax_all_nan(device, dtype):
+    uint, patterns = bc.NAN_BITS[np.dtype(dtype)]
+    x = np.array(patterns * 300, dtype=uint).view(dtype).reshape(40, 30)
+    d_amax = bc.scalar(5.0)
+    dx = bc.DeviceArray.of(x)
+    lib.compute_amax(dx.desc, d_amax.desc, core_device.stream())
+    bc.assert_same_bytes(d_amax.numpy(), np.float32(0.0), "amax")
+
+
+AMAX_VALUES = [0.0, -1.0, 2.0**-149, 1e-38, 1e-30, 1e-3, 1.0, 3.0, 448.0, 57344.0, 1e30, 3.4e38, np.inf, np.nan]
+
+
+@pytest.mark.parametrize("eps", [0.0, 1e-12, 1e-3, 10.0])
+@pytest.mark.parametrize("pow2", [False, True])
+@pytest.mark.parametrize("fp8", list(bc.FP8))
+def test_device_scale_from_amax(device, fp8, pow2, eps):
+    for amax in AMAX_VALUES:
+        d_amax, d_scale, d_inv = bc.scalar(amax), bc.scalar(-1.0), bc.scalar(-1.0)
+        lib.compute_scale_from_amax(
+            d_amax.desc, d_scale.desc, d_inv.desc, int(te_dtype(fp8)), pow2, eps, core_device.stream()
+        )
+        scale, scale_inv = tc.compute_scale_from_amax(amax, fp8, force_pow_2_scales=pow2, amax_epsilon=eps)
+        ctx = f"amax={amax}"
+        bc.assert_same_bytes(d_scale.numpy(), np.float32(scale), "scale", ctx)
+        bc.assert_same_bytes(d_inv.numpy(), np.float32(scale_inv), "scale_inv", ctx)
+
+
+# ---------------------------------------------------------------- dequantize
+
+SCALE_INVS = [1.0, 0.0123, 2.0**-10, 1e30, 3e38, 1e-45, 0.0, np.inf, np.nan, -2.5]
+
+
+@pytest.mark.parametrize("out_dtype", bc.INPUT_DTYPES, ids=str)
+@pytest.mark.parametrize("fp8", list(bc.FP8))
+@pytest.mark.parametrize("shape", [(1, 16), (5, 160), (3, 7, 33), (256, 256), (1000, 1000), (77,)], ids=str)
+def test_device_dequantize(device, shape, fp8, out_dtype, rng_and_seed):
+    rng, seed = rng_and_seed
+    n = math.prod(shape)
+    codes = np.concatenate([np.arange(256, dtype=np.uint8), rng.integers(0, 256, n, dtype=np.uint8)])
+    q = rng.permutation(codes)[:n].view(bc.FP8[fp8]).reshape(shape)
+    for scale_inv in SCALE_INVS:
+        unaligned = (1, np.dtype(out_dtype).itemsize)  # pointers stay element-aligned
+        for offsets in [(0, 0), unaligned] if scale_inv == 0.0123 else [(0, 0)]:
+            dq, d_inv = bc.DeviceArray.of(q, offsets[0]), bc.scalar(scale_inv)
+            out = bc.DeviceArray(shape, out_dtype, offsets[1])
+            lib.dequantize_fp8(dq.desc, d_inv.desc, out.desc, core_device.stream())
+            want = tc.dequantize_fp8(q, np.float32(scale_inv), out_dtype)
+            ctx = bc.ctx(seed, scale_inv=scale_inv, offsets=offsets)
+            bc.assert_same_values_nan_anywhere(out.numpy(), want, "dequantized", ctx)
+
+
+def test_descriptor_dtype_codes_match_the_core():
+    """The descriptors above use te_dtype codes; make sure they are the C API's."""
+    assert int(te_dtype(bc.FP8["e4m3"])) == DType.kFloat8E4M3
+    assert int(te_dtype(bc.BF16)) == DType.kBFloat16

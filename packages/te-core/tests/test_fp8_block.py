@@ -1,15 +1,19 @@
-"""FP8 block scaling on the CPU backend, bit-exact against the NumPy oracle."""
+"""FP8 block scaling: the CPU backend bit-exact against the NumPy oracle, and every
+backend (the `device` fixture) byte for byte against the NumPy API. Errors:
+test_fp8_block_errors.py."""
 
 from __future__ import annotations
 
+import backend_checks as bc
+import core_device
 import ml_dtypes
 import numpy as np
 import pytest
-from conftest import FP8_FORMATS, INPUT_DTYPES, finfo, hostile
+from conftest import CUDA_ONLY, FP8_FORMATS, INPUT_DTYPES, finfo, gpu_scale, hostile
 
 import transformer_engine.core as tc
+from transformer_engine.core import lib
 from transformer_engine.core import reference_fp8_block as ref
-from transformer_engine.core._arrays import desc
 from transformer_engine.core.reference import FP8_MAX, FP8_NUMPY
 
 pytestmark = pytest.mark.fp8_block
@@ -248,110 +252,270 @@ def test_empty_tensors(shape, block_dim):
     assert out.dequantize().shape == shape
 
 
-# ---------------------------------------------------------------- errors
+# ---------------------------------------------------------------- every backend, raw buffers
+# The bindings on buffers of the test's device (backend_checks): FP8 data and
+# FP32 scale_inv (padding included: every buffer starts as 0xA5) equal the
+# NumPy API's byte for byte; dequantized NaNs only need to be NaN in the same
+# places. Beyond BLOCK_SHAPES: M not a multiple of 16 (byte-wise transposed
+# stores on CUDA), rank 3 with a cut tile, and one multi-tile case.
+
+LAYOUT_CODE = {"gemm_ready": 0, "compact": 1}
+# Whole tiles, cut tiles in M (130, 217, 1000) and K (144, 272), rank 3, tiny, and
+# M not a multiple of 16 (byte-wise transposed stores), plus one multi-tile case.
+BACKEND_SHAPES = [
+    (128, 128),
+    (256, 384),
+    (3, 128, 256),
+    (130, 256),
+    (1, 16),
+    (5, 160),
+    (217, 272),
+    (300, 144),
+    *gpu_scale((1000, 1024)),
+    (2, 64, 48),
+]
 
 
-def fp8_out(*shape, code=tc.DType.kFloat8E4M3):
-    return np.zeros(shape, tc.numpy_dtype(code))
+def device_quantize(
+    x: np.ndarray,
+    fmt,
+    block_dim,
+    layout,
+    rowwise=True,
+    columnwise=True,
+    pow2=True,
+    epsilon=0.0,
+    in_offset=0,
+    out_offset=0,
+    scale_offset=0,
+):
+    """Runs the quantize on the test's device; returns the four outputs as NumPy arrays (None if not asked)."""
+    shape_kw = {"block_dim": block_dim, "layout": layout}
+    dev_x = bc.DeviceArray.of(x, in_offset)
+    outs = []
+    for wanted, col in ((rowwise, False), (columnwise, True)):
+        if not wanted:
+            outs += [None, None]
+            continue
+        rows, cols = int(np.prod(x.shape[:-1])), x.shape[-1]
+        data_shape = (cols, rows) if col and layout == "gemm_ready" else x.shape
+        outs += [
+            bc.DeviceArray(data_shape, bc.FP8[fmt], out_offset),
+            bc.DeviceArray(tc.fp8_block_scale_shape(x.shape, columnwise=col, **shape_kw), np.float32, scale_offset),
+        ]
+    lib.fp8_block_quantize(
+        dev_x.desc,
+        *(bc.desc_or_none(d) for d in outs),
+        block_dim=block_dim,
+        layout=LAYOUT_CODE[layout],
+        force_pow2_scales=pow2,
+        amax_epsilon=epsilon,
+        stream=core_device.stream(),
+    )
+    core_device.sync()
+    return [None if d is None else d.numpy() for d in outs]
 
 
-def scales(*shape):
-    return np.zeros(shape, np.float32)
+def assert_quantize_matches(
+    x, fmt, block_dim, layout, ctx, rowwise=True, columnwise=True, pow2=True, epsilon=0.0, **offsets
+):
+    got = device_quantize(x, fmt, block_dim, layout, rowwise, columnwise, pow2, epsilon, **offsets)
+    want = tc.quantize_fp8_block(
+        x,
+        fmt,
+        block_dim=block_dim,
+        layout=layout,
+        rowwise=rowwise,
+        columnwise=columnwise,
+        force_pow_2_scales=pow2,
+        amax_epsilon=epsilon,
+    )
+    names = ("rowwise", "rowwise_scale_inv", "columnwise", "columnwise_scale_inv")
+    for name, g in zip(names, got):
+        w = getattr(want, name)
+        assert (g is None) == (w is None), name
+        if g is not None:
+            bc.assert_same_bytes(g, w, name, ctx)
 
 
-def test_last_dim_must_be_multiple_of_16():
-    with pytest.raises(
-        ValueError, match="FP8 block scaling needs the last dimension of 'input' divisible by 16, got 100"
-    ):
-        tc.quantize_fp8_block(np.ones((4, 100), np.float32))
+@pytest.mark.parametrize("shape", BACKEND_SHAPES)
+@pytest.mark.parametrize("dtype", bc.INPUT_DTYPES, ids=str)
+@pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
+@pytest.mark.parametrize("block_dim", [1, 2])
+@pytest.mark.parametrize("layout", ["gemm_ready", "compact"])
+@pytest.mark.parametrize("kind", ["hostile", "finite", "tiny"])
+def test_device_quantize_both_directions(device, rng_and_seed, shape, dtype, fmt, block_dim, layout, kind):
+    rng, seed = rng_and_seed
+    x = bc.make_input(shape, dtype, rng, kind)
+    ctx = f"seed={seed}, shape={shape}, {dtype}, {fmt}, {block_dim}-D, {layout}, {kind}"
+    assert_quantize_matches(x, fmt, block_dim, layout, ctx)
 
 
-def test_bad_block_dim_and_layout():
-    x = np.ones((4, 128), np.float32)
-    with pytest.raises(ValueError, match="block_dim must be 1 .* or 2 .*, got 3"):
-        tc.quantize_fp8_block(x, block_dim=3)
-    with pytest.raises(ValueError, match="layout must be 'gemm_ready' or 'compact', got 'swizzled'"):
-        tc.quantize_fp8_block(x, layout="swizzled")
-    with pytest.raises(ValueError, match="argument 'block_dim' must be 1 .*, got 0"):
-        tc.lib.fp8_block_quantize(desc(x), desc(fp8_out(4, 128)), desc(scales(1, 4)), None, None, 0)
-    with pytest.raises(ValueError, match="argument 'layout' must be TE_FP8_BLOCK_GEMM_READY"):
-        tc.lib.fp8_block_scale_shape(4, 128, 1, 7, False)
+@pytest.mark.parametrize("block_dim", [1, 2])
+@pytest.mark.parametrize("layout", ["gemm_ready", "compact"])
+@pytest.mark.parametrize("which", ["rowwise", "columnwise"])
+@pytest.mark.parametrize("pow2,epsilon", [(True, 0.0), (False, 0.0), (False, 1e-3), (True, 0.5)])
+def test_device_quantize_one_direction_and_options(device, rng_and_seed, block_dim, layout, which, pow2, epsilon):
+    rng, seed = rng_and_seed
+    x = bc.make_input((260, 400), np.dtype(ml_dtypes.bfloat16), rng, "finite")
+    x[:3] *= np.asarray(1e-6, x.dtype)  # rows under the epsilon
+    ctx = f"seed={seed}, {block_dim}-D, {layout}, {which}, pow2={pow2}, eps={epsilon}"
+    assert_quantize_matches(
+        x,
+        "e4m3",
+        block_dim,
+        layout,
+        ctx,
+        rowwise=which == "rowwise",
+        columnwise=which == "columnwise",
+        pow2=pow2,
+        epsilon=epsilon,
+    )
 
 
-def test_input_dtype_and_epsilon():
-    with pytest.raises(TypeError, match="argument 'x' must be float32, bfloat16 or float16, got float64"):
-        tc.quantize_fp8_block(np.ones((4, 128)))
-    with pytest.raises(ValueError, match="argument 'amax_epsilon' must be >= 0, got -1"):
-        tc.quantize_fp8_block(np.ones((4, 128), np.float32), amax_epsilon=-1.0)
-    with pytest.raises(ValueError, match="argument 'input' must have at least 1 dimension"):
-        x = np.ones((), np.float32)
-        tc.lib.fp8_block_quantize(desc(x), desc(fp8_out()), desc(scales(1, 4)), None, None, 1)
+@pytest.mark.parametrize("dtype", bc.INPUT_DTYPES, ids=str)
+@pytest.mark.parametrize("block_dim", [1, 2])
+@pytest.mark.parametrize("layout", ["gemm_ready", "compact"])
+@pytest.mark.parametrize(
+    "offsets",
+    [{"in_offset": 1}, {"out_offset": 1}, {"out_offset": 4, "scale_offset": 4}, {"in_offset": 1, "out_offset": 2}],
+    ids=str,
+)
+def test_device_unaligned_pointers(device, rng_and_seed, dtype, block_dim, layout, offsets):
+    """Element loads (input not 16-byte aligned) and narrow stores (outputs not aligned)."""
+    rng, seed = rng_and_seed
+    dtype = np.dtype(dtype)
+    x = bc.make_input((144, 272), dtype, rng, "hostile")
+    offsets = dict(offsets)
+    offsets["in_offset"] = offsets.get("in_offset", 0) * dtype.itemsize  # whole elements only
+    ctx = f"seed={seed}, {dtype}, {block_dim}-D, {layout}, {offsets}"
+    assert_quantize_matches(x, "e4m3", block_dim, layout, ctx, **offsets)
 
 
-def test_scale_shape_is_checked_with_its_layout():
-    x = np.ones((130, 256), np.float32)
-    with pytest.raises(
-        ValueError,
-        match=r"argument 'rowwise_scale_inv' must have shape \[2, 132\] "
-        r"\(1-D GEMM-ready rowwise scales of a \[130, 256\] tensor\), got \[2, 130\]",
-    ):
-        tc.lib.fp8_block_quantize(desc(x), desc(fp8_out(130, 256)), desc(scales(2, 130)), None, None, 1)
-    with pytest.raises(
-        ValueError,
-        match=r"argument 'columnwise_scale_inv' must have shape \[2, 2\] "
-        r"\(2-D compact columnwise scales",
-    ):
-        tc.lib.fp8_block_quantize(desc(x), None, None, desc(fp8_out(130, 256)), desc(scales(2, 4)), 2, layout=1)
-    with pytest.raises(TypeError, match="argument 'rowwise_scale_inv' must be float32, got float16"):
-        tc.lib.fp8_block_quantize(desc(x), desc(fp8_out(130, 256)), desc(np.zeros((2, 132), np.float16)), None, None, 1)
+def test_device_hostile_blocks(device, rng_and_seed):
+    """A tile of zeros, a tile of NaNs, a tile with inf, subnormal tiles: the NumPy API's bytes."""
+    rng, seed = rng_and_seed
+    x = (rng.standard_normal((256, 512)) * 3).astype(np.float32)
+    x[:128, :128] = 0.0
+    x[:128, 128:256] = np.nan
+    x[5, 300] = np.inf
+    x[128:, 384:] = np.float32(2.0**-149) * rng.integers(1, 50, (128, 128))
+    for block_dim in (1, 2):
+        for pow2 in (True, False):
+            for dtype in (np.float32, ml_dtypes.bfloat16):
+                xd = x.astype(dtype)
+                ctx = f"seed={seed}, {block_dim}-D, pow2={pow2}, {np.dtype(dtype)}"
+                assert_quantize_matches(xd, "e4m3", block_dim, "gemm_ready", ctx, pow2=pow2)
 
 
-def test_outputs_are_checked():
-    x = np.ones((130, 256), np.float32)
-    with pytest.raises(ValueError, match="at least one of 'rowwise' and 'columnwise'"):
-        tc.lib.fp8_block_quantize(desc(x), None, None, None, None, 1)
-    with pytest.raises(ValueError, match="argument 'rowwise_scale_inv' is required with 'rowwise'"):
-        tc.lib.fp8_block_quantize(desc(x), desc(fp8_out(130, 256)), None, None, None, 1)
-    with pytest.raises(ValueError, match=r"argument 'columnwise' must have shape \[256, 130\] \(GEMM-ready"):
-        tc.lib.fp8_block_quantize(desc(x), None, None, desc(fp8_out(130, 256)), desc(scales(2, 256)), 1)
-    with pytest.raises(ValueError, match=r"argument 'columnwise' must have the shape of 'input' \[130, 256\]"):
-        tc.lib.fp8_block_quantize(desc(x), None, None, desc(fp8_out(256, 130)), desc(scales(2, 256)), 1, layout=1)
-    with pytest.raises(TypeError, match="'rowwise' and 'columnwise' must have the same FP8 type"):
-        tc.lib.fp8_block_quantize(
-            desc(x),
-            desc(fp8_out(130, 256)),
-            desc(scales(2, 132)),
-            desc(fp8_out(256, 130, code=tc.DType.kFloat8E5M2)),
-            desc(scales(2, 256)),
-            1,
+@pytest.mark.gpu_scale
+def test_device_large_tensor(device, rng_and_seed):
+    """Many tiles on the vectorized full-tile path (the benchmark's layout, smaller)."""
+    rng, seed = rng_and_seed
+    x = bc.make_input((2048, 4096), np.dtype(ml_dtypes.bfloat16), rng, "finite")
+    for block_dim in (1, 2):
+        assert_quantize_matches(x, "e4m3", block_dim, "gemm_ready", f"seed={seed}, {block_dim}-D")
+
+
+@pytest.mark.parametrize("block_dim", [1, 2])
+@pytest.mark.parametrize("layout", ["gemm_ready", "compact"])
+@pytest.mark.parametrize("columnwise", [False, True])
+@pytest.mark.parametrize("out_dtype", bc.INPUT_DTYPES, ids=str)
+@pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
+@pytest.mark.parametrize("shape", [(130, 256), (3, 128, 160), (5, 24)])
+def test_device_dequantize(device, rng_and_seed, block_dim, layout, columnwise, out_dtype, fmt, shape):
+    """All 256 codes (NaNs included) with random scales, each stored layout."""
+    rng, seed = rng_and_seed
+    q = rng.integers(0, 256, shape, dtype=np.uint8).view(bc.FP8[fmt])
+    rows, cols = int(np.prod(shape[:-1])), shape[-1]
+    # The scale array of this stored matrix: GEMM-ready columnwise data of [M, K]
+    # is stored [K, M] with the rowwise scale layout of that stored matrix (the
+    # flag only matters for compact data).
+    scale_shape = tc.fp8_block_scale_shape(
+        (rows, cols), block_dim=block_dim, layout=layout, columnwise=columnwise and layout == "compact"
+    )
+    scales = (2.0 ** rng.integers(-20, 20, scale_shape)).astype(np.float32)
+    scales.reshape(-1)[::7] = rng.standard_normal(scales.size)[::7].astype(np.float32)
+    dev_q, dev_s = bc.DeviceArray.of(q), bc.DeviceArray.of(scales)
+    out = bc.DeviceArray(shape, out_dtype)
+    lib.fp8_block_dequantize(
+        dev_q.desc, dev_s.desc, out.desc, block_dim, LAYOUT_CODE[layout], columnwise, stream=core_device.stream()
+    )
+    core_device.sync()
+    want = tc.dequantize_fp8_block(
+        q, scales, block_dim=block_dim, layout=layout, columnwise=columnwise, out_dtype=out_dtype
+    )
+    ctx = f"seed={seed}, {block_dim}-D, {layout}, col={columnwise}, {np.dtype(out_dtype)}, {fmt}"
+    bc.assert_same_values_nan_anywhere(out.numpy(), want, "dequantized", ctx)
+
+
+@pytest.mark.parametrize("out_dtype", bc.INPUT_DTYPES, ids=str)
+@pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
+@pytest.mark.parametrize("layout,columnwise", [("gemm_ready", False), ("compact", True)])
+def test_device_dequantize_special_scales(device, rng_and_seed, out_dtype, fmt, layout, columnwise):
+    """Scales of +-0, +-inf, NaN, subnormal and huge next to plain ones, one scale per
+    row of 16 codes (GEMM-ready) or per column (compact columnwise): the kernel's fast
+    path (no NaN code, finite nonzero scales) and its element-wise path side by side."""
+    rng, seed = rng_and_seed
+    shape = (260, 384)
+    q = rng.integers(0, 256, shape, dtype=np.uint8).view(bc.FP8[fmt])
+    scale_shape = tc.fp8_block_scale_shape(shape, block_dim=1, layout=layout, columnwise=columnwise)
+    scales = (2.0 ** rng.integers(-20, 20, scale_shape)).astype(np.float32)
+    flat = scales.reshape(-1)
+    special = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 1e-40, -3e38, 2.0**-126], np.float32)
+    pick = rng.random(flat.size) < 0.1
+    flat[pick] = rng.choice(special, int(pick.sum()))
+    dev_q, dev_s = bc.DeviceArray.of(q), bc.DeviceArray.of(scales)
+    out = bc.DeviceArray(shape, out_dtype)
+    lib.fp8_block_dequantize(
+        dev_q.desc, dev_s.desc, out.desc, 1, LAYOUT_CODE[layout], columnwise, stream=core_device.stream()
+    )
+    core_device.sync()
+    want = tc.dequantize_fp8_block(q, scales, block_dim=1, layout=layout, columnwise=columnwise, out_dtype=out_dtype)
+    ctx = f"seed={seed}, {layout}, col={columnwise}, {np.dtype(out_dtype)}, {fmt}"
+    bc.assert_same_values_nan_anywhere(out.numpy(), want, "dequantized", ctx)
+
+
+@pytest.mark.parametrize("layout", ["gemm_ready", "compact"])
+@pytest.mark.parametrize("shape", [(128, 128), (130, 272), (3, 100, 64), *gpu_scale((1000, 1024))])
+def test_device_transpose_2d(device, rng_and_seed, layout, shape):
+    """The transpose of 2-D data and scales on the device == the columnwise quantization."""
+    rng, seed = rng_and_seed
+    x = bc.make_input(shape, np.dtype(np.float32), rng, "hostile")
+    ref = tc.quantize_fp8_block(x, block_dim=2, layout=layout, columnwise=True)
+    row, row_s = bc.DeviceArray.of(ref.rowwise), bc.DeviceArray.of(ref.rowwise_scale_inv)
+    col = bc.DeviceArray(ref.columnwise.shape, ref.columnwise.dtype)
+    col_s = bc.DeviceArray(ref.columnwise_scale_inv.shape, np.float32)
+    lib.fp8_block_transpose_2d(
+        row.desc, row_s.desc, col.desc, col_s.desc, LAYOUT_CODE[layout], stream=core_device.stream()
+    )
+    core_device.sync()
+    ctx = f"seed={seed}, {shape}, {layout}"
+    bc.assert_same_bytes(col.numpy(), ref.columnwise, "columnwise", ctx)
+    bc.assert_same_bytes(col_s.numpy(), ref.columnwise_scale_inv, "columnwise_scale_inv", ctx)
+
+
+@CUDA_ONLY
+def test_cuda_quantize_is_graph_capturable(device, rng_and_seed):
+    """No allocation and no host synchronization: the call records into a CUDA graph."""
+    torch = pytest.importorskip("torch")
+    rng, seed = rng_and_seed
+    x = bc.make_input((384, 512), np.dtype(ml_dtypes.bfloat16), rng, "finite")
+    dev_x = bc.DeviceArray.of(x)
+    outs = [
+        bc.DeviceArray((384, 512), bc.FP8["e4m3"]),
+        bc.DeviceArray((4, 384), np.float32),
+        bc.DeviceArray((512, 384), bc.FP8["e4m3"]),
+        bc.DeviceArray((3, 512), np.float32),
+    ]
+    descs = [d.desc for d in outs]
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):  # synchronizes first, captures on a side stream
+        lib.fp8_block_quantize(
+            dev_x.desc, *descs, block_dim=1, layout=0, stream=torch.cuda.current_stream().cuda_stream
         )
-    with pytest.raises(TypeError, match="argument 'rowwise' must be float8_e4m3 or float8_e5m2, got float32"):
-        tc.lib.fp8_block_quantize(desc(x), desc(x), desc(scales(2, 132)), None, None, 1)
-
-
-def test_dequantize_and_transpose_errors():
-    q = fp8_out(130, 256)
-    with pytest.raises(ValueError, match=r"argument 'scale_inv' must have shape \[130, 2\] \(1-D compact rowwise"):
-        tc.dequantize_fp8_block(q, scales(2, 132), layout="compact")
-    with pytest.raises(TypeError, match="argument 'data' must be float8_e4m3fn or float8_e5m2, got float32"):
-        tc.dequantize_fp8_block(np.ones((4, 128), np.float32), scales(1, 4))
-    with pytest.raises(ValueError, match=r"argument 'output' must have the shape of 'data' \[130, 256\]"):
-        tc.lib.fp8_block_dequantize(desc(q), desc(scales(2, 132)), desc(scales(256, 130)), 1)
-    with pytest.raises(
-        ValueError, match=r"argument 'rowwise_scale_inv' must have shape \[2, 4\] \(2-D GEMM-ready rowwise"
-    ):
-        tc.transpose_fp8_block_2d(q, scales(2, 2))
-    with pytest.raises(ValueError, match=r"argument 'columnwise' must have shape \[256, 130\]"):
-        tc.lib.fp8_block_transpose_2d(desc(q), desc(scales(2, 4)), desc(fp8_out(130, 256)), desc(scales(2, 4)))
-
-
-@pytest.mark.skipif(tc.built_with_cuda(), reason="checks the CPU-only build's message")
-def test_cuda_descriptor_without_cuda_backend():
-    x = np.ones((4, 128), np.float32)
-
-    def on_gpu(a):
-        return tc.lib.TensorDesc(a.ctypes.data, int(tc.te_dtype(a.dtype)), list(a.shape), 1, 0)
-
-    q, s = fp8_out(4, 128), scales(1, 4)
-    with pytest.raises(NotImplementedError, match="no CUDA backend"):
-        tc.lib.fp8_block_quantize(on_gpu(x), on_gpu(q), on_gpu(s), None, None, 1)
+    graph.replay()
+    core_device.sync()
+    want = tc.quantize_fp8_block(x, block_dim=1, columnwise=True)
+    for d, name in zip(outs, ("rowwise", "rowwise_scale_inv", "columnwise", "columnwise_scale_inv")):
+        bc.assert_same_bytes(d.numpy(), getattr(want, name), name, f"seed={seed}")

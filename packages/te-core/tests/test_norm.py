@@ -1,4 +1,5 @@
-"""LayerNorm / RMSNorm on the CPU backend against the float64 oracle (reference_norm).
+"""LayerNorm / RMSNorm on the CPU backend against the float64 oracle (reference_norm),
+and on every backend (the `device` fixture, last section). Errors: test_norm_errors.py.
 
 The core computes in FP32, so results are checked within the derived per-element bounds
 of reference_norm; the fused FP8 output is checked byte for byte against te_quantize_fp8
@@ -12,8 +13,11 @@ import os
 import subprocess
 import sys
 
+import core_device
+import norm_device as nd
 import numpy as np
 import pytest
+from conftest import CUDA_ONLY, gpu_scale
 from norm_inputs import FLOAT_DTYPES, NORM_SHAPES, grad_input, norm_input, weights
 
 import transformer_engine.core as tc
@@ -21,6 +25,7 @@ from transformer_engine.core import reference as ref
 from transformer_engine.core import reference_norm as nref
 
 pytestmark = pytest.mark.norm
+lib = tc.lib
 
 DTYPE_COMBOS = list(itertools.product(FLOAT_DTYPES, FLOAT_DTYPES, FLOAT_DTYPES))  # x, gamma, y
 NAMES = {np.dtype(d): np.dtype(d).name for d in FLOAT_DTYPES}
@@ -257,144 +262,253 @@ def test_results_do_not_depend_on_thread_count(rng, tmp_path):
 
 
 # ---------------------------------------------------------------------------------------
-# Errors: each names the argument and the rule
-
-lib = tc.lib
 
 
-def desc(a):
-    return tc._arrays.desc(a)
+# ---------------------------------------------------------------------------------------
+# Every backend, raw buffers on the test's device (the `device` fixture):
+# - against the float64 oracle within the derived bounds of reference_norm, and against
+#   the CPU backend (the NumPy API) within the sum of both backends' bounds (CUDA's
+#   summation orders differ, so the backends agree within rounding, not bit for bit);
+# - the fused FP8 output byte for byte equal to te_quantize_fp8 (same device) of its FP32 y;
+# - deterministic: two runs give the same bytes (dgamma/dbeta included);
+# - buffers that are not 16-byte aligned (shifted by whole elements: the API rejects
+#   addresses that are not a multiple of the element size) take the element-wise path and
+#   give the same bytes as aligned ones, whichever buffer is shifted.
+
+# Beyond the CPU shapes: long rows (8192; 16384 is the last register-resident forward
+# shape, 10000 and 20000 take the looped kernels of the backward / both), rows whose
+# length is no multiple of 8 (100, 1000: the scalar path), many rows. The long and
+# many-row shapes run on CUDA only (gpu_scale): on the CPU they repeat the same loops.
+CUDA_SHAPES = [(64, 8192), (3, 16384), (4, 10000), (3, 20000), (2048, 512)]
+DEVICE_SHAPES = NORM_SHAPES + [(33, 100), (17, 1000)] + gpu_scale(*CUDA_SHAPES)
+# (shape, offset in elements): every shape aligned, and two shifted ones.
+OFFSET_CASES = (
+    [(s, 0) for s in NORM_SHAPES + [(33, 100), (17, 1000)]]
+    + [pytest.param(s, 0, marks=pytest.mark.gpu_scale) for s in CUDA_SHAPES]
+    + [((40, 256), 2), ((9, 1000), 4)]
+)
 
 
-def f32(*shape):
-    return np.ones(shape, np.float32)
+# ---------------------------------------------------------------------------------------
 
 
-def ln_fwd(x=None, gamma=None, beta=None, eps=1e-5, y=None, y_scale=None, mu=None, rsigma=None):
-    x = f32(4, 16) if x is None else x
-    gamma = f32(16) if gamma is None else gamma
-    beta = f32(16) if beta is None else beta
-    y = f32(*x.shape) if y is None else y
-    opt = lambda a: None if a is None else desc(a)  # noqa: E731
-    lib.layernorm_fwd(
-        desc(x), desc(gamma), desc(beta), eps, False, desc(y), opt(y_scale), None, None, opt(mu), opt(rsigma)
+@pytest.mark.parametrize("layernorm", [True, False], ids=["layernorm", "rmsnorm"])
+@pytest.mark.parametrize(
+    "combo",
+    list(itertools.product(FLOAT_DTYPES, FLOAT_DTYPES, FLOAT_DTYPES)),
+    ids=lambda c: "-".join(np.dtype(d).name for d in c),
+)
+@pytest.mark.parametrize("shape", DEVICE_SHAPES)
+def test_device_forward_vs_oracle_and_cpu(device, rng, layernorm, combo, shape):
+    x_dtype, w_dtype, y_dtype = combo
+    zcg = bool(rng.integers(2))
+    x = norm_input(rng, shape, x_dtype)
+    gamma, beta = weights(rng, shape[-1], w_dtype, zero_centered=zcg)
+    got = nd.device_forward(layernorm, x, gamma, beta, 1e-5, zcg, y_dtype)
+    (y, mu, rsigma), (by, bmu, brs) = nd.oracle_forward(layernorm, x, gamma, beta, 1e-5, zcg, y_dtype)
+    nref.assert_within(got["y"], y, by, f"{device} y vs oracle")
+    nref.assert_within(got["rsigma"], rsigma, brs, f"{device} rsigma vs oracle")
+    cpu = nd.numpy_api_forward(layernorm, x, gamma, beta, 1e-5, zcg, y_dtype)
+    # Both backends are within the bound of the oracle, so within twice it of each other.
+    nref.assert_within(got["y"], cpu.y.astype(np.float64), 2 * by, f"{device} y vs cpu")
+    nref.assert_within(got["rsigma"], cpu.rsigma, 2 * brs, f"{device} rsigma vs cpu")
+    if layernorm:
+        nref.assert_within(got["mu"], mu, bmu, f"{device} mu vs oracle")
+        nref.assert_within(got["mu"], cpu.mu, 2 * bmu, f"{device} mu vs cpu")
+
+
+@pytest.mark.parametrize("layernorm", [True, False], ids=["layernorm", "rmsnorm"])
+@pytest.mark.parametrize("x_dtype", FLOAT_DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
+# offset: x and y shifted by that many elements (2: no 16-byte alignment for any x type).
+@pytest.mark.parametrize("shape,offset", OFFSET_CASES)
+def test_device_fused_fp8_equals_quantize_of_its_fp32_output(device, rng, layernorm, x_dtype, fmt, shape, offset):
+    x = norm_input(rng, shape, x_dtype)
+    gamma, beta = weights(rng, shape[-1], np.dtype(np.float32))
+    zcg = bool(rng.integers(2))
+    scale = np.float32(rng.choice([1.0, 37.5, 300.0, 2.0**-3]))
+    amax0 = np.float32(rng.choice([0.0, 1e4]))
+    fused = nd.device_forward(layernorm, x, gamma, beta, 1e-5, zcg, fmt, scale=scale, amax=amax0, offset=offset)
+    y32 = nd.device_forward(layernorm, x, gamma, beta, 1e-5, zcg, np.float32, offset=offset)["y"]
+    # te_quantize_fp8 on the device copy of the device's FP32 y.
+    dy, q = nd.Dev(y32), nd.Dev(shape=shape, dtype=np.uint8, code=nd.FP8_CODES[fmt])
+    ds, dsi, dam = nd.Dev(np.array(scale)), nd.Dev(np.array(0.0, np.float32)), nd.Dev(np.array(amax0))
+    lib.quantize_fp8(dy.desc, ds.desc, q.desc, None, dsi.desc, dam.desc, core_device.stream())
+    nd.same_bytes(fused["y"], q.numpy(), "fused FP8 y vs te_quantize_fp8(FP32 y)")
+    assert fused["amax"] == dam.numpy()[()]
+    assert fused["scale_inv"] == dsi.numpy()[()] == np.float32(1) / scale
+
+
+@pytest.mark.parametrize("layernorm", [True, False], ids=["layernorm", "rmsnorm"])
+@pytest.mark.parametrize("x_dtype", FLOAT_DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("y_dtype", FLOAT_DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("shape,offset", OFFSET_CASES)
+def test_device_high_precision_y_amax_is_that_of_the_stored_y(device, rng, layernorm, x_dtype, y_dtype, shape, offset):
+    """y_amax with a FP32/BF16/FP16 y: max(start, max|y|) of the y the kernel stored (NaN
+    rows skipped), exactly; the y bytes are those of the same call without y_amax."""
+    x = norm_input(rng, shape, x_dtype)
+    gamma, beta = weights(rng, shape[-1], np.dtype(np.float32))
+    zcg = bool(rng.integers(2))
+    amax0 = np.float32(rng.choice([0.0, 0.5, 1e4]))
+    fused = nd.device_forward(layernorm, x, gamma, beta, 1e-5, zcg, y_dtype, amax=amax0, offset=offset)
+    plain = nd.device_forward(layernorm, x, gamma, beta, 1e-5, zcg, y_dtype, offset=offset)
+    nd.same_bytes(fused["y"], plain["y"], "y with and without y_amax")
+    stored = np.abs(fused["y"].astype(np.float32))
+    want = max(amax0, np.float32(np.max(stored, initial=0.0, where=~np.isnan(stored))))
+    assert fused["amax"] == want, (fused["amax"], want)
+
+
+@pytest.mark.parametrize("layernorm", [True, False], ids=["layernorm", "rmsnorm"])
+@pytest.mark.parametrize(
+    "x_dtype,w_dtype", list(itertools.product(FLOAT_DTYPES, FLOAT_DTYPES)), ids=lambda d: np.dtype(d).name
+)
+@pytest.mark.parametrize("shape", DEVICE_SHAPES)
+def test_device_backward_vs_oracle_and_cpu(device, rng, layernorm, x_dtype, w_dtype, shape):
+    zcg = bool(rng.integers(2))
+    x = norm_input(rng, shape, x_dtype, specials=False)
+    gamma, beta = weights(rng, shape[-1], w_dtype, zero_centered=zcg)
+    dz = grad_input(rng, shape, x_dtype)
+    fwd = nd.numpy_api_forward(layernorm, x, gamma, beta, 1e-5, zcg, np.float32)  # the saved statistics
+    dx, dgamma, dbeta = nd.device_backward(layernorm, dz, x, fwd.mu, fwd.rsigma, gamma, zcg)
+    if layernorm:
+        e_dx, e_dg, e_db = nref.layernorm_bwd(dz, x, fwd.mu, fwd.rsigma, gamma, zcg)
+        c_dx, c_dg, c_db = tc.layernorm_bwd(dz, x, fwd.mu, fwd.rsigma, gamma, zero_centered_gamma=zcg)
+    else:
+        (e_dx, e_dg), e_db = nref.rmsnorm_bwd(dz, x, fwd.rsigma, gamma, zcg), None
+        (c_dx, c_dg), c_db = tc.rmsnorm_bwd(dz, x, fwd.rsigma, gamma, zero_centered_gamma=zcg), None
+    b_dx, b_dg, b_db = nref.backward_bounds(
+        layernorm, dz, x, fwd.mu, fwd.rsigma, gamma, zcg, e_dx, x.dtype, gamma.dtype
     )
+    assert dx.dtype == x.dtype and dgamma.dtype == gamma.dtype
+    nref.assert_within(dx, e_dx, b_dx, f"{device} dx vs oracle")
+    nref.assert_within(dgamma, e_dg, b_dg, f"{device} dgamma vs oracle")
+    nref.assert_within(dx, c_dx.astype(np.float64), 2 * b_dx, f"{device} dx vs cpu")
+    nref.assert_within(dgamma, c_dg.astype(np.float64), 2 * b_dg, f"{device} dgamma vs cpu")
+    if layernorm:
+        nref.assert_within(dbeta, e_db, b_db, f"{device} dbeta vs oracle")
+        nref.assert_within(dbeta, c_db.astype(np.float64), 2 * b_db, f"{device} dbeta vs cpu")
 
 
-def test_gamma_shape_must_match_last_dim():
-    with pytest.raises(
-        ValueError,
-        match=r"argument 'gamma' must have 16 elements \(the last dimension "
-        r"of 'x'\), got shape \[15\]",
+@pytest.mark.parametrize("layernorm", [True, False], ids=["layernorm", "rmsnorm"])
+@pytest.mark.parametrize("shape", [*gpu_scale((4096, 1024), (1000, 4096), (300, 8192), (2, 20000)), (77, 1000)])
+def test_device_deterministic_run_to_run(device, rng, layernorm, shape):
+    bf16 = FLOAT_DTYPES[1]
+    x = norm_input(rng, shape, bf16, specials=False)
+    gamma, beta = weights(rng, shape[-1], bf16)
+    dz = grad_input(rng, shape, bf16)
+    runs = []
+    for _ in range(2):
+        f = nd.device_forward(layernorm, x, gamma, beta, 1e-5, False, bf16)
+        b = nd.device_backward(layernorm, dz, x, f["mu"], f["rsigma"], gamma, False)
+        runs.append([f["y"], f["rsigma"], *[a for a in b if a is not None]])
+    for first, second in zip(*runs):
+        nd.same_bytes(first, second, "second run")
+
+
+@pytest.mark.parametrize("layernorm", [True, False], ids=["layernorm", "rmsnorm"])
+@pytest.mark.parametrize("x_dtype", FLOAT_DTYPES, ids=lambda d: np.dtype(d).name)
+def test_device_unaligned_buffers_give_the_aligned_bytes(device, rng, layernorm, x_dtype):
+    """The scalar path (misaligned rows) adds in the same order as the vector path."""
+    shape = (37, 512)
+    x = norm_input(rng, shape, x_dtype, specials=False)
+    gamma, beta = weights(rng, 512, x_dtype)
+    dz = grad_input(rng, shape, x_dtype)
+    aligned = nd.device_forward(layernorm, x, gamma, beta, 1e-5, True, x_dtype)
+    shifted = nd.device_forward(layernorm, x, gamma, beta, 1e-5, True, x_dtype, offset=1)
+    for key in ("y", "rsigma"):
+        nd.same_bytes(aligned[key], shifted[key], key)
+    mu = aligned["mu"] if layernorm else None
+    for a, b in zip(
+        nd.device_backward(layernorm, dz, x, mu, aligned["rsigma"], gamma, True),
+        nd.device_backward(layernorm, dz, x, mu, aligned["rsigma"], gamma, True, offset=1),
     ):
-        ln_fwd(gamma=f32(15))
-    with pytest.raises(ValueError, match="argument 'beta' must have 16 elements"):
-        ln_fwd(beta=f32(17))
-    with pytest.raises(ValueError, match="argument 'gamma' must have 8 elements"):
-        tc.rmsnorm_fwd(f32(2, 8), f32(2, 8))
+        if a is not None:
+            nd.same_bytes(a, b, "backward")
 
 
-def test_wrong_dtypes_are_type_errors():
-    with pytest.raises(TypeError, match="argument 'x' must be float32, bfloat16 or float16, got float64"):
-        tc.layernorm_fwd(np.ones((2, 8)), f32(8), f32(8))
-    with pytest.raises(TypeError, match="argument 'gamma' must be float32, bfloat16 or float16, got int32"):
-        ln_fwd(gamma=np.ones(16, np.int32))
-    with pytest.raises(TypeError, match=r"argument 'beta' must have the type of 'gamma' \(float32\), got float16"):
-        ln_fwd(beta=np.ones(16, np.float16))
-    with pytest.raises(
-        TypeError, match="argument 'y' must be float32, bfloat16, float16, float8_e4m3 or float8_e5m2, got int16"
-    ):
-        ln_fwd(y=np.ones((4, 16), np.int16))
-    with pytest.raises(TypeError, match="argument 'mu' must be float32, got float16"):
-        ln_fwd(mu=np.ones(4, np.float16))
+F32, BF16, F16 = FLOAT_DTYPES
 
 
-def test_eps_must_be_finite_and_non_negative():
-    for eps in (-1e-5, np.nan, np.inf):
-        with pytest.raises(ValueError, match="argument 'eps' must be finite and >= 0"):
-            tc.layernorm_fwd(f32(2, 8), f32(8), f32(8), eps)
-    with pytest.raises(ValueError, match="argument 'eps' must be finite and >= 0, got -1"):
-        tc.rmsnorm_fwd(f32(2, 8), f32(8), -1.0)
+@pytest.mark.parametrize("layernorm", [True, False], ids=["layernorm", "rmsnorm"])
+@pytest.mark.parametrize(
+    "x_dtype,y_dtype",
+    [(BF16, BF16), (BF16, "e4m3"), (F32, F32), (F32, "e5m2"), (F16, F32)],
+    ids=lambda d: d if isinstance(d, str) else np.dtype(d).name,
+)
+@pytest.mark.parametrize("shape", [(37, 512), *gpu_scale((300, 4096), (5, 8192))])
+def test_device_each_misaligned_buffer_gives_the_aligned_bytes(device, rng, layernorm, x_dtype, y_dtype, shape):
+    """Every pointer's alignment is checked before a vector path is taken: shifting any one
+    buffer by one element (x, y, gamma, beta; dz, x, dx, gamma) must neither fault nor
+    change a byte. The shapes take the one-warp and multi-warp row kernels."""
+    x = norm_input(rng, shape, x_dtype, specials=False)
+    gamma, beta = weights(rng, shape[-1], BF16)
+    dz = grad_input(rng, shape, x_dtype)
+    # (a high-precision y with y_amax: the stored y's amax must not depend on the path either)
+    kw = dict(scale=np.float32(8.0)) if isinstance(y_dtype, str) else dict(amax=np.float32(0.0))
+    aligned = nd.device_forward(layernorm, x, gamma, beta, 1e-5, False, y_dtype, **kw)
+    for name in ("x", "y", "gamma", "beta"):
+        shifted = nd.device_forward(layernorm, x, gamma, beta, 1e-5, False, y_dtype, offsets={name: 1}, **kw)
+        for key in ("y", "mu", "rsigma", "amax", "scale_inv"):
+            if aligned.get(key) is not None:
+                nd.same_bytes(aligned[key], shifted[key], f"forward, {name} shifted: {key}")
+    mu = aligned["mu"] if layernorm else None
+    ref = nd.device_backward(layernorm, dz, x, mu, aligned["rsigma"], gamma, False)
+    for name in ("dz", "x", "dx", "gamma"):
+        got = nd.device_backward(layernorm, dz, x, mu, aligned["rsigma"], gamma, False, offsets={name: 1})
+        for a, b in zip(ref, got):
+            if a is not None:
+                nd.same_bytes(a, b, f"backward, {name} shifted")
 
 
-def test_output_shapes_checked():
-    with pytest.raises(ValueError, match=r"argument 'y' must have the shape of 'x' \[4, 16\], got \[16, 4\]"):
-        ln_fwd(y=f32(16, 4))
-    with pytest.raises(ValueError, match=r"argument 'rsigma' must have 4 elements \(one per row"):
-        ln_fwd(rsigma=f32(5))
-    with pytest.raises(ValueError, match="argument 'x' must have at least 1 dimension"):
-        ln_fwd(x=np.ones((), np.float32), gamma=f32(1), beta=f32(1))
-    with pytest.raises(ValueError, match="argument 'x' must have a non-empty last dimension"):
-        ln_fwd(x=f32(3, 0), gamma=f32(0), beta=f32(0))
-
-
-def test_fp8_output_needs_scale_and_only_fp8_takes_one():
-    y8 = np.zeros((4, 16), tc.numpy_dtype(tc.DType.kFloat8E4M3))
-    with pytest.raises(ValueError, match=r"argument 'y_scale' is required when 'y' is FP8 \(float8_e4m3\)"):
-        ln_fwd(y=y8)
-    with pytest.raises(ValueError, match="argument 'y_scale' must have 1 element"):
-        ln_fwd(y=y8, y_scale=f32(2))
-    with pytest.raises(ValueError, match="are only for an FP8 'y'; 'y' is float32"):
-        ln_fwd(y_scale=f32())
-
-
-def test_backward_argument_checks():
-    x, gamma = f32(4, 16), f32(16)
-    mu, rsigma = f32(4), f32(4)
-    with pytest.raises(TypeError, match=r"argument 'dz' must have the type of 'x' \(float32\), got float16"):
-        tc.layernorm_bwd(np.ones((4, 16), np.float16), x, mu, rsigma, gamma)
-    with pytest.raises(ValueError, match=r"argument 'dz' must have the shape of 'x' \[4, 16\]"):
-        tc.layernorm_bwd(f32(4, 15), x, mu, rsigma, gamma)
-    with pytest.raises(ValueError, match="argument 'mu' must have 4 elements"):
-        tc.layernorm_bwd(x, x, f32(3), rsigma, gamma)
-    with pytest.raises(ValueError, match="argument 'gamma' must have 16 elements"):
-        tc.rmsnorm_bwd(x, x, rsigma, f32(4))
-    with pytest.raises(TypeError, match=r"argument 'dgamma' must have the type of 'gamma' \(float32\), got float16"):
-        lib.rmsnorm_bwd(
-            desc(x), desc(x), desc(rsigma), desc(gamma), False, desc(f32(4, 16)), desc(np.ones(16, np.float16)), None
-        )
-    with pytest.raises(TypeError, match="argument 'workspace' must be byte, got float32"):
-        lib.rmsnorm_bwd(
-            desc(x), desc(x), desc(rsigma), desc(gamma), False, desc(f32(4, 16)), desc(f32(16)), desc(f32(8))
-        )
-    assert lib.layernorm_bwd_workspace_size(desc(x)) == 0  # the CPU backend needs none
-
-
-def test_buffers_must_be_aligned_to_their_element_size():
-    raw = np.zeros(4 * 16 * 4 + 8, np.uint8)  # keeps the memory alive
-    base = raw.ctypes.data
-
-    def at(misalign, dtype, shape, item):  # a descriptor `misalign` bytes past a multiple of item
-        ptr = base + (misalign - base) % item
-        return lib.TensorDesc(ptr, int(tc.te_dtype(dtype)), list(shape), 0, 0)
-
-    x, gamma, beta, y = f32(4, 16), f32(16), f32(16), f32(4, 16)
+def test_device_misaligned_element_address_is_rejected(device, rng):
+    """An FP32 buffer 2 bytes off its element alignment is refused before any kernel runs."""
+    x = norm_input(rng, (4, 64), np.float32, specials=False)
+    gamma, beta = weights(rng, 64, np.dtype(np.float32))
+    bad = nd.Dev(x, offset=2)
+    args = [nd.Dev(gamma), nd.Dev(beta)]
+    y = nd.Dev(shape=x.shape, dtype=np.float32)
     with pytest.raises(
         ValueError,
         match=r"argument 'x' must be aligned to its element size \(4 bytes "
         r"for float32\), got an address 2 bytes past a multiple of 4",
     ):
         lib.layernorm_fwd(
-            at(2, np.float32, (4, 16), 4), desc(gamma), desc(beta), 1e-5, False, desc(y), None, None, None, None, None
+            bad.desc,
+            args[0].desc,
+            args[1].desc,
+            1e-5,
+            False,
+            y.desc,
+            None,
+            None,
+            None,
+            None,
+            None,
+            core_device.stream(),
         )
-    bf16 = tc.numpy_dtype(tc.DType.kBFloat16)
-    with pytest.raises(
-        ValueError,
-        match=r"argument 'y' must be aligned to its element size \(2 bytes "
-        r"for bfloat16\), got an address 1 bytes past a multiple of 2",
-    ):
-        lib.rmsnorm_fwd(desc(x), desc(gamma), 1e-5, False, at(1, bf16, (4, 16), 2), None, None, None, None)
-    with pytest.raises(ValueError, match="argument 'beta' must be aligned to its element size"):
-        lib.layernorm_fwd(
-            desc(x), desc(gamma), at(3, np.float32, (16,), 4), 1e-5, False, desc(y), None, None, None, None, None
-        )
-    rsigma = f32(4)
-    with pytest.raises(ValueError, match="argument 'dx' must be aligned to its element size"):
-        lib.rmsnorm_bwd(
-            desc(x), desc(x), desc(rsigma), desc(gamma), False, at(2, np.float32, (4, 16), 4), desc(f32(16)), None
-        )
-    # One byte per element: any address will do.
-    y8 = lib.TensorDesc(base + 1, int(tc.DType.kFloat8E4M3), [4, 16], 0, 0)
-    lib.layernorm_fwd(
-        desc(x), desc(gamma), desc(beta), 1e-5, False, y8, desc(np.array(1.0, np.float32)), None, None, None, None
-    )
+    core_device.sync()  # (CUDA: the context is still healthy)
+
+
+def test_device_empty_batch(device, rng):
+    gamma, beta = weights(rng, 64, np.dtype(np.float32))
+    x = np.zeros((0, 64), np.float32)
+    out = nd.device_forward(True, x, gamma, beta, 1e-5, False, "e4m3", scale=4.0, amax=3.0)
+    assert out["scale_inv"] == 0.25 and out["amax"] == 3.0
+    _, dgamma, dbeta = nd.device_backward(True, x, x, np.zeros(0), np.zeros(0), gamma, False)
+    assert not dgamma.any() and not dbeta.any()
+
+
+@CUDA_ONLY
+def test_cuda_workspace_checks(device, rng):
+    """(The CPU backward needs no workspace: its size is 0.)"""
+    gamma = weights(rng, 64, np.dtype(np.float32))[0]
+    x = rng.standard_normal((8, 64)).astype(np.float32)
+    dxin = nd.Dev(x)
+    need = lib.layernorm_bwd_workspace_size(dxin.desc)
+    small = nd.Dev(shape=(need - 1,), dtype=np.uint8)
+    args = [nd.Dev(x), dxin, nd.Dev(np.zeros(8, np.float32)), nd.Dev(np.ones(8, np.float32)), nd.Dev(gamma)]
+    outs = [nd.Dev(shape=x.shape, dtype=np.float32), nd.Dev(gamma), nd.Dev(gamma)]
+    with pytest.raises(ValueError, match=f"argument 'workspace' must hold at least {need} bytes"):
+        lib.layernorm_bwd(*[a.desc for a in args], False, *[o.desc for o in outs], small.desc, core_device.stream())
+    with pytest.raises(ValueError, match="argument 'workspace' is required"):
+        lib.layernorm_bwd(*[a.desc for a in args], False, *[o.desc for o in outs], None, core_device.stream())

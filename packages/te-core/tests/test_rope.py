@@ -4,13 +4,19 @@ context parallelism; hostile values; argument errors."""
 
 from __future__ import annotations
 
+import backend_checks as bc
+import core_device
 import numpy as np
 import pytest
+from conftest import CUDA_ONLY
 from rope_cases import CASES, FLOAT_DTYPES, case_inputs, freqs_for, rope_input
 
 import transformer_engine.core as tc
-from transformer_engine.core import norm_reference as nref
+from transformer_engine.core import lib
+from transformer_engine.core import reference_norm as nref
 from transformer_engine.core import reference_rope as rref
+from transformer_engine.core._arrays import desc
+from transformer_engine.core.rope import TENSOR_FORMATS
 
 pytestmark = [pytest.mark.rope]
 
@@ -122,3 +128,93 @@ def test_errors_name_the_entry_point():
 def test_empty_tensor():
     x = np.ones((0, 2, 2, 8), np.float32)
     assert tc.fused_rope_forward(x, np.zeros((1, 1, 1, 8), np.float32)).shape == x.shape
+
+
+# ---- every backend, raw buffers ----------------------------------------------
+# On the test's device (backend_checks buffers): against the float64 oracle within
+# its bounds (which cover CUDA's sinf/cosf), against the CPU backend within the sum
+# of both bounds, copied elements bit for bit; and the CUDA-only behaviour of
+# positions past freqs (NaN).
+_DTYPE_IDS = lambda d: np.dtype(d).name  # noqa: E731
+
+
+def _on_device(a):
+    return None if a is None else bc.DeviceArray.of(a)
+
+
+def device_rope(x, freqs, case_kw, interleaved, backward):
+    kw = dict(case_kw)
+    dx, df = bc.DeviceArray.of(x), bc.DeviceArray.of(freqs)
+    cu, st = _on_device(kw["cu_seqlens"]), _on_device(kw["start_positions"])
+    out = bc.DeviceArray(x.shape, x.dtype)
+    entry = lib.rope_bwd if backward else lib.rope_fwd
+    entry(
+        dx.desc,
+        df.desc,
+        None if cu is None else cu.desc,
+        None if st is None else st.desc,
+        TENSOR_FORMATS[kw["tensor_format"]],
+        interleaved,
+        kw["cp_size"],
+        kw["cp_rank"],
+        out.desc,
+        core_device.stream(),
+    )
+    return out.numpy()
+
+
+@pytest.mark.parametrize("backward", [False, True], ids=["fwd", "bwd"])
+@pytest.mark.parametrize("interleaved", [False, True], ids=["halves", "interleaved"])
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=_DTYPE_IDS)
+@pytest.mark.parametrize("case", CASES, ids=repr)
+def test_device_rope(device, rng, case, dtype, interleaved, backward):
+    x, freqs = case_inputs(rng, case, dtype)
+    got = device_rope(x, freqs, case.kwargs(), interleaved, backward)
+    exact, bound = rref.rope(x, freqs, interleaved=interleaved, backward=backward, **case.kwargs())
+    nref.assert_within(got, exact, bound, f"{device} {case}")
+    fn = tc.fused_rope_backward if backward else tc.fused_rope_forward
+    cpu = fn(x, freqs, interleaved=interleaved, **case.kwargs())
+    nref.assert_within(got, cpu.astype(np.float64), 2 * bound, f"{device} vs cpu {case}")
+    untouched = bound == 0
+    assert np.array_equal(
+        got.view(np.uint8).reshape(*x.shape, -1)[untouched], x.view(np.uint8).reshape(*x.shape, -1)[untouched]
+    )
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=_DTYPE_IDS)
+@pytest.mark.gpu_scale
+def test_device_rope_large(device, rng, dtype):
+    """Many tokens and heads, large angles (range reduction on both backends)."""
+    x = rope_input(rng, (512, 4, 8, 128), dtype)
+    freqs = freqs_for(rng, 512, 96, large=True)
+    kw = dict(tensor_format="sbhd", start_positions=None, cu_seqlens=None, cp_size=1, cp_rank=0)
+    for backward in (False, True):
+        got = device_rope(x, freqs, kw, True, backward)
+        exact, bound = rref.rope(x, freqs, interleaved=True, backward=backward)
+        nref.assert_within(got, exact, bound, f"{device} large")
+
+
+@CUDA_ONLY
+def test_cuda_rope_positions_past_freqs_are_nan(device, rng):
+    """Device cu_seqlens the host cannot read: a sequence longer than freqs gives NaN in
+    its rotated elements (never an out-of-bounds read); the CPU rejects the call."""
+    x = rope_input(rng, (10, 2, 8), np.float32, specials=False)
+    freqs = freqs_for(rng, 4, 6)
+    kw = dict(
+        tensor_format="thd", start_positions=None, cu_seqlens=np.array([0, 3, 10], np.int32), cp_size=1, cp_rank=0
+    )
+    got = device_rope(x, freqs, kw, False, False)
+    assert np.isnan(got[3 + 4 :, :, :6]).all()  # positions 4.. of the second sequence
+    assert not np.isnan(got[: 3 + 4]).any()
+    np.testing.assert_array_equal(got[:, :, 6:], x[:, :, 6:])
+    with pytest.raises(ValueError, match="reads positions 0..6"):
+        tc.fused_rope_forward(x, freqs, **kw)
+
+
+@CUDA_ONLY
+def test_cuda_rope_rejects_mixed_devices(device, rng):
+    x = bc.DeviceArray.of(rope_input(rng, (4, 1, 2, 8), np.float32))
+    freqs = freqs_for(rng, 4, 8)
+    out = bc.DeviceArray((4, 1, 2, 8), np.float32)
+    with pytest.raises(ValueError, match="freqs"):
+        lib.rope_fwd(x.desc, desc(freqs), None, None, 1, False, 1, 0, out.desc, core_device.stream())

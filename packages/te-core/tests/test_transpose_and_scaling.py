@@ -1,14 +1,21 @@
-"""Transpose and the delayed-scaling update on the CPU backend."""
+"""Transpose and the delayed-scaling update: the CPU backend against the oracle,
+and every backend (the `device` fixture) byte for byte against the NumPy API."""
 
 from __future__ import annotations
 
+import math
+
+import backend_checks as bc
+import core_device
 import ml_dtypes
 import numpy as np
 import pytest
 from conftest import SHAPES
 
 import transformer_engine.core as tc
+from transformer_engine.core import lib
 from transformer_engine.core import reference as ref
+from transformer_engine.core.dtypes import te_dtype
 
 pytestmark = [pytest.mark.transpose, pytest.mark.recipe]
 
@@ -72,3 +79,100 @@ def test_delayed_update_spec_by_hand():
     # column 1: last=0: no roll, scale kept
     np.testing.assert_array_equal(h, np.array([[0.0, 0.0], [2.0, 9.0], [5.0, 3.0]], np.float32))
     np.testing.assert_array_equal(s, np.array([448.0 / 5.0, 4.0], np.float32))
+
+
+# ---------------------------------------------------------------- every backend, raw buffers
+# The bindings on buffers of the test's device (backend_checks): the bytes equal
+# the NumPy API's. On CUDA that is the CPU == CUDA contract; on the CPU, the
+# raw-buffer path (0xA5-prefilled outputs, pointers off the 16-byte grid).
+# Odd shapes first; (32768, 64) and (256, 192) take the CUDA kernels'
+# vectorized full-tile paths, (1000, 1000) the 8-byte columnwise stores,
+# (3, 7, 33) unaligned rows.
+
+# ---------------------------------------------------------------- transpose
+
+TRANSPOSE_DTYPES = [
+    np.dtype(np.uint8),
+    bc.FP8["e4m3"],
+    np.dtype(np.int16),
+    bc.BF16,
+    np.dtype(np.float32),
+    np.dtype(np.int32),
+    np.dtype(np.int64),
+]
+
+
+@pytest.mark.parametrize("dtype", TRANSPOSE_DTYPES, ids=str)
+@pytest.mark.parametrize("shape", bc.SHAPES + [(0, 5), (129, 65)], ids=str)
+def test_device_transpose(device, shape, dtype, rng_and_seed):
+    rng, seed = rng_and_seed
+    n = math.prod(shape)
+    x = rng.integers(0, 256, n * dtype.itemsize, dtype=np.uint8).view(dtype).reshape(shape)
+    rows, cols = bc.matrix(shape)
+    for offset in [0, dtype.itemsize]:
+        out = bc.DeviceArray((cols, rows), dtype, offset)
+        dx = bc.DeviceArray.of(x, offset)
+        lib.transpose(dx.desc, out.desc, core_device.stream())
+        bc.assert_same_bytes(out.numpy(), tc.transpose(x), "transpose", bc.ctx(seed, offset=offset))
+
+
+# ---------------------------------------------------------------- delayed-scaling update
+
+
+def _amax_values(rng, shape):
+    """Positive amaxes with zeros, subnormals, huge, inf and NaN mixed in."""
+    a = (10.0 ** rng.uniform(-6, 6, shape)).astype(np.float32)
+    specials = np.array([0.0, 0.0, 0.0, np.inf, np.nan, 1e-42, 3e38, 1.0], np.float32)
+    pick = rng.random(shape) < 0.25
+    a[pick] = rng.choice(specials, int(pick.sum()))
+    return a
+
+
+@pytest.mark.parametrize("num_groups", [3, 150])  # 150 > one launch's groups
+@pytest.mark.parametrize("with_scale_inv", [True, False])
+@pytest.mark.parametrize("with_buffer", [False, True])
+@pytest.mark.parametrize("margin", [0.0, 1.0])
+@pytest.mark.parametrize("fp8", list(bc.FP8))
+@pytest.mark.parametrize("algo", ["max", "most_recent"])
+@pytest.mark.parametrize("length", [1, 16, 300, 1024])  # 300: a partial pass of the warp roll
+def test_device_delayed_scaling_update(
+    device, length, algo, fp8, margin, with_buffer, with_scale_inv, num_groups, rng_and_seed
+):
+    rng, seed = rng_and_seed
+    sizes = [int(s) for s in rng.integers(1, 6, num_groups)]
+    sizes[0] = 300  # more columns than threads in a block
+    histories = [_amax_values(rng, (length, n)) for n in sizes]
+    for h in histories[::3]:
+        h[0, :] = 0.0  # nothing staged: no roll unless the buffer has a value
+    scales = [(10.0 ** rng.uniform(-3, 3, n)).astype(np.float32) for n in sizes]
+    invs = [np.full(n, -7.0, np.float32) for n in sizes] if with_scale_inv else None
+    buffer = None
+    if with_buffer:
+        buffer = _amax_values(rng, (sum(sizes),))
+        buffer[rng.random(buffer.size) < 0.4] = 0.0  # zeros fall back to the history's row 0
+
+    d_hist = [bc.DeviceArray.of(h) for h in histories]
+    d_scales = [bc.DeviceArray.of(s) for s in scales]
+    d_invs = [bc.DeviceArray.of(i) for i in invs] if invs is not None else None
+    d_buffer = bc.DeviceArray.of(buffer) if buffer is not None else None
+    algo_code = {"max": lib.AmaxComputeAlgo.MAX, "most_recent": lib.AmaxComputeAlgo.MOST_RECENT}[algo]
+    lib.delayed_scaling_update(
+        bc.desc_or_none(d_buffer),
+        [d.desc for d in d_hist],
+        [d.desc for d in d_scales],
+        None if d_invs is None else [d.desc for d in d_invs],
+        algo_code,
+        int(te_dtype(fp8)),
+        margin,
+        core_device.stream(),
+    )
+
+    tc.delayed_scaling_update(
+        histories, scales, invs, amax_reduction_buffer=buffer, amax_compute_algo=algo, fp8_dtype=fp8, margin=margin
+    )
+    for k in range(num_groups):
+        ctx = bc.ctx(seed, group=k)
+        bc.assert_same_bytes(d_hist[k].numpy(), histories[k], "amax_history", ctx)
+        bc.assert_same_bytes(d_scales[k].numpy(), scales[k], "scale", ctx)
+        if invs is not None:
+            bc.assert_same_bytes(d_invs[k].numpy(), invs[k], "scale_inv", ctx)

@@ -3,6 +3,9 @@ params_dtype at construction, with an error naming the argument and the rule."""
 
 from __future__ import annotations
 
+import warnings
+
+import numpy as np
 import pytest
 import torch
 
@@ -142,3 +145,84 @@ def test_attention_sizes_must_be_positive_ints(build, name):
 def test_multihead_attention_arguments(kwargs, rule):
     with pytest.raises(TypeError, match=rule):
         te.MultiheadAttention(32, 4, device="cpu", **kwargs)
+
+
+# ------------------------------------------------------------------ device: one rule for every form
+
+# Every public module with a device argument, built with the given device (MHA and TransformerLayer too).
+DEVICE_MODULES = {
+    **MODULES,
+    "MultiheadAttention": lambda **kw: te.MultiheadAttention(**{"hidden_size": 16, "num_attention_heads": 2, **kw}),
+    "TransformerLayer": lambda **kw: te.TransformerLayer(
+        **{"hidden_size": 16, "ffn_hidden_size": 32, "num_attention_heads": 2, **kw}
+    ),
+}
+CUDA_FORMS = ["cuda", "cuda:0", torch.device("cuda"), torch.device("cuda", 0)]
+
+
+@pytest.mark.parametrize("module", list(DEVICE_MODULES))
+@pytest.mark.parametrize("device", CUDA_FORMS, ids=repr)
+def test_explicit_cuda_device_without_cuda_is_an_error_in_every_form(module, device):
+    """ "cuda" and torch.device("cuda:0") behave the same: without CUDA, the
+    error names the module and the argument (no silent CPU fallback)."""
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is available: an explicit CUDA device is used")
+    with pytest.raises(RuntimeError, match=r"te\.\w+|LayerNorm|RMSNorm") as info:
+        DEVICE_MODULES[module](device=device)
+    assert f"device={device!r} asks for CUDA, but no CUDA device is available" in str(info.value)
+
+
+@pytest.mark.parametrize("module", list(DEVICE_MODULES))
+def test_default_device_without_cuda_is_the_cpu(module):
+    """Left at its default, the device is CUDA when available, else the CPU."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (the one-time CPU fallback warning)
+        layer = DEVICE_MODULES[module]() if module not in MODULES else _build_default(module)
+    expected = "cuda" if torch.cuda.is_available() else "cpu"
+    assert {p.device.type for p in layer.parameters()} == {expected}
+
+
+def _build_default(module):
+    """MODULES[module] without its device="cpu"."""
+    args = {
+        "Linear": (8, 16),
+        "LayerNormLinear": (8, 16),
+        "LayerNormMLP": (8, 16),
+        "LayerNorm": (8,),
+        "RMSNorm": (8,),
+    }[module]
+    return getattr(te, module)(*args)
+
+
+@pytest.mark.parametrize("module", ["Linear", "LayerNormMLP", "MultiheadAttention"])
+@pytest.mark.parametrize(
+    ("device", "error", "rule"),
+    [("gpu", ValueError, "is not a valid torch device"), (0, TypeError, "device must be a str or torch.device")],
+)
+def test_bad_device_values_are_named(module, device, error, rule):
+    with pytest.raises(error, match=rule):
+        DEVICE_MODULES[module](device=device)
+
+
+def test_signature_default_is_still_the_references_cuda():
+    import inspect
+
+    for cls in (te.Linear, te.LayerNormLinear, te.LayerNormMLP, te.MultiheadAttention, te.TransformerLayer):
+        default = inspect.signature(cls).parameters["device"].default
+        assert default == "cuda" and isinstance(default, str), cls
+
+
+# ------------------------------------------------------------------ forward input: a torch.Tensor
+
+FORWARD_MODULES = ["Linear", "LayerNormLinear", "LayerNormMLP", "LayerNorm", "RMSNorm"]
+
+
+@pytest.mark.parametrize("module", FORWARD_MODULES)
+@pytest.mark.parametrize(
+    ("value", "hint"),
+    [(None, "NoneType"), (np.ones((4, 8), np.float32), r"ndarray \(convert it with torch.from_numpy")],
+)
+def test_forward_input_must_be_a_tensor(module, value, hint):
+    layer = MODULES[module]()
+    with pytest.raises(TypeError, match=rf"inp must be a torch\.Tensor, got {hint}"):
+        layer(value)

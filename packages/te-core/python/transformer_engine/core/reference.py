@@ -16,13 +16,6 @@ CANONICAL_NAN_BYTE = 0x7F
 FLT_MAX = np.finfo(np.float32).max
 
 
-def fp8_name(dtype) -> str:
-    """'e4m3' or 'e5m2' for an ml_dtypes FP8 dtype or a name."""
-    if isinstance(dtype, str):
-        return dtype.lower()
-    return {np.dtype(v): k for k, v in FP8_NUMPY.items()}[np.dtype(dtype)]
-
-
 def cast_to_fp8_bytes(values_fp32: np.ndarray, fmt: str) -> np.ndarray:
     """Saturating round-to-nearest-even cast of FP32 values; NaN -> 0x7F."""
     v = np.asarray(values_fp32, dtype=np.float32)

@@ -48,7 +48,8 @@ contract, te/gemm.h, and docs/numerics.md state them):
   largest term including the accumulator, promotion every 4 k-steps) stayed
   within it: at most 2.7 units of 2^-13 S_AB at K = 80 over 40 draws (model:
   4). The first H200 run (torch 2.11, CUDA 13.0, cuBLASLt 13.1;
-  tests/gpu/test_gemm_gpu.py) saw less: at most 1.2 units at K = 48 (model:
+  tests/gpu/test_gemm_gpu.py, now the CUDA cases of tests/test_gemm.py) saw
+  less: at most 1.2 units at K = 48 (model:
   3), 1.57 at K = 80 (model: 4) and 1.35 at K = 272 (model: 10); its d_amax
   values with power-of-two scales all lay on a 14-bit grid, the accumulator's
   width. The model stays far below FP8 quantization error (2^-4 relative per

@@ -17,10 +17,23 @@ max|x| into the history's row 0; then
   last).
 Callable amax_compute_algo / scaling_factor_compute_algo use the unfused
 torch path below instead of te-core.
+
+The update follows the reference's rule whatever the amax: an inf or NaN
+amax keeps the old scale; a finite one sets scale = fp8_max * 2^-margin /
+amax, and with amax_compute_algo "max" one bad step drives the scale for the
+amax_history_len steps its amax stays in the window (values far below it
+then flush to 0), after which the scale recovers. So that this is never
+silent, an update driven by a non-finite amax or one >= ABSURD_AMAX warns
+(RuntimeWarning, naming the tensor). On CUDA the check reads the amaxes
+through an asynchronous copy, so its warning comes at the next update
+rather than stalling the step; updates captured in a CUDA graph
+(make_graphed_callables) are not checked.
 """
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import warnings
 
 import torch
@@ -33,6 +46,10 @@ from .kernels._common import compiling, stream_of
 from .recipe_state import check_recipe_support
 
 FLT_MAX = torch.finfo(torch.float32).max
+# No trained network's activation or gradient reaches 2^64 (and an E4M3 scale
+# from it, 448 / 2^64, flushes every value below ~1e-14 to 0): an amax this
+# large is overflow or corruption, not data.
+ABSURD_AMAX = 2.0**64
 
 
 class _UpdateQueue:
@@ -57,16 +74,100 @@ class _UpdateQueue:
     def run(self) -> None:
         groups, self.groups = self.groups, {}
         for recipe, group, states in groups.values():
-            _reduce_and_update(recipe, group, list(states.values()))
+            states = list(states.values())
+            with _locked(states):
+                _AMAX_WATCH.check(states)
+                _reduce_and_update(recipe, group, states)
 
 
-class _FP8GlobalState:
-    """The state autocast sets and the modules read: one instance per process,
-    FP8GlobalStateManager. (The reference makes it a class with class
-    attributes; an instance keeps its call sites -- FP8GlobalStateManager.
-    is_fp8_enabled() and friends -- and lets torch.compile trace autocast
-    inside a compiled function: torch 2.11's dynamo cannot set attributes on
-    a class.)"""
+@contextlib.contextmanager
+def _locked(states: list):
+    """Holds the locks of the states' modules (in one order: no deadlock
+    between two threads updating overlapping sets)."""
+    locks = {id(s.lock): s.lock for s in states if s.lock is not None}
+    with contextlib.ExitStack() as stack:
+        for key in sorted(locks):
+            stack.enter_context(locks[key])
+        yield
+
+
+_ROLES = {"forward": ("input", "weight", "output"), "backward": ("grad_output", "grad_input")}
+
+
+class _AmaxWatch:
+    """Warns when a delayed-scaling update is about to use a non-finite or
+    absurd staged amax (row 0 of a history, read before the update)."""
+
+    def __init__(self) -> None:
+        self.pending: list = []  # CUDA: (event, host copy of the amaxes, states)
+        self.lock = threading.Lock()
+
+    def check(self, states: list) -> None:
+        rows = [s.amax_history[0] for s in states]
+        if rows[0].device.type == "cpu":
+            self._report(rows[0] if len(rows) == 1 else torch.cat(rows), states)
+            return
+        if torch.cuda.is_current_stream_capturing():
+            return  # (a captured update: no host copy or event query may enter the graph)
+        self._drain()
+        staged = rows[0] if len(rows) == 1 else torch.cat(rows)
+        host = staged.to("cpu", non_blocking=True)  # (stream-ordered before the update)
+        event = torch.cuda.Event()
+        event.record()
+        with self.lock:
+            self.pending.append((event, host, states))
+
+    def _drain(self) -> None:
+        if not self.pending:
+            return
+        with self.lock:  # (updates of several threads share the list)
+            done = [p[0].query() for p in self.pending]
+            ready = [p for p, d in zip(self.pending, done) if d]
+            self.pending = [p for p, d in zip(self.pending, done) if not d]
+        for _, host, states in ready:
+            self._report(host, states)
+
+    @staticmethod
+    def _report(staged: torch.Tensor, states: list) -> None:
+        bad = ~torch.isfinite(staged) | (staged >= ABSURD_AMAX)
+        if not bool(bad.any()):
+            return
+        offset, found = 0, []
+        for state in states:
+            n = state.amax_history.shape[1]
+            roles = _ROLES[state.mode]
+            for i in torch.nonzero(bad[offset : offset + n]).flatten().tolist():
+                found.append(
+                    f"{state.mode} {roles[i % len(roles)]} of GEMM {i // len(roles)}: {staged[offset + i].item():.6g}"
+                )
+            offset += n
+        history = states[0].recipe.amax_history_len
+        warnings.warn(
+            f"DelayedScaling: a scale update is driven by a non-finite or absurd amax (>= {ABSURD_AMAX:.3g}): "
+            f"{'; '.join(found)}. The reference's rule applies: an inf/NaN amax keeps the old scale, a finite "
+            f"one sets scale = fp8_max * 2^-margin / amax for as long as it is in the amax window "
+            f"({history} steps with amax_compute_algo='max'), during which smaller values flush to 0; "
+            "the scale recovers when the window passes",
+            RuntimeWarning,
+            stacklevel=4,
+        )
+
+
+_AMAX_WATCH = _AmaxWatch()
+
+
+class _FP8GlobalState(threading.local):
+    """The state autocast sets and the modules read: FP8GlobalStateManager.
+
+    Thread-local, as torch.autocast's state is: each thread sees its own
+    autocast depth, recipe, group and update queues (threading.local runs
+    __init__ once per thread, on its first access), so a module called
+    outside autocast in one thread never runs under another thread's recipe.
+    An autocast region belongs to the thread that entered it. (The reference
+    makes it a class with class attributes; an instance keeps its call sites
+    -- FP8GlobalStateManager.is_fp8_enabled() and friends -- and lets
+    torch.compile trace autocast inside a compiled function: torch 2.11's
+    dynamo cannot set attributes on a class, but traces a threading.local.)"""
 
     def __init__(self) -> None:
         self.reset()
@@ -104,7 +205,7 @@ class _FP8GlobalState:
         return device.is_nvfp4_available(return_reason=True)
 
     def reset(self) -> None:
-        """Back to the state at import (tests call this between cases)."""
+        """Back to the state at import, in the calling thread (tests call this between cases)."""
         self.fp8_enabled = self.fp8_calibration = False
         self.fp8_recipe = self.fp8_group = None
         self.autocast_depth = 0
@@ -146,6 +247,8 @@ class autocast:
 
     Wrap the forward pass only; backward may run outside. Nestable; one
     instance cannot be entered twice at the same time.
+    Thread-local, as torch.autocast: the region applies to the thread that
+    entered it (and is exited there); other threads keep their own state.
     """
 
     def __init__(
@@ -174,6 +277,8 @@ class autocast:
             check_recipe_support(recipe)
         s = FP8GlobalStateManager
         self._saved = (s.fp8_enabled, s.fp8_calibration, s.fp8_recipe, s.fp8_group)
+        # (dynamo cannot trace get_ident; a compiled region is one thread anyway)
+        self._thread = None if compiling() else threading.get_ident()
         if s.autocast_depth == 0:
             if compiling():
                 # Only current scaling compiles (no queued states), so clearing in
@@ -191,6 +296,10 @@ class autocast:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
+        if self._thread is not None and self._thread != threading.get_ident():
+            raise RuntimeError(
+                "te.autocast: a region must be exited in the thread that entered it (its state is thread-local)"
+            )
         s = FP8GlobalStateManager
         s.fp8_enabled, s.fp8_calibration, s.fp8_recipe, s.fp8_group = self._saved
         self._saved = None

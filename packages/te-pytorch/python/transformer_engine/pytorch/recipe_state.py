@@ -149,6 +149,8 @@ class RecipeState:
         self._device = device
         self.split_accumulator = mm_split_accumulator(recipe)
         self._dim_multiples = _DIM_RULES[self.operand_kind][0]
+        # The owning module's lock (base.py sets it); a state made on its own has none.
+        self.lock = None
 
     @property
     def device(self) -> torch.device:

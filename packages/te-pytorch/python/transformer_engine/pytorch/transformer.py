@@ -16,7 +16,7 @@ import torch
 
 from .attention.multi_head_attention import MultiheadAttention
 from .module import LayerNorm, LayerNormMLP, RMSNorm
-from .module.base import not_yet_supported, reject_tp_group
+from .module.base import DEFAULT_DEVICE, not_yet_supported, reject_tp_group, resolve_device
 
 _OWNER = "te.TransformerLayer"
 
@@ -93,7 +93,7 @@ class TransformerLayer(torch.nn.Module):
         activation: str = "gelu",
         activation_params=None,
         normalization: str = "LayerNorm",
-        device="cuda",
+        device=DEFAULT_DEVICE,
         attn_input_format: str = "sbhd",
         name: str | None = None,
         qk_norm_type: str | None = None,
@@ -111,6 +111,8 @@ class TransformerLayer(torch.nn.Module):
             ub_tp_comm_overlap=(ub_tp_comm_overlap, False),
         )
         reject_tp_group(_OWNER, tp_group)
+        if device != "meta":  # (checked here, so that an error names this module, not a part)
+            resolve_device(device, _OWNER)
         if layer_type not in ("encoder", "decoder"):
             raise ValueError(f"{_OWNER}: layer_type must be 'encoder' or 'decoder', got {layer_type!r}")
         if attn_input_format not in ("sbhd", "bshd"):

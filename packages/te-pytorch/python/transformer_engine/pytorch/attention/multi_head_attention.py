@@ -25,7 +25,7 @@ import torch
 
 from ..module import LayerNorm, LayerNormLinear, Linear, RMSNorm
 from ..module._args import check_module_args
-from ..module.base import not_yet_supported, reject_tp_group, resolve_device
+from ..module.base import DEFAULT_DEVICE, not_yet_supported, reject_tp_group, resolve_device
 from .dot_product_attention import DotProductAttention
 from .rope import apply_rotary_pos_emb
 
@@ -103,7 +103,7 @@ class MultiheadAttention(torch.nn.Module):
         ub_bulk_wgrad: bool = False,
         bias: bool = True,
         normalization: str = "LayerNorm",
-        device="cuda",
+        device=DEFAULT_DEVICE,
         qkv_format: str = "sbhd",
         name: str | None = None,
         qk_norm_type: str | None = None,
@@ -136,6 +136,8 @@ class MultiheadAttention(torch.nn.Module):
             eps=layernorm_epsilon,
             params_dtype=params_dtype,
         )
+        # (The device is checked once here, so that an error names this module, not a part.)
+        target = torch.device("meta") if device == "meta" else resolve_device(device, _OWNER)
         if attention_type not in ("self", "cross"):
             raise ValueError(f"{_OWNER}: attention_type must be 'self' or 'cross', got {attention_type!r}")
         if layer_number is not None and layer_number <= 0:
@@ -227,7 +229,7 @@ class MultiheadAttention(torch.nn.Module):
             get_rng_state_tracker=get_rng_state_tracker,
         )
         if self.core_attention.softmax_offset is not None:  # (learnable softmax: on this module's device)
-            self.core_attention.to(torch.device("meta") if device == "meta" else resolve_device(device))
+            self.core_attention.to(target)
         self.proj = Linear(
             self.hidden_size_q,
             hidden_size,

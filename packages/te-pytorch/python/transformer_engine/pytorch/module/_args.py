@@ -51,6 +51,15 @@ def check_params_dtype(owner: str, value, name: str = "params_dtype") -> torch.d
     return dtype
 
 
+def check_tensor(owner: str, name: str, value) -> None:
+    """A forward's tensor argument: a torch.Tensor (not None, not a NumPy
+    array -- torch.from_numpy(a) makes one without a copy)."""
+    if isinstance(value, torch.Tensor):
+        return
+    hint = " (convert it with torch.from_numpy(...) or torch.as_tensor(...))" if hasattr(value, "__array__") else ""
+    raise TypeError(f"{owner}: {name} must be a torch.Tensor, got {type(value).__name__}{hint}")
+
+
 _ABSENT = object()  # (the module has no such argument; None is a value to check)
 
 

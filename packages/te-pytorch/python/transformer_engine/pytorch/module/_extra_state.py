@@ -4,32 +4,52 @@ Only DelayedScaling has state worth saving. It is stored as a plain dict of
 tensors and numbers, which torch.save/torch.load(weights_only=True) and
 distributed checkpointing handle without pickling any code:
 
-    {"version": 1, "recipe": {"type": "DelayedScaling", "margin": ..., ...},
+    {"version": 2, "recipe": {"type": "DelayedScaling", "margin": ..., ...},
      "scale_fwd": [3n], "amax_history_fwd": [L, 3n],
-     "scale_bwd": [2n], "amax_history_bwd": [L, 2n]}
+     "scale_bwd": [2n], "amax_history_bwd": [L, 2n],
+     "checksum": CRC-32 of the version, the recipe and the four tensors}
+
+Versions: 1 is the same dict without "checksum" (checkpoints written before
+version 2); it still loads, with every check below but the checksum. A
+version this code does not know is an error.
 
 A module without FP8 state saves an empty uint8 tensor, as the reference does.
-On load, None or an empty tensor mean "no FP8 state". A non-empty uint8
-tensor is the reference library's pickled format: it is only unpickled when
-NVTE_ALLOW_UNSAFE_PICKLE_EXTRA_STATE=1 (unpickling runs arbitrary code), and
-ignored with a warning otherwise.
+On load, None or an empty tensor mean "no FP8 state" (the module keeps the
+FP8 state it has). A non-empty uint8 tensor is the reference library's
+pickled format: it is only unpickled when NVTE_ALLOW_UNSAFE_PICKLE_EXTRA_STATE=1
+(unpickling runs arbitrary code), and ignored with a warning otherwise.
 
 Loading validates the state (ValueError naming the key and the rule): every
 key present, a known fp8_format name, a recipe stored as a dict, scales
-finite and > 0, amax histories finite and >= 0 with amax_history_len rows.
+finite and > 0, amax histories finite and >= 0 with amax_history_len rows,
+then the checksum (a flipped bit that passes the other checks). The module's
+_load_from_state_dict adds the state_dict key (e.g. "0.fc1._extra_state").
+
+A checkpoint from another recipe: loading installs the checkpoint's
+DelayedScaling state (its recipe, scales and histories) whatever the module
+ran before. The first forward under a different recipe then warns and
+rebuilds the state (TransformerEngineBaseModule.init_fp8_metadata): under
+another DelayedScaling (other margin, format or amax_history_len) the
+scales and the newest amax_history_len - 1 history rows are kept and the
+staging row restarts at 0; under any other recipe (current scaling, MXFP8,
+FP8 block, NVFP4), which keeps no state, the loaded scales and histories are
+dropped.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import warnings
+import zlib
 
 import torch
 
 from transformer_engine.common.recipe import DelayedScaling, Format
 
-VERSION = 1
+VERSION = 2
+_KNOWN_VERSIONS = (1, 2)  # 1: no checksum
 UNSAFE_PICKLE_EXTRA_STATE_ENV = "NVTE_ALLOW_UNSAFE_PICKLE_EXTRA_STATE"
 _RECIPE_FIELDS = ("margin", "amax_history_len", "reduce_amax", "fp8_dpa", "fp8_mha")
 
@@ -100,6 +120,29 @@ def _check_tensors(tensors: dict, recipe: DelayedScaling) -> dict:
     return tensors
 
 
+def _checksum(version, recipe: dict, tensors: dict) -> int:
+    """CRC-32 over the version, the recipe's fields (as sorted JSON) and each
+    tensor's shape and FP32 bytes (the dtype a state is kept in)."""
+    crc = zlib.crc32(json.dumps([version, recipe], sort_keys=True).encode())
+    for key in _TENSOR_KEYS:
+        value = tensors[key].detach().to("cpu", torch.float32).contiguous()
+        crc = zlib.crc32(repr(tuple(value.shape)).encode(), crc)
+        crc = zlib.crc32(value.numpy().tobytes(), crc)
+    return crc
+
+
+def _check_checksum(state: dict, recipe: dict, tensors: dict) -> None:
+    stored = _require(state, "checksum", _WHERE)
+    if isinstance(stored, bool) or not isinstance(stored, int):
+        raise ValueError(f"{_WHERE}: 'checksum' must be an int (CRC-32), got {type(stored).__name__}")
+    actual = _checksum(state["version"], recipe, tensors)
+    if stored != actual:
+        raise ValueError(
+            f"{_WHERE}: 'checksum' {stored:#010x} does not match the FP8 state's CRC-32 {actual:#010x}: "
+            "the recipe, scales or amax histories were changed after saving (a corrupted checkpoint?)"
+        )
+
+
 def save_extra_state(fp8_meta: dict):
     recipe = fp8_meta["recipe"]
     if recipe is None or not fp8_meta["scaling_fwd"].delayed:  # (only delayed scaling has state)
@@ -109,6 +152,7 @@ def save_extra_state(fp8_meta: dict):
         meta = fp8_meta[key]
         state[f"scale_{suffix}"] = meta.scale.detach().clone()
         state[f"amax_history_{suffix}"] = meta.amax_history.detach().clone()
+    state["checksum"] = _checksum(VERSION, state["recipe"], state)
     return state
 
 
@@ -135,11 +179,21 @@ def load_extra_state(state):
         return None
     if isinstance(state, torch.Tensor):
         return None if state.numel() == 0 else _load_reference_pickle(state)
-    if not isinstance(state, dict) or state.get("version") != VERSION:
+    if not isinstance(state, dict):
         raise ValueError(
-            "unrecognised _extra_state in a Transformer Engine checkpoint (expected "
-            f"a dict with version {VERSION}, got {type(state).__name__})"
+            "unrecognised _extra_state in a Transformer Engine checkpoint (expected a dict with "
+            f"'version' {' or '.join(map(str, _KNOWN_VERSIONS))}, got {type(state).__name__})"
         )
-    recipe = _recipe_from_dict(_require(state, "recipe", _WHERE))
-    tensors = {k: _require(state, k, _WHERE) for k in _TENSOR_KEYS}
-    return recipe, _check_tensors(tensors, recipe)
+    version = _require(state, "version", _WHERE)
+    if isinstance(version, bool) or version not in _KNOWN_VERSIONS:
+        raise ValueError(
+            f"unrecognised _extra_state in a Transformer Engine checkpoint: unknown 'version' {version!r}; "
+            f"this te-pytorch reads versions "
+            f"{', '.join(map(str, _KNOWN_VERSIONS))} (a checkpoint from a newer release?)"
+        )
+    stored_recipe = _require(state, "recipe", _WHERE)
+    recipe = _recipe_from_dict(stored_recipe)
+    tensors = _check_tensors({k: _require(state, k, _WHERE) for k in _TENSOR_KEYS}, recipe)
+    if version >= 2:
+        _check_checksum(state, stored_recipe, tensors)
+    return recipe, tensors

@@ -14,10 +14,19 @@ It asks the RecipeState (recipe_state.py), never the recipe's kind, what the
 recipe means; its autograd function gets what it needs as arguments and
 returns what the module keeps (e.g. a weight Operand to cache), writing no
 module state itself.
+
+Threads: a module's FP8 state belongs to the module, not to a thread. Every
+subclass's forward runs under the module's lock (an RLock, taken in eager
+mode only), so two threads calling one module never build, rebuild or
+record into its FP8 state (quantizers, amax staging row, weight cache) at
+the same time; the delayed-scaling update takes the same locks
+(quantization.py). The autocast state itself is thread-local.
 """
 
 from __future__ import annotations
 
+import functools
+import threading
 import warnings
 
 import torch
@@ -32,12 +41,24 @@ from ._extra_state import load_extra_state, save_extra_state
 _WARNED_CPU_FALLBACK = False
 
 
-def resolve_device(device) -> torch.device:
-    """The reference's default device is "cuda". On a machine without CUDA
-    we run on the CPU (te-core's CPU backend) instead of failing, and say so
-    once. An explicit device is used as given."""
+class _DefaultDevice(str):
+    """The type of DEFAULT_DEVICE: equal to "cuda" (the reference's default,
+    as signatures show it), but told apart from a "cuda" the caller passed."""
+
+    __slots__ = ()
+
+
+# The constructors' default device. Left at the default, a module goes to the
+# current CUDA device, or to the CPU (with a one-time warning) on a machine
+# without CUDA. A device the caller names -- "cuda", "cuda:0" or
+# torch.device("cuda", 0) alike -- must exist: without CUDA it is an error.
+DEFAULT_DEVICE = _DefaultDevice("cuda")
+
+
+def resolve_device(device, owner: str = "a Transformer Engine module") -> torch.device:
+    """The device a constructor allocates on (see DEFAULT_DEVICE)."""
     global _WARNED_CPU_FALLBACK
-    if device is None or device == "cuda":
+    if device is None or device is DEFAULT_DEVICE:
         if torch.cuda.is_available():
             return torch.device("cuda", torch.cuda.current_device())
         if not _WARNED_CPU_FALLBACK:
@@ -48,7 +69,41 @@ def resolve_device(device) -> torch.device:
                 stacklevel=3,
             )
         return torch.device("cpu")
-    return torch.device(device)
+    if not isinstance(device, (str, torch.device)):
+        raise TypeError(f"{owner}: device must be a str or torch.device, got {type(device).__name__} {device!r}")
+    try:
+        resolved = torch.device(device)
+    except RuntimeError as err:
+        raise ValueError(f"{owner}: device {device!r} is not a valid torch device ({err})") from None
+    if resolved.type == "cuda":
+        if not torch.cuda.is_available():
+            raise RuntimeError(
+                f"{owner}: device={device!r} asks for CUDA, but no CUDA device is available; pass "
+                "device='cpu' (te-core's CPU backend runs every op) or leave device at its default"
+            )
+        index = torch.cuda.current_device() if resolved.index is None else resolved.index
+        if index >= torch.cuda.device_count():
+            raise RuntimeError(
+                f"{owner}: device={device!r} names CUDA device {index}, but only "
+                f"{torch.cuda.device_count()} are visible"
+            )
+        return torch.device("cuda", index)
+    return resolved
+
+
+def _serialized(forward):
+    """forward under the module's lock (eager only: dynamo does not trace
+    locks, and a compiled region runs no delayed-scaling state)."""
+
+    @functools.wraps(forward)
+    def locked_forward(self, *args, **kwargs):
+        if compiling():
+            return forward(self, *args, **kwargs)
+        with self._fp8_lock:
+            return forward(self, *args, **kwargs)
+
+    locked_forward._te_serialized = True
+    return locked_forward
 
 
 def not_yet_supported(owner: str, **settings) -> None:
@@ -92,8 +147,15 @@ class TransformerEngineBaseModule(torch.nn.Module):
     under a recipe, and when the recipe changes (with a warning).
     """
 
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        forward = cls.__dict__.get("forward")
+        if forward is not None and not getattr(forward, "_te_serialized", False):
+            cls.forward = _serialized(forward)
+
     def __init__(self, num_gemms: int = 1) -> None:
         super().__init__()
+        self._fp8_lock = threading.RLock()
         self._num_gemms = num_gemms
         self.fp8_meta = {"recipe": None, "scaling_fwd": None, "scaling_bwd": None}
         self.quantizers = {"scaling_fwd": [], "scaling_bwd": []}
@@ -124,6 +186,16 @@ class TransformerEngineBaseModule(torch.nn.Module):
             return super()._apply(fn, recurse)
         finally:
             torch.__future__.set_swap_module_params_on_conversion(previous)
+
+    # A lock cannot be pickled or deep-copied: a copy gets a lock of its own.
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state.pop("_fp8_lock", None)
+        return state
+
+    def __setstate__(self, state) -> None:
+        super().__setstate__(state)
+        self._fp8_lock = threading.RLock()
 
     # ------------------------------------------------------------------ FP8 state
 
@@ -163,6 +235,7 @@ class TransformerEngineBaseModule(torch.nn.Module):
             old = self.fp8_meta[key]
             if adopt and old is not None:
                 state.adopt(old)
+            state.lock = self._fp8_lock  # (the delayed-scaling update takes it)
             self.fp8_meta[key] = state
             self.quantizers[key] = state.make_quantizers()
         self.fp8_meta["recipe"] = recipe
@@ -270,9 +343,12 @@ class TransformerEngineBaseModule(torch.nn.Module):
     def _load_from_state_dict(
         self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
     ):
-        super()._load_from_state_dict(
-            state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
-        )
+        try:
+            super()._load_from_state_dict(
+                state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+            )
+        except ValueError as err:  # (set_extra_state's: name the state_dict key)
+            raise ValueError(f"{type(self).__name__}: state_dict key {prefix}_extra_state: {err}") from err
         # A checkpoint without FP8 state (e.g. from torch.nn modules) loads.
         key = prefix + "_extra_state"
         if key in missing_keys:

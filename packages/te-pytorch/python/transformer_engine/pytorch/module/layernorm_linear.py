@@ -19,6 +19,7 @@ from ._args import check_module_args
 from ._linear_fn import LinearArgs, LinearFunction
 from ._norm_parts import NormAmaxFunction, NormFP8Function, allocate_norm_params, check_normalization, reset_norm_params
 from ._operand import fused_amax
+from .base import DEFAULT_DEVICE
 from .linear import Linear, _check_input
 from .normalization import _NormFunction
 
@@ -57,7 +58,7 @@ class LayerNormLinear(Linear):
         return_layernorm_output_gathered: bool = False,
         parameters_split=None,
         zero_centered_gamma: bool = False,
-        device="cuda",
+        device=DEFAULT_DEVICE,
         ub_overlap_ag: bool = False,
         ub_overlap_rs: bool = False,
         ub_overlap_rs_dgrad: bool = False,

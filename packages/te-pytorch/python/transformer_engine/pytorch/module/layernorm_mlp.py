@@ -11,7 +11,7 @@ from ..quantization import FP8GlobalStateManager
 from ._args import check_module_args
 from ._layernorm_mlp_fn import LayerNormMLPFunction, MLPArgs
 from ._norm_parts import allocate_norm_params, check_normalization, reset_norm_params
-from .base import TransformerEngineBaseModule, not_yet_supported, reject_tp_group, resolve_device
+from .base import DEFAULT_DEVICE, TransformerEngineBaseModule, not_yet_supported, reject_tp_group, resolve_device
 from .linear import _check_input, init_method_normal
 
 _OWNER = "te.LayerNormMLP"
@@ -59,7 +59,7 @@ class LayerNormMLP(TransformerEngineBaseModule):
         micro_batch_size=None,
         set_parallel_mode: bool = False,
         zero_centered_gamma: bool = False,
-        device="cuda",
+        device=DEFAULT_DEVICE,
         ub_overlap_ag: bool = False,
         name=None,
         ub_overlap_rs: bool = False,
@@ -138,7 +138,7 @@ class LayerNormMLP(TransformerEngineBaseModule):
             init_method_normal() if output_layer_init_method is None else output_layer_init_method
         )
         self.params_dtype = params_dtype
-        self._allocate(resolve_device(device) if device != "meta" else torch.device("meta"))
+        self._allocate(resolve_device(device, _OWNER) if device != "meta" else torch.device("meta"))
         if device != "meta":
             self.reset_parameters()
 
@@ -167,7 +167,7 @@ class LayerNormMLP(TransformerEngineBaseModule):
             return
         device = self._parameter_device()
         if device.type == "meta":
-            self._allocate(resolve_device("cuda"))
+            self._allocate(resolve_device(DEFAULT_DEVICE, _OWNER))
         elif self.primary_weights_in_fp8:  # fresh high-precision weights to initialize, then quantize
             self._allocate(device)
         with torch.no_grad():

@@ -8,9 +8,9 @@ import torch
 
 from ..kernels._common import compiling
 from ..quantization import FP8GlobalStateManager
-from ._args import check_module_args
+from ._args import check_module_args, check_tensor
 from ._linear_fn import LinearArgs, LinearFunction
-from .base import TransformerEngineBaseModule, not_yet_supported, reject_tp_group, resolve_device
+from .base import DEFAULT_DEVICE, TransformerEngineBaseModule, not_yet_supported, reject_tp_group, resolve_device
 
 _SUPPORTED_INPUTS = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -96,7 +96,7 @@ class Linear(TransformerEngineBaseModule):
         params_dtype=None,
         parallel_mode=None,
         parameters_split=None,
-        device="cuda",
+        device=DEFAULT_DEVICE,
         ub_overlap_ag: bool = False,
         ub_overlap_rs: bool = False,
         ub_overlap_rs_dgrad: bool = False,
@@ -155,7 +155,7 @@ class Linear(TransformerEngineBaseModule):
         self.name = name
         self.init_method = init_method_normal() if init_method is None else init_method
         self.params_dtype = params_dtype
-        self._allocate(resolve_device(device) if device != "meta" else torch.device("meta"))
+        self._allocate(resolve_device(device, owner) if device != "meta" else torch.device("meta"))
         if device != "meta":
             self.reset_parameters()
 
@@ -179,7 +179,7 @@ class Linear(TransformerEngineBaseModule):
             return
         device = self._parameter_device()
         if device.type == "meta":
-            self._allocate(resolve_device("cuda"))
+            self._allocate(resolve_device(DEFAULT_DEVICE, self._owner))
         elif self.primary_weights_in_fp8:  # fresh high-precision weights to initialize, then quantize
             self._allocate(device)
         with torch.no_grad():
@@ -261,6 +261,7 @@ class Linear(TransformerEngineBaseModule):
 
 def _check_input(inp: torch.Tensor, weight: torch.Tensor, in_features: int, owner: str = "te.Linear") -> None:
     """Names what is wrong before the core sees the tensors."""
+    check_tensor(owner, "inp", inp)
     if inp.dtype not in _SUPPORTED_INPUTS:
         raise TypeError(f"{owner}: input dtype {inp.dtype} is not supported; use float32, bfloat16 or float16")
     if inp.device != weight.device:

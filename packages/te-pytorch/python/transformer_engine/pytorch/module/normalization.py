@@ -17,7 +17,7 @@ import warnings
 import torch
 
 from .. import kernels
-from ._args import check_bool, check_module_args
+from ._args import check_bool, check_module_args, check_tensor
 from .base import resolve_device
 
 
@@ -121,7 +121,7 @@ class _Normalization(torch.nn.Module):
         self.zero_centered_gamma = zero_centered_gamma
         self.sequence_parallel = sequence_parallel
         self.sm_margin = sm_margin  # a CUDA occupancy hint of the reference; nothing to reserve here
-        target = torch.device("meta") if device == "meta" else resolve_device(device)
+        target = torch.device("meta") if device == "meta" else resolve_device(device, owner)
         self.weight = torch.nn.Parameter(torch.empty(self.normalized_shape, device=target, dtype=dtype))
         if self._has_bias:
             self.bias = torch.nn.Parameter(torch.empty(self.normalized_shape, device=target, dtype=dtype))
@@ -149,6 +149,7 @@ class _Normalization(torch.nn.Module):
                 self.bias.zero_()
 
     def forward(self, inp: torch.Tensor) -> torch.Tensor:
+        check_tensor(type(self).__name__, "inp", inp)
         n = len(self.normalized_shape)
         if tuple(inp.shape[-n:]) != self.normalized_shape:
             raise ValueError(

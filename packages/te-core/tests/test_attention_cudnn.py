@@ -10,19 +10,20 @@ the FP32 parts: far below), and the result one more. The bound used is
 (two roundings per term and a factor 2 of slack). lse is FP32 arithmetic with
 the hardware exp2: the oracle's FP32 bound plus 32 u32 (1 + |lse|).
 Rows without a visible key must give O = 0, lse = -inf and zero gradients.
+cuDNN is a CUDA-only backend (nothing to compare on the CPU): the module is marked gpu.
 """
 
 from __future__ import annotations
 
 import os
-import sys
 import zlib
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
+
+import attention_helpers as ah  # noqa: E402
 
 import transformer_engine.core as te_core  # noqa: E402
 from transformer_engine.core import lib  # noqa: E402
@@ -35,9 +36,6 @@ from transformer_engine.core.attention import (  # noqa: E402
     SOFTMAX_TYPES,
 )
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-import attention_helpers as ah  # noqa: E402  (tests/attention_helpers.py)
-
 pytestmark = [pytest.mark.attention, pytest.mark.gpu]
 
 U32 = 2.0**-24
@@ -49,7 +47,7 @@ def _require_cuda():
         pytest.skip("needs a CUDA device and a te-core build with the CUDA backend")
     # The cuDNN backend is opt-in (TE_WITH_CUDNN=ON; off by default until its crash on
     # the H200 is fixed): without it every case runs the core's kernel, which
-    # test_attention_fallback_gpu.py checks. Set TE_TEST_CUDNN=1 with such a build.
+    # the device tests of test_attention.py check. Set TE_TEST_CUDNN=1 with such a build.
     if os.environ.get("TE_TEST_CUDNN") != "1":
         pytest.skip("the cuDNN attention backend is opt-in: build with TE_WITH_CUDNN=ON and set TE_TEST_CUDNN=1")
 

@@ -1,20 +1,16 @@
-"""Shared pieces of the te_gemm GPU tests: the device buffers, the GPU twin of
-transformer_engine.core.gemm and the CUDA backend's terms of the reference bound."""
+"""Shared pieces of the te_gemm tests on raw device buffers (the `device`
+fixture): the buffers, transformer_engine.core.gemm on the test's device, and
+the CUDA backend's terms of the reference bound."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
+import core_device
 import ml_dtypes
 import numpy as np
-import torch
 
 import transformer_engine.core as tec
 from transformer_engine.core import GemmOutput, lib
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from transformer_engine.core.reference_gemm import is_fp8, reference  # noqa: E402
+from transformer_engine.core.reference_gemm import is_fp8, reference
 
 F32 = np.dtype(np.float32)
 F16 = np.dtype(np.float16)
@@ -24,8 +20,8 @@ E5M2 = np.dtype(ml_dtypes.float8_e5m2)
 HIGH_PRECISION = [F32, BF16, F16]
 FP8_PAIRS = [(E4M3, E4M3), (E4M3, E5M2), (E5M2, E4M3)]
 TRANS = [(False, False), (False, True), (True, False), (True, True)]
-ODD_SHAPES = [(1, 1, 1), (5, 7, 3), (33, 65, 17), (257, 515, 263)]  # (M, N, K)
-FP8_SHAPES = [(16, 32, 48), (64, 48, 80), (272, 528, 272)]
+DEVICE_ODD_SHAPES = [(1, 1, 1), (5, 7, 3), (33, 65, 17), (257, 515, 263)]  # (M, N, K)
+DEVICE_FP8_SHAPES = [(16, 32, 48), (64, 48, 80), (272, 528, 272)]
 # cuBLASLt applies non-power-of-two FP8 scales to the sum (see reference_gemm).
 FP8_EXTRA_ROUNDINGS = 4
 HALF_TYPES = (BF16, F16)
@@ -50,10 +46,12 @@ def fused_bias_rounding(out_dtype, bias, *, fp8_inputs=False, gelu=False, c=None
     return None
 
 
-def gpu_reference(a, b, *, out_dtype=F32, **kwargs):
-    """reference_gemm.reference with the CUDA backend's terms: the FP8
+def device_reference(a, b, *, out_dtype=F32, **kwargs):
+    """reference_gemm.reference with, on CUDA, the CUDA backend's terms: the FP8
     tensor-core accumulation model (applies when both operands are FP8) and
-    the fused-BIAS rounding of `fused_bias_rounding`."""
+    the fused-BIAS rounding of `fused_bias_rounding`; on the CPU, the plain reference."""
+    if core_device.current() == "cpu":
+        return reference(a, b, **kwargs)
     c = kwargs.get("c") if kwargs.get("beta", 0.0) != 0.0 else None  # te_gemm drops C at beta 0
     rounding = fused_bias_rounding(
         out_dtype, kwargs.get("bias"), gelu=kwargs.get("gelu", False), fp8_inputs=is_fp8(np.asarray(a).dtype), c=c
@@ -62,40 +60,44 @@ def gpu_reference(a, b, *, out_dtype=F32, **kwargs):
 
 
 class DeviceArray:
-    """A NumPy array's bytes in a CUDA buffer (optionally at a byte offset),
-    with its te descriptor."""
+    """A NumPy array's bytes on the test's device (optionally at a byte offset),
+    with its te descriptor. The buffer starts zeroed (one spare byte)."""
 
     def __init__(self, shape, dtype, data=None, offset_bytes: int = 0):
         self.shape = tuple(int(s) for s in shape)
         self.dtype = np.dtype(dtype)
         self.nbytes = int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
         self.offset = offset_bytes
-        self.storage = torch.zeros(self.nbytes + offset_bytes + 1, dtype=torch.uint8, device="cuda")
+        self.buffer = core_device.Buffer(self.nbytes + offset_bytes + 1, fill=0)
         if data is not None:
-            raw = np.ascontiguousarray(data, dtype=self.dtype).reshape(-1).view(np.uint8)
-            self.bytes().copy_(torch.from_numpy(raw.copy()))
+            self.buffer.write(self.offset, np.ascontiguousarray(data, dtype=self.dtype))
 
     @classmethod
     def of(cls, array, offset_bytes: int = 0) -> DeviceArray:
         array = np.asarray(array)
         return cls(array.shape, array.dtype, array, offset_bytes)
 
+    @property
+    def storage(self):
+        """The backing store: a NumPy array on the CPU, a torch tensor on CUDA."""
+        return self.buffer.storage
+
     def bytes(self):
         return self.storage[self.offset : self.offset + self.nbytes]
 
     def typed(self, torch_dtype):
+        """(CUDA) the bytes as a torch tensor of torch_dtype and this shape."""
         return self.bytes().view(torch_dtype).view(self.shape)
 
     def desc(self):
-        ptr = self.storage.data_ptr() + self.offset
-        return lib.TensorDesc(ptr, int(tec.te_dtype(self.dtype)), list(self.shape), 1, self.storage.device.index)
+        return self.buffer.desc(self.offset, int(tec.te_dtype(self.dtype)), self.shape)
 
     def numpy(self) -> np.ndarray:
-        torch.cuda.synchronize()
-        return self.bytes().cpu().numpy().view(self.dtype).reshape(self.shape)
+        self.buffer.sync()
+        return self.buffer.read(self.offset, self.nbytes).view(self.dtype).reshape(self.shape)
 
 
-def gpu_gemm(
+def device_gemm(
     a,
     b,
     *,
@@ -119,7 +121,8 @@ def gpu_gemm(
     offset_bytes=0,
     stream=None,
 ) -> GemmOutput:
-    """The GPU twin of transformer_engine.core.gemm (same arguments, NumPy in and out)."""
+    """transformer_engine.core.gemm on the test's device (same arguments, NumPy in and out;
+    `stream`: a torch CUDA stream, CUDA only)."""
     a, b = np.asarray(a), np.asarray(b)
     out_dtype = np.dtype(out_dtype)
     m = a.shape[-1] if transa else int(np.prod(a.shape[:-1]))
@@ -167,10 +170,15 @@ def gpu_gemm(
     }
     size = lib.gemm_workspace_size(da.desc(), db.desc(), d.desc(), **args)
     workspace = device(shape=(size,), dtype=np.uint8)
-    stream = stream or torch.cuda.current_stream()
-    torch.cuda.synchronize()  # buffers were filled on the current stream; `stream` may differ
-    lib.gemm(da.desc(), db.desc(), d.desc(), workspace=workspace.desc(), stream=stream.cuda_stream, **args)
-    stream.synchronize()
+    if core_device.current() == "cpu":
+        lib.gemm(da.desc(), db.desc(), d.desc(), workspace=workspace.desc(), **args)
+    else:
+        import torch
+
+        stream = stream or torch.cuda.current_stream()
+        torch.cuda.synchronize()  # buffers were filled on the current stream; `stream` may differ
+        lib.gemm(da.desc(), db.desc(), d.desc(), workspace=workspace.desc(), stream=stream.cuda_stream, **args)
+        stream.synchronize()
     return GemmOutput(
         d.numpy(),
         None if pre is None else pre.numpy(),

@@ -1,16 +1,18 @@
-"""The attention family on CUDA tensors, for the GPU tests: the NumPy-level
-attention_fwd / attention_bwd of transformer_engine.core.attention with every
-tensor copied to the device, and the checks the core CUDA fallback must pass
-(the float64 oracle's bounds, the CPU backend within twice them)."""
+"""The attention family on raw device buffers (the `device` fixture): the
+NumPy-level attention_fwd / attention_bwd of transformer_engine.core.attention
+with every tensor copied to the test's device, and the checks each backend
+must pass (the float64 oracle's bounds, the NumPy API -- the CPU backend --
+within twice them). On CUDA the tests force the core's own kernel (the
+fallback where cuDNN has no engine)."""
 
 from __future__ import annotations
 
 from typing import NamedTuple
 
+import core_device
 import numpy as np
-import torch
 from attention_helpers import TINY_OUT, U_OUT, Oracle, assert_close, core_run
-from gemm_gpu_helpers import DeviceArray
+from gemm_device import DeviceArray
 
 from transformer_engine.core import attention as att
 from transformer_engine.core import lib
@@ -29,7 +31,7 @@ OPTIONAL = [
 ]
 
 
-class GpuResult(NamedTuple):
+class DeviceResult(NamedTuple):
     o: np.ndarray
     softmax_lse: np.ndarray
     dq: np.ndarray
@@ -38,10 +40,6 @@ class GpuResult(NamedTuple):
     dbias: np.ndarray | None
     dsoftmax_offset: np.ndarray | None
     backend: int
-
-
-def _stream() -> int:
-    return torch.cuda.current_stream().cuda_stream
 
 
 def device_args(q, k, v, opts, rng_on_device=True):
@@ -59,11 +57,11 @@ def device_args(q, k, v, opts, rng_on_device=True):
     return (dq, dk, dv), args, held + list(keep)
 
 
-def _workspace(nbytes):
+def workspace(nbytes):
     return DeviceArray((max(int(nbytes), 1),), np.uint8) if nbytes else None
 
 
-def gpu_run(q, k, v, d_o, opts, rng_on_device=True) -> GpuResult:
+def device_run(q, k, v, d_o, opts, rng_on_device=True) -> DeviceResult:
     """Forward then backward on the device (o and lse of the device forward)."""
     (gq, gk, gv), args, _held = device_args(q, k, v, opts, rng_on_device)
     q, k, v = np.asarray(q), np.asarray(k), np.asarray(v)
@@ -71,22 +69,22 @@ def gpu_run(q, k, v, d_o, opts, rng_on_device=True) -> GpuResult:
     fmt = att._options({"qkv_format": opts.get("qkv_format", "bshd")})
     lse = DeviceArray(att._lse_shape(q, fmt, q.shape[-2]), np.float32)
     backend = lib.attention_backend(gq.desc(), gk.desc(), gv.desc(), **args)
-    ws = _workspace(lib.attention_fwd_workspace_size(gq.desc(), gk.desc(), gv.desc(), **args))
+    ws = workspace(lib.attention_fwd_workspace_size(gq.desc(), gk.desc(), gv.desc(), **args))
     lib.attention_fwd(gq.desc(), gk.desc(), gv.desc(), o.desc(), lse.desc(), **args,
-                      workspace=None if ws is None else ws.desc(), stream=_stream())  # fmt: skip
+                      workspace=None if ws is None else ws.desc(), stream=core_device.stream())  # fmt: skip
     gdo = DeviceArray.of(d_o)
     dq, dk, dv = DeviceArray(q.shape, q.dtype), DeviceArray(k.shape, k.dtype), DeviceArray(v.shape, v.dtype)
     dbias = None if opts.get("attn_bias") is None else DeviceArray(np.shape(opts["attn_bias"]), q.dtype)
     learnable = opts.get("softmax_type") == "learnable"
     dalpha = DeviceArray((q.shape[-2],), np.float32) if learnable else None
-    wsb = _workspace(lib.attention_bwd_workspace_size(gq.desc(), gk.desc(), gv.desc(), **args))
+    wsb = workspace(lib.attention_bwd_workspace_size(gq.desc(), gk.desc(), gv.desc(), **args))
     lib.attention_bwd(
         gq.desc(), gk.desc(), gv.desc(), o.desc(), gdo.desc(), lse.desc(), dq.desc(), dk.desc(), dv.desc(),
         **args, dbias=None if dbias is None else dbias.desc(),
         dsoftmax_offset=None if dalpha is None else dalpha.desc(),
-        workspace=None if wsb is None else wsb.desc(), stream=_stream(),
+        workspace=None if wsb is None else wsb.desc(), stream=core_device.stream(),
     )  # fmt: skip
-    return GpuResult(
+    return DeviceResult(
         o.numpy(),
         lse.numpy(),
         dq.numpy(),
@@ -100,26 +98,29 @@ def gpu_run(q, k, v, d_o, opts, rng_on_device=True) -> GpuResult:
 
 def _both(name, got, cpu, want, err, u):
     """Within the oracle's bound of the oracle, and within twice it of the CPU backend."""
-    assert_close(f"cuda {name} vs oracle", got, want, err, u)
+    device = core_device.current()
+    assert_close(f"{device} {name} vs oracle", got, want, err, u)
     cpu = np.asarray(cpu, np.float64)
     bound = 4 * (np.asarray(err) + u * np.abs(want) + TINY_OUT.get(u, 2.0**-150))
     bad = ~(np.abs(np.asarray(got, np.float64) - cpu) <= bound)
     if bad.any():
         i = tuple(np.argwhere(bad)[0])
-        raise AssertionError(f"cuda {name} vs cpu: {bad.sum()} of {bad.size} outside twice the oracle bound; "
-                             f"first at {i}: cuda {got[i]!r}, cpu {cpu[i]!r}, bound {bound[i]!r}")  # fmt: skip
+        raise AssertionError(f"{device} {name} vs cpu: {bad.sum()} of {bad.size} outside twice the oracle bound; "
+                             f"first at {i}: {device} {got[i]!r}, cpu {cpu[i]!r}, bound {bound[i]!r}")  # fmt: skip
 
 
-def check_gpu(q, k, v, d_o, opts, dtype, rng_on_device=True) -> GpuResult:
-    """The CUDA fallback's forward and backward against the oracle's bounds and the CPU."""
+def check_device(q, k, v, d_o, opts, dtype, rng_on_device=True) -> DeviceResult:
+    """The forward and backward on the test's device (CUDA: the core's fallback
+    kernel) against the oracle's bounds and the NumPy API (the CPU backend)."""
     opts = {**opts, "_dtype": dtype}
-    g = gpu_run(q, k, v, d_o, opts, rng_on_device)
-    assert g.backend == 2, f"expected the core CUDA fallback (2), the call ran backend {g.backend}"
+    g = device_run(q, k, v, d_o, opts, rng_on_device)
+    want = 2 if core_device.current() == "cuda" else 0  # (attention.BACKENDS: cuda_fallback, cpu)
+    assert g.backend == want, f"expected backend {want}, the call ran backend {g.backend}"
     cf, cg = core_run(q, k, v, d_o, opts)
     orc = Oracle(q, k, v, d_o, opts)
     u = U_OUT[dtype]
     lse_inf = np.isneginf(orc.lse)
-    assert np.array_equal(np.isneginf(g.softmax_lse), lse_inf), "cuda lse: -inf rows differ"
+    assert np.array_equal(np.isneginf(g.softmax_lse), lse_inf), f"{core_device.current()} lse: -inf rows differ"
     _both("o", g.o, cf.o, orc.o, orc.e_o, u)
     z = lambda x: np.where(lse_inf, 0, x)  # noqa: E731
     _both("lse", z(g.softmax_lse), z(cf.softmax_lse), z(orc.lse), orc.e_lse, 0.0)

@@ -5,9 +5,9 @@ With TE_GEMM_AUTOTUNE=all, the first call of a large FP8 GEMM configuration
 times cuBLASLt's heuristic answers and tile/cluster variants of its first
 answer's algorithm (core/src/gemm/algo_variants.cpp), runs the fastest, and
 later calls reuse that choice. Whichever candidate wins, D must stay within
-the bounds of test_gemm_gpu.py against the float64 product of the
+the bounds of the device GEMM tests (test_gemm.py) against the float64 product of the
 dequantized inputs: split accumulation with the FP8 tensor-core and fused-bias
-terms (gemm_gpu_helpers.gpu_reference), fast accumulation within 1e-2 relative
+terms (gemm_device.device_reference on CUDA), fast accumulation within 1e-2 relative
 Frobenius error (as test_fp8_fast_accumulation_is_close).
 
 The core reads TE_GEMM_AUTOTUNE once per process, so the GEMMs run in a child
@@ -16,7 +16,8 @@ call, then the cached choice), and this process checks both outputs. The
 shapes reach the timing threshold of 2^32 multiply-adds; the second is ragged
 (multiples of 16, as FP8 needs, but of no tile size).
 
-Run on a GPU machine:  pytest -m gpu packages/te-core/tests/gpu/test_gemm_autotune_gpu.py
+A CUDA-only concern (cuBLASLt algorithm timing): the module is marked gpu.
+Run on a GPU machine:  pytest -m gpu packages/te-core/tests/test_gemm_autotune.py
 """
 
 from __future__ import annotations
@@ -35,9 +36,9 @@ torch = pytest.importorskip("torch")
 import transformer_engine.core as tec  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
-sys.path.insert(0, str(HERE))
-from gemm_gpu_helpers import BF16, E4M3, E5M2, FP8_EXTRA_ROUNDINGS, gpu_reference  # noqa: E402
+import core_device  # noqa: E402
+import gemm_device as gm  # noqa: E402
+from gemm_device import BF16, E4M3, E5M2  # noqa: E402
 
 from transformer_engine.core.reference_gemm import (  # noqa: E402
     assert_close,
@@ -66,8 +67,8 @@ def case_id(case) -> str:
     return f"{m}x{n}x{k}-{a_dtype}x{b_dtype}-{accumulation}-{'bf16bias' if with_bias else 'nobias'}"
 
 
-# Runs every case of in.npz twice with gemm_gpu_helpers.gpu_gemm (BF16 D) and
-# saves the outputs; argv: the GPU tests' folder, in.npz, out.npz. (.npz keeps
+# Runs every case of in.npz twice with gemm_device.device_gemm on CUDA (BF16 D)
+# and saves the outputs; argv: the tests' folder, in.npz, out.npz. (.npz keeps
 # no ml_dtypes types: FP8 and BF16 arrays travel as unsigned integers of their
 # width, with their type's name under "<key>.dtype".)
 CHILD = """
@@ -75,7 +76,8 @@ import sys
 import ml_dtypes
 import numpy as np
 sys.path.insert(0, sys.argv[1])
-from gemm_gpu_helpers import BF16, gpu_gemm
+import core_device
+from gemm_device import BF16, device_gemm
 data = np.load(sys.argv[2])
 def get(key):
     return data[key].view(getattr(ml_dtypes, str(data[key + ".dtype"])))
@@ -86,7 +88,8 @@ for i in range(int(data["count"])):
     if f"{i}.bias" in data:
         kw["bias"] = get(f"{i}.bias")
     for run in (0, 1):  # the timing call, then the cached choice
-        outs[f"{i}.{run}"] = gpu_gemm(get(f"{i}.a"), get(f"{i}.b"), **kw).out.view(np.uint16)
+        with core_device.use("cuda"):
+            outs[f"{i}.{run}"] = device_gemm(get(f"{i}.a"), get(f"{i}.b"), **kw).out.view(np.uint16)
 np.savez(sys.argv[3], **outs)
 """
 
@@ -130,7 +133,8 @@ def test_tuned_fp8_gemm_matches_reference(tuned_runs, index):
     a, b, sa, sb, bias = inputs[index]
     kw = {"transb": True, "a_scale_inv": sa, "b_scale_inv": sb, "bias": bias}
     if split:
-        ref = gpu_reference(a, b, out_dtype=BF16, extra_roundings=FP8_EXTRA_ROUNDINGS, **kw)
+        with core_device.use("cuda"):  # (the bound with the CUDA terms)
+            ref = gm.device_reference(a, b, out_dtype=BF16, extra_roundings=gm.FP8_EXTRA_ROUNDINGS, **kw)
     else:
         ref = reference(a, b, **kw)
     for run, what in ((0, "D (timing call)"), (1, "D (cached choice)")):
