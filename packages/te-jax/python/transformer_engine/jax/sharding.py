@@ -1,4 +1,4 @@
-"""MeshResource, logical sharding axes and the mesh helpers (reference §5.1).
+"""MeshResource, logical sharding axes and the mesh helpers (reference §5.1)::
 
     mesh = jax.sharding.Mesh(np.array(jax.devices()).reshape(2, 4), ("dp", "tp"))
     with jax.set_mesh(mesh), te_jax.autocast(enabled=True, recipe=r,
@@ -261,7 +261,7 @@ def get_active_resource_axis(kind: str = "tp") -> str | None:
 
 
 def lax_paral_op(x, ops, mesh_resource, mesh=None, **kwargs):
-    """ops(x, mesh_resource, **kwargs) (a collective such as jax.lax.psum) when the axis is set."""
+    """``ops(x, mesh_resource, **kwargs)`` (a collective such as jax.lax.psum) when the axis is set."""
     del mesh
     return x if mesh_resource is None else ops(x, mesh_resource, **kwargs)
 

@@ -17,7 +17,7 @@ import torch
 from ..quantization import FP8GlobalStateManager
 from ._args import check_module_args
 from ._linear_fn import LinearArgs, LinearFunction
-from .base import TransformerEngineBaseModule, not_yet_supported, reject_tp_group, resolve_device
+from .base import DEFAULT_DEVICE, TransformerEngineBaseModule, not_yet_supported, reject_tp_group, resolve_device
 from .linear import init_method_normal
 
 _OWNER = "te.GroupedLinear"
@@ -46,7 +46,7 @@ class GroupedLinear(TransformerEngineBaseModule):
         return_bias: bool = False,
         params_dtype=None,
         parallel_mode=None,
-        device="cuda",
+        device=DEFAULT_DEVICE,
         ub_overlap_rs: bool = False,
         ub_overlap_ag: bool = False,
         ub_name=None,
@@ -92,7 +92,7 @@ class GroupedLinear(TransformerEngineBaseModule):
         self.name = name
         self.init_method = init_method_normal() if init_method is None else init_method
         self.params_dtype = params_dtype
-        self._allocate(resolve_device(device) if device != "meta" else torch.device("meta"))
+        self._allocate(resolve_device(device, _OWNER) if device != "meta" else torch.device("meta"))
         if device != "meta":
             self.reset_parameters()
 
@@ -108,7 +108,7 @@ class GroupedLinear(TransformerEngineBaseModule):
         if defer_init:
             return
         if self._parameter_device().type == "meta":
-            self._allocate(resolve_device("cuda"))
+            self._allocate(resolve_device(DEFAULT_DEVICE, _OWNER))
         with torch.no_grad():
             for i in range(self.num_gemms):
                 self.init_method(getattr(self, f"weight{i}"))
