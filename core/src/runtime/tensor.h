@@ -54,7 +54,9 @@ constexpr const char* kHighPrecisionText = "float32, bfloat16 or float16";
 constexpr std::initializer_list<te_dtype> kFp8 = {TE_DTYPE_FLOAT8E4M3, TE_DTYPE_FLOAT8E5M2};
 constexpr const char* kFp8Text = "float8_e4m3 or float8_e5m2";
 
-// Validates the shape/dtype fields themselves (rank, non-negative dims).
+// Validates the descriptor fields themselves: rank, non-negative dims, known
+// dtype and device, and an element count, byte size and end address that fit
+// 64-bit arithmetic (no wrap-around); every Arg starts with it.
 void check_descriptor(const te_tensor* t, const char* name);
 
 // An optional FP32 scalar output (scale_inv, amax): nullptr when t is NULL,

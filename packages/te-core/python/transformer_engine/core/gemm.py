@@ -16,6 +16,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ._checks import contiguous, flag, real
 from ._arrays import HIGH_PRECISION, desc, empty, fp32_scalar, matrix_shape
 from ._native import lib
 from .dtypes import FP8_DTYPES, te_dtype
@@ -45,7 +46,7 @@ def _array(x, name: str) -> np.ndarray:
         code = None
     if code is None or not (_is_high_precision(array.dtype) or code in FP8_DTYPES):
         raise TypeError(f"argument '{name}' must be {_INPUT_TEXT}, got {array.dtype}")
-    return np.ascontiguousarray(array)
+    return contiguous(array, name)
 
 
 def _optional_desc(array: np.ndarray | None):
@@ -127,10 +128,10 @@ def gemm(
         bias=_optional_desc(bias_array),
         pre_gelu_out=_optional_desc(pre_gelu),
         bias_grad=_optional_desc(grad),
-        alpha=float(alpha),
-        beta=float(beta),
-        transa=bool(transa),
-        transb=bool(transb),
-        use_split_accumulator=bool(use_split_accumulator),
+        alpha=real(alpha, "alpha"),
+        beta=real(beta, "beta"),
+        transa=flag(transa, "transa"),
+        transb=flag(transb, "transb"),
+        use_split_accumulator=flag(use_split_accumulator, "use_split_accumulator"),
     )
     return GemmOutput(out, pre_gelu, grad, amax)
