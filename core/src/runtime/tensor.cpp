@@ -121,7 +121,15 @@ void check_descriptor(const te_tensor* t, const char* name) {
     fail(TE_ERROR_INVALID_ARGUMENT, "argument '", name, "' has a NULL data pointer");
 }
 
-Arg::Arg(const te_tensor* t, const char* name) : t_(t), name_(name) { check_descriptor(t, name); }
+Arg::Arg(const te_tensor* t, const char* name) : t_(t), name_(name) {
+  check_descriptor(t, name);
+  record_arg(t, name);
+}
+
+const Arg& Arg::output() const {
+  mark_written(t_);
+  return *this;
+}
 
 const Arg& Arg::dtype(te_dtype expected) const {
   if (t_->dtype != expected)
@@ -175,7 +183,7 @@ const Arg& Arg::shape2d(int64_t rows, int64_t cols) const {
 
 float* optional_fp32_scalar(te_tensor* t, const char* name, const te_tensor& input) {
   if (t == nullptr) return nullptr;
-  Arg(t, name).scalar_fp32().same_device(input, "input");
+  Arg(t, name).output().scalar_fp32().same_device(input, "input");
   return static_cast<float*>(t->data);
 }
 

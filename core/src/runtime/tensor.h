@@ -41,11 +41,26 @@ class Arg {
   const Arg& same_shape(const te_tensor& other, const char* other_name) const;
   const Arg& same_device(const te_tensor& other, const char* other_name) const;
   const Arg& shape2d(int64_t rows, int64_t cols) const;  // matrix view [rows, cols]
+  // Marks the argument as written by the call (an output, in-place state or a
+  // workspace): TE_DISPATCH then refuses it when its bytes overlap those of any
+  // other argument the call checked, unless allow_alias() permits that pair.
+  const Arg& output() const;
 
  private:
   const te_tensor* t_;
   const char* name_;
 };
+
+// Permits the documented in-place forms, e.g. GEMM's C == D: `written` may be
+// `read` itself (same data pointer and byte size), never a partial overlap.
+void allow_alias(const te_tensor* written, const te_tensor* read);
+
+// Refuses a call whose written arguments overlap another argument in memory
+// (on the same device); run by TE_DISPATCH before any backend touches memory.
+void check_aliasing();
+// The frame's bookkeeping behind Arg (runtime/aliasing.cpp).
+void record_arg(const te_tensor* t, const char* name);
+void mark_written(const te_tensor* t);
 
 // The dtype sets most entry points accept, with the words their messages use.
 constexpr std::initializer_list<te_dtype> kHighPrecision = {TE_DTYPE_FLOAT32, TE_DTYPE_BFLOAT16,
