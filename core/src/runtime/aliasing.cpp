@@ -3,6 +3,7 @@
 // except the in-place forms a header documents (allow_alias). te::Arg records
 // every descriptor it checks in the frame of the current call (guarded() opens
 // one); TE_DISPATCH runs check_aliasing() before a backend touches memory.
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -68,8 +69,20 @@ void record_arg(const te_tensor* t, const char* name) {
 
 void mark_written(const te_tensor* t) {
   if (current == nullptr) return;
-  for (auto& c : current->args)
-    if (c.id == t) c.written = true;
+  // The latest record of t: the one the Arg just made (a descriptor passed as
+  // two arguments has two records, and only this one is written).
+  for (auto it = current->args.rbegin(); it != current->args.rend(); ++it)
+    if (it->id == t) {
+      it->written = true;
+      return;
+    }
+}
+
+void forget_arg(const te_tensor* t) {
+  if (current == nullptr) return;
+  auto& args = current->args;
+  for (size_t i = args.size(); i-- > 0;)
+    if (args[i].id == t) args.erase(args.begin() + static_cast<std::ptrdiff_t>(i));
 }
 
 void allow_alias(const te_tensor* written, const te_tensor* read) {

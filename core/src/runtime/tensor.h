@@ -61,6 +61,8 @@ void check_aliasing();
 // The frame's bookkeeping behind Arg (runtime/aliasing.cpp).
 void record_arg(const te_tensor* t, const char* name);
 void mark_written(const te_tensor* t);
+// Drops the records of a stand-in descriptor that is no argument of the call.
+void forget_arg(const te_tensor* t);
 
 // The dtype sets most entry points accept, with the words their messages use.
 constexpr std::initializer_list<te_dtype> kHighPrecision = {TE_DTYPE_FLOAT32, TE_DTYPE_BFLOAT16,
