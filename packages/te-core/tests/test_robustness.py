@@ -5,6 +5,8 @@ names the argument and the rule (never crash, never succeed doing nothing)."""
 
 from __future__ import annotations
 
+import warnings
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -181,3 +183,37 @@ def test_recipe_format_typo_lists_the_valid_names():
     with pytest.raises(AttributeError, match="Format has no member 'E4M4'; valid names: E2M1, E4M3, E5M2, HYBRID"):
         _ = recipe.Format.E4M4
     assert recipe.Format.E4M3.value.max_fwd == 448
+
+
+def _step(history, scale, amax):
+    """One training step's update: the quantize wrote `amax` into the staging row."""
+    history[0, 0] = amax
+    return tc.delayed_scaling_update([history], [scale], amax_compute_algo="max", fp8_dtype="e4m3")
+
+
+@pytest.mark.parametrize("spike", [3e38, np.inf], ids=["huge", "inf"])
+def test_delayed_scaling_warns_on_a_suspect_amax_and_recovers_after_the_window(spike):
+    length = 4
+    history = np.zeros((length, 1), np.float32)
+    scale = np.ones(1, np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # clean steps must not warn
+        assert _step(history, scale, 2.0).ok
+    assert scale[0] == np.float32(448.0 / 2.0)
+    before = scale[0]
+    steps = []
+    for amax in [spike] + [2.0] * (length + 1):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            report = _step(history, scale, amax)
+        steps.append((report, [w for w in caught if issubclass(w.category, tc.AmaxWarning)], scale[0]))
+    # The spike drives the update of its own step and of the L - 1 after it ...
+    for report, caught, value in steps[:length]:
+        assert report.suspect == ((0, 0),) and not report.ok
+        assert len(caught) == 1 and "tensor 0, column 0" in str(caught[0].message)
+        # ... with the reference's rule: fp8_max / amax for a finite amax, the old scale for inf.
+        assert value == (np.float32(448.0 / np.float32(spike)) if np.isfinite(spike) else before)
+    # Once it has left the window, the scale is the clean one again and nothing warns.
+    for report, caught, value in steps[length:]:
+        assert report.ok and not caught
+        assert value == np.float32(448.0 / 2.0)
