@@ -29,10 +29,11 @@ void check_mxfp8_shape(const te_tensor& t, const char* name, bool rows_in_blocks
          "' of shape ", shape_string(t));
   if (last_dim(t) % kBlock != 0)
     fail(TE_ERROR_INVALID_ARGUMENT, "MXFP8 needs the last dimension divisible by 32, got ",
-         last_dim(t));
+         last_dim(t), " (argument '", name, "' of shape ", shape_string(t), ")");
   if (rows_in_blocks && leading_rows(t) % kBlock != 0)
     fail(TE_ERROR_INVALID_ARGUMENT, "MXFP8 ", why_rows,
-         " need the product of the leading dimensions divisible by 32, got ", leading_rows(t),
+         " need the product of the leading dimensions of '", name, "' divisible by 32, got ",
+         leading_rows(t),
          " (shape ", shape_string(t), ")");
 }
 

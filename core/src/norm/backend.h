@@ -11,7 +11,8 @@
 namespace te::norm {
 
 // Overflow-free statistics (te/norm.h, docs/numerics.md): when a row's FP32
-// sum (LayerNorm's S(x)) or sum of squares overflows to inf, both backends
+// sum of squares overflows to inf, or LayerNorm's S(x) is not finite (partial
+// sums of both signs can overflow to inf and -inf, whose sum is NaN), both backends
 // redo it, in the same order, on the terms scaled by kStatScale = 2^-100 and
 // scale the result back. A power of two scales exactly, so this is the sum an
 // FP32 of unbounded range would give (terms below 2^-26 of x, which cannot

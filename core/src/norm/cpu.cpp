@@ -69,7 +69,7 @@ RowStats row_stats(bool layernorm, const float* x, int64_t H, float eps) {
   float mu = 0.0f;
   if (layernorm) {
     mu = sum_fp32(H, [&](int64_t i) { return x[i]; }) / n;
-    if (std::isinf(mu))
+    if (!std::isfinite(mu))  // inf, or NaN from inf + -inf partial sums of a finite row
       mu = sum_fp32(H, [&](int64_t i) { return x[i] * kStatScale; }) / n * kStatUnscale;
   }
   const float sum_sq = sum_fp32(H, [&](int64_t i) {

@@ -329,7 +329,7 @@ __global__ void __launch_bounds__(S::kBlockThreads) norm_fwd_kernel(const FwdArg
     float mu = 0.0f;
     if constexpr (kLayerNorm) {
       mu = __fdiv_rn(sum_x(1.0f), n);
-      if (isinf(mu)) mu = __fmul_rn(__fdiv_rn(sum_x(kStatScale), n), kStatUnscale);
+      if (!isfinite(mu)) mu = __fmul_rn(__fdiv_rn(sum_x(kStatScale), n), kStatUnscale);
     }
     // Sum of squares of (x - mu) * mul; elements past the row count 0. With vec a
     // chunk is wholly in or out of the row; otherwise the last one may be split.
@@ -411,7 +411,7 @@ __global__ void __launch_bounds__(kLoopThreads) norm_fwd_looped_kernel(const Fwd
     float mu = 0.0f;
     if constexpr (kLayerNorm) {
       mu = __fdiv_rn(sum_x(1.0f), n);
-      if (isinf(mu)) mu = __fmul_rn(__fdiv_rn(sum_x(kStatScale), n), kStatUnscale);
+      if (!isfinite(mu)) mu = __fmul_rn(__fdiv_rn(sum_x(kStatScale), n), kStatUnscale);
     }
     auto sum_squares = [&](float mul) {
       float ss = 0.0f;

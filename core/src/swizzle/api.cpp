@@ -23,7 +23,7 @@ SwizzleArgs check_swizzle(const te_tensor* input, te_tensor* output, int columnw
   if (rows % row_multiple != 0 || cols % col_multiple != 0)
     fail(TE_ERROR_INVALID_ARGUMENT, columnwise ? "columnwise" : "rowwise",
          " block scales must be padded to rows % ", row_multiple, " == 0 and columns % ",
-         col_multiple, " == 0, got shape ", shape_string(*input));
+         col_multiple, " == 0, got argument 'input' of shape ", shape_string(*input));
   Arg(output, "output")
       .output()
       .dtype(input->dtype)

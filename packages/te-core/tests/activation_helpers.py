@@ -132,7 +132,8 @@ def staged_forward(kind: str, x, p, flush=False) -> np.ndarray:
         return _f32(ra.f(base, x, p), flush)
     a, b = ra.split(x)
     with np.errstate(over="ignore", invalid="ignore"):
-        return _f32(ra.f(base, a, p), flush) * _f32(ra.linear(kind, b, p))
+        fa, lin = _f32(ra.f(base, a, p), flush), _f32(ra.linear(kind, b, p))
+        return np.where(np.isinf(lin), ra.times_infinite_linear(1.0, fa, ra.f_sign(base, a, p), lin), fa * lin)
 
 
 def staged_backward(kind: str, grad, x, p, flush=False) -> np.ndarray:

@@ -23,6 +23,8 @@ def huge_rows(rng, rows: int, h: int, dtype) -> np.ndarray:
     x[2, :2] = 2.0e38  # S(x) itself overflows
     x[2, 2:] = rng.standard_normal(h - 2)
     x[3] = rng.standard_normal(h)  # an ordinary row: the usual path
+    # partial sums of both signs may overflow to +-inf (NaN); |x - mu| stays below FLT_MAX
+    x[4, ::2] = 2e38 * np.where(np.arange(x[4, ::2].size) % 3 == 2, -1.0, 1.0)
     return x.astype(np.float32).astype(dtype)
 
 

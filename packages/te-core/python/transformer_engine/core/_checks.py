@@ -17,6 +17,8 @@ import numbers
 
 import numpy as np
 
+MAX_DIMS = 8  # TE_MAX_DIMS (te/types.h)
+
 
 def _type_name(value) -> str:
     return type(value).__name__
@@ -74,7 +76,10 @@ def contiguous(value, name: str) -> np.ndarray:
     """value as a C-contiguous array of the same rank (0-d stays 0-d); None refused."""
     if value is None:
         raise TypeError(f"argument '{name}' is required (got None)")
-    return np.asarray(value, order="C")
+    array = np.asarray(value, order="C")
+    if array.ndim > MAX_DIMS:
+        raise ValueError(f"argument '{name}' has {array.ndim} dims; the core takes at most {MAX_DIMS}")
+    return array
 
 
 def inplace_fp32(value, name: str) -> np.ndarray:

@@ -84,5 +84,5 @@ def fp8_dtype(dtype) -> DType:
     except TypeError:
         code = None
     if code not in FP8_DTYPES:
-        raise TypeError(f"fp8_dtype must be float8_e4m3fn or float8_e5m2, got {dtype!r}")
+        raise TypeError(f"argument fp8_dtype must be float8_e4m3fn or float8_e5m2 ('e4m3' or 'e5m2'), got {dtype!r}")
     return code

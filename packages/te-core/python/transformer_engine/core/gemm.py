@@ -89,6 +89,8 @@ def gemm(
     out_dtype. pre_gelu_out and bias_grad default to out_dtype (float32 when
     out_dtype is FP8).
     """
+    transa, transb = flag(transa, "transa"), flag(transb, "transb")
+    gelu, bias_grad = flag(gelu, "gelu"), flag(bias_grad, "bias_grad")
     a = _array(a, "a")
     b = _array(b, "b")
     out_dtype = _output_dtype(out_dtype, "out_dtype")
@@ -130,8 +132,8 @@ def gemm(
         bias_grad=_optional_desc(grad),
         alpha=real(alpha, "alpha"),
         beta=real(beta, "beta"),
-        transa=flag(transa, "transa"),
-        transb=flag(transb, "transb"),
+        transa=transa,
+        transb=transb,
         use_split_accumulator=flag(use_split_accumulator, "use_split_accumulator"),
     )
     return GemmOutput(out, pre_gelu, grad, amax)

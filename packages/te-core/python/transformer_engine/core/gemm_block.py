@@ -147,6 +147,8 @@ def _prepare(
     use_split_accumulator=True,
     force_emulation=False,
 ) -> _Prepared:
+    transa, transb = flag(transa, "transa"), flag(transb, "transb")
+    a_columnwise, b_columnwise = flag(a_columnwise, "a_columnwise"), flag(b_columnwise, "b_columnwise")
     a_op, b_op = operand(a, columnwise=a_columnwise), operand(b, columnwise=b_columnwise)
     for name, op in (("a", a_op), ("b", b_op)):
         if len(op.shape) < 2:
@@ -168,8 +170,8 @@ def _prepare(
         bias=None if bias_array is None else desc(bias_array),
         alpha=real(alpha, "alpha"),
         beta=real(beta, "beta"),
-        transa=flag(transa, "transa"),
-        transb=flag(transb, "transb"),
+        transa=transa,
+        transb=transb,
         use_split_accumulator=flag(use_split_accumulator, "use_split_accumulator"),
         force_emulation=flag(force_emulation, "force_emulation"),
     )

@@ -149,6 +149,19 @@ def df_sign(base: str, x, p) -> np.ndarray:
     return np.where(x > p["limit"], 0.0, tail) if base == "clamped" else tail
 
 
+def f_sign(base: str, x, p) -> np.ndarray:
+    """Sign of the exact f(x) where a float f(x) is 0 (0 at x = +-inf and for exact zeros)."""
+    x = np.asarray(x, np.float64)
+    if base == "relu":
+        return np.zeros_like(x)
+    if base == "srelu":
+        return (x > 0).astype(np.float64)
+    if base == "sigmoid":
+        return np.where(np.isinf(x), 0.0, 1.0)
+    c = _clamp_above(x, p["limit"]) if base == "clamped" else x
+    return np.where(np.isinf(c), 0.0, np.sign(c))
+
+
 def times_infinite_linear(g, d, sign, lin) -> np.ndarray:
     """g * f'(a) * lin(b) where lin(b) is +-inf: the limit (0 for an exactly zero
     factor, else +-inf by the signs), NaN where g or f'(a) is NaN."""
@@ -193,8 +206,11 @@ def forward(x, kind: str, **overrides) -> np.ndarray:
     if kind not in GATED:
         return f(BASE[kind], x, p)
     a, b = split(x)
+    base, lin = BASE[kind], linear(kind, b, p)
+    fa = f(base, a, p)
     with np.errstate(invalid="ignore"):
-        return f(BASE[kind], a, p) * linear(kind, b, p)
+        # An infinite linear half gives the limit, not 0 * inf (numerics.md).
+        return np.where(np.isinf(lin), times_infinite_linear(1.0, fa, f_sign(base, a, p), lin), fa * lin)
 
 
 def backward(grad, x, kind: str, **overrides) -> np.ndarray:
