@@ -147,8 +147,15 @@ def run_case(seed: int, index: int) -> tuple[str, str]:
 def worker(seed: int, start: int, stop: int) -> None:
     """Runs cases [start, stop), one JSON line before and after each (the parent reads them)."""
     sys.path.insert(0, HERE)
+    # The runner's own test (test_fuzz_smoke.py) makes one case crash or hang.
+    crash_at = int(os.environ.get("TE_FUZZ_CRASH_AT", "-1"))
+    hang_at = int(os.environ.get("TE_FUZZ_HANG_AT", "-1"))
     for i in range(start, stop):
         print(json.dumps({"start": i}), flush=True)
+        if i == crash_at:
+            os.abort()
+        if i == hang_at:
+            time.sleep(3600)
         outcome, detail = run_case(seed, i)
         print(json.dumps({"done": i, "outcome": outcome, "detail": detail}), flush=True)
 

@@ -88,3 +88,9 @@ def test_infinite_linear_half_gives_the_limit(kind, dtype):
     assert not np.isnan(got[finite_inputs]).any(), "0 * inf reached the result"
     if kind in ("swiglu", "qgeglu", "glu", "geglu"):  # slopes that only underflow: never 0 * inf
         assert np.all(np.isinf(got[finite_inputs]))
+    # The forward f(a) * lin(b) follows the same rule (grad = 1).
+    y = tc.activation_forward(x, kind).astype(np.float64)[:, 0]
+    y_expected = ra.forward(x, kind)[:, 0].astype(dtype).astype(np.float64)
+    assert np.array_equal(np.isnan(y), np.isnan(y_expected))
+    assert np.array_equal(y[~np.isnan(y)], y_expected[~np.isnan(y_expected)])
+    assert not np.isnan(y[np.isfinite(a[:, 0])]).any()
