@@ -341,7 +341,9 @@ def sanitize(session: nox.Session) -> None:
     }
     session.run("ctest", "--test-dir", f"{SANITIZE_BUILD}/core", "--output-on-failure", env=runtime, external=True)
     preload = {**runtime, "LD_PRELOAD": _sanitizer_runtime(session)}
-    session.run("python", "-m", "pytest", "-q", "-p", "no:cacheprovider", *SANITIZE_TESTS, *session.posargs, env=preload)
+    session.run(
+        "python", "-m", "pytest", "-q", "-p", "no:cacheprovider", *SANITIZE_TESTS, *session.posargs, env=preload
+    )
 
 
 @nox.session(python=False)

@@ -143,7 +143,10 @@ BackwardArgs check_backward(const te_activation_bwd_params& p) {
   args.out = check_outputs(*input, p.grad_input, "grad_input", p.columnwise, p.scale, p.scale_inv,
                            p.amax, args.rows, in_cols, false, kind);
   if (dbias != nullptr) {
-    Arg(dbias, "dbias").output().dtype_in(kHighPrecision, kHighPrecisionText).same_device(*input, "input");
+    Arg(dbias, "dbias")
+        .output()
+        .dtype_in(kHighPrecision, kHighPrecisionText)
+        .same_device(*input, "input");
     if (dbias->ndim != 1 || dbias->shape[0] != in_cols)
       fail(TE_ERROR_INVALID_ARGUMENT, "argument 'dbias' must have shape [", in_cols,
            "] (the input's last dimension), got ", shape_string(*dbias));
@@ -172,7 +175,10 @@ BackwardArgs check_backward(const te_activation_bwd_params& p) {
 OutputArgs check_fwd_columnwise(const te_tensor& input, te_tensor* fwd_columnwise,
                                 const te_tensor* fwd_scale, te_tensor* fwd_scale_inv, int64_t rows,
                                 int64_t cols, te_activation kind) {
-  Arg(fwd_columnwise, "fwd_columnwise").output().dtype_in(kFp8, kFp8Text).same_device(input, "input");
+  Arg(fwd_columnwise, "fwd_columnwise")
+      .output()
+      .dtype_in(kFp8, kFp8Text)
+      .same_device(input, "input");
   if (fwd_columnwise->ndim != 2 || fwd_columnwise->shape[0] != cols ||
       fwd_columnwise->shape[1] != rows)
     fail(TE_ERROR_INVALID_ARGUMENT, "argument 'fwd_columnwise' must have shape [", cols, ", ", rows,

@@ -297,7 +297,8 @@ TE_HD float forward_value(float a, float b, const Params& p) {
   using F = typename Kind<K>::F;
   if constexpr (Kind<K>::gated) {
     const float l = F::lin(b, p);
-    if (std::isinf(l)) return canonical(times_infinite_linear(1.0f, F::f(a, p), F::f_sign(a, p), l));
+    if (std::isinf(l))
+      return canonical(times_infinite_linear(1.0f, F::f(a, p), F::f_sign(a, p), l));
     return canonical(mul(F::f(a, p), l));
   } else {
     return canonical(F::f(a, p));

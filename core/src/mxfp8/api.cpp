@@ -33,8 +33,7 @@ void check_mxfp8_shape(const te_tensor& t, const char* name, bool rows_in_blocks
   if (rows_in_blocks && leading_rows(t) % kBlock != 0)
     fail(TE_ERROR_INVALID_ARGUMENT, "MXFP8 ", why_rows,
          " need the product of the leading dimensions of '", name, "' divisible by 32, got ",
-         leading_rows(t),
-         " (shape ", shape_string(t), ")");
+         leading_rows(t), " (shape ", shape_string(t), ")");
 }
 
 // An E8M0 scale buffer of exactly [rows, cols].

@@ -357,8 +357,9 @@ __global__ void __launch_bounds__(S::kBlockThreads) norm_fwd_kernel(const FwdArg
       return row_sum(ss);
     };
     const float ss = sum_squares(1.0f);
-    const float rsigma = isinf(ss) ? scaled_rsigma(sum_squares(kStatScale), n, a.eps)
-                                   : __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(ss, n), a.eps)));
+    const float rsigma = isinf(ss)
+                             ? scaled_rsigma(sum_squares(kStatScale), n, a.eps)
+                             : __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(ss, n), a.eps)));
     if (t == 0) {
       if (a.mu != nullptr) a.mu[row] = mu;
       if (a.rsigma != nullptr) a.rsigma[row] = rsigma;
@@ -422,8 +423,9 @@ __global__ void __launch_bounds__(kLoopThreads) norm_fwd_looped_kernel(const Fwd
       return block_sum(ss, exchange);
     };
     const float ss = sum_squares(1.0f);
-    const float rsigma = isinf(ss) ? scaled_rsigma(sum_squares(kStatScale), n, a.eps)
-                                   : __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(ss, n), a.eps)));
+    const float rsigma = isinf(ss)
+                             ? scaled_rsigma(sum_squares(kStatScale), n, a.eps)
+                             : __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(ss, n), a.eps)));
     if (threadIdx.x == 0) {
       if (a.mu != nullptr) a.mu[row] = mu;
       if (a.rsigma != nullptr) a.rsigma[row] = rsigma;

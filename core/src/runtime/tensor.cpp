@@ -90,13 +90,13 @@ void check_extent(const te_tensor& t, const char* name) {
            " has more elements than a signed 64-bit count can hold");
   int64_t bits = 0;
   if (__builtin_mul_overflow(count, static_cast<int64_t>(dtype_bits(t.dtype)), &bits))
-    fail(TE_ERROR_INVALID_ARGUMENT, "argument '", name, "' of shape ", shape_string(t), " and dtype ",
-         dtype_name(t.dtype), " has a byte size that overflows 64-bit arithmetic");
+    fail(TE_ERROR_INVALID_ARGUMENT, "argument '", name, "' of shape ", shape_string(t),
+         " and dtype ", dtype_name(t.dtype), " has a byte size that overflows 64-bit arithmetic");
   const uint64_t bytes = (static_cast<uint64_t>(bits) + 7) / 8;
   uintptr_t end = 0;
   if (__builtin_add_overflow(reinterpret_cast<uintptr_t>(t.data), bytes, &end))
-    fail(TE_ERROR_INVALID_ARGUMENT, "argument '", name, "' of shape ", shape_string(t), " (",
-         bytes, " bytes) extends past the end of the address space");
+    fail(TE_ERROR_INVALID_ARGUMENT, "argument '", name, "' of shape ", shape_string(t), " (", bytes,
+         " bytes) extends past the end of the address space");
 }
 
 }  // namespace

@@ -51,8 +51,14 @@ def _entries(rng):
         "compute_amax": ({"input": Spec(hp, [m, k]), "amax": Spec(F32, [])}, lambda d: lib.compute_amax(*d.values())),
         "transpose": ({"input": Spec(hp, [m, k]), "output": Spec(hp, [k, m])}, lambda d: lib.transpose(*d.values())),
         "quantize_fp8": (
-            {"input": Spec(hp, [m, k]), "scale": Spec(F32, []), "rowwise": Spec(fp8, [m, k]),
-             "columnwise": Spec(fp8, [k, m]), "scale_inv": Spec(F32, []), "amax": Spec(F32, [])},
+            {
+                "input": Spec(hp, [m, k]),
+                "scale": Spec(F32, []),
+                "rowwise": Spec(fp8, [m, k]),
+                "columnwise": Spec(fp8, [k, m]),
+                "scale_inv": Spec(F32, []),
+                "amax": Spec(F32, []),
+            },
             lambda d: lib.quantize_fp8(*d.values()),
         ),
         "dequantize_fp8": (
@@ -64,8 +70,14 @@ def _entries(rng):
             lambda d: lib.rmsnorm_fwd(d["x"], d["gamma"], 1e-5, False, d["y"], None, None, None, d["rsigma"]),
         ),
         "layernorm_fwd": (
-            {"x": Spec(hp, [m, k]), "gamma": Spec(hp, [k]), "beta": Spec(hp, [k]), "y": Spec(hp, [m, k]),
-             "mu": Spec(F32, [m]), "rsigma": Spec(F32, [m])},
+            {
+                "x": Spec(hp, [m, k]),
+                "gamma": Spec(hp, [k]),
+                "beta": Spec(hp, [k]),
+                "y": Spec(hp, [m, k]),
+                "mu": Spec(F32, [m]),
+                "rsigma": Spec(F32, [m]),
+            },
             lambda d: lib.layernorm_fwd(
                 d["x"], d["gamma"], d["beta"], 1e-5, False, d["y"], None, None, None, d["mu"], d["rsigma"]
             ),
@@ -115,7 +127,10 @@ def _spoil(rng, specs: dict) -> str:
         if not _fits(s.shape):
             s.shape = [1]
     elif how == 2:
-        s.shape = [int(rng.choice([2**32, 2**62, 6148914691236517206, 2**61, 2**31])), int(rng.choice([2**32, 3, 4, 2**33]))]
+        s.shape = [
+            int(rng.choice([2**32, 2**62, 6148914691236517206, 2**61, 2**31])),
+            int(rng.choice([2**32, 3, 4, 2**33])),
+        ]
         if _fits(s.shape):
             s.shape = [2**62, 4]
     elif how == 3:

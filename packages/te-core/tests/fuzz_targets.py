@@ -10,19 +10,19 @@ wrong result.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import ml_dtypes
 import numpy as np
 
 import transformer_engine.core as tc
 from transformer_engine.core import reference as ref
-from transformer_engine.core.activation import GATED_ACTIVATIONS
 from transformer_engine.core import reference_activation as ra
 from transformer_engine.core import reference_fp8_block as rfb
 from transformer_engine.core import reference_mxfp8 as rmx
 from transformer_engine.core import reference_norm as nref
+from transformer_engine.core.activation import GATED_ACTIVATIONS
 
 HP = [np.float32, ml_dtypes.bfloat16, np.float16]
 FMTS = ["e4m3", "e5m2"]
@@ -183,14 +183,31 @@ def targets() -> list[Target]:
                 "rowwise": True,
                 "columnwise": bool(r.random() < 0.5),
             },
-            {"x": "array", "scale": "scalar", "fp8_dtype": "fmt", "rowwise": "flag", "columnwise": "flag", "amax": "scalar"},
+            {
+                "x": "array",
+                "scale": "scalar",
+                "fp8_dtype": "fmt",
+                "rowwise": "flag",
+                "columnwise": "flag",
+                "amax": "scalar",
+            },
             _fp8_oracle,
         ),
         Target(
             "quantize_fp8_current_scaling",
             lambda **k: tc.quantize_fp8_current_scaling(**k),
-            lambda r: {"x": hp(r, shape2d(r)), "fp8_dtype": r.choice(FMTS), "force_pow_2_scales": bool(r.random() < 0.5)},
-            {"x": "array", "fp8_dtype": "fmt", "force_pow_2_scales": "flag", "amax_epsilon": "real", "columnwise": "flag"},
+            lambda r: {
+                "x": hp(r, shape2d(r)),
+                "fp8_dtype": r.choice(FMTS),
+                "force_pow_2_scales": bool(r.random() < 0.5),
+            },
+            {
+                "x": "array",
+                "fp8_dtype": "fmt",
+                "force_pow_2_scales": "flag",
+                "amax_epsilon": "real",
+                "columnwise": "flag",
+            },
         ),
         Target(
             "compute_amax",
@@ -229,7 +246,11 @@ def targets() -> list[Target]:
         Target(
             "quantize_mxfp8",
             lambda **k: tc.quantize_mxfp8(**k),
-            lambda r: {"x": hp(r, shape2d(r, 32, 32, 96, 128)), "fp8_dtype": r.choice(FMTS), "columnwise": bool(r.random() < 0.5)},
+            lambda r: {
+                "x": hp(r, shape2d(r, 32, 32, 96, 128)),
+                "fp8_dtype": r.choice(FMTS),
+                "columnwise": bool(r.random() < 0.5),
+            },
             {
                 "x": "array",
                 "fp8_dtype": "fmt",
@@ -243,14 +264,29 @@ def targets() -> list[Target]:
         Target(
             "quantize_fp8_block",
             lambda **k: tc.quantize_fp8_block(**k),
-            lambda r: {"x": hp(r, shape2d(r, 16, 1, 40, 256)), "block_dim": int(r.choice([1, 2])), "fp8_dtype": r.choice(FMTS)},
-            {"x": "array", "block_dim": "int", "layout": "choice", "rowwise": "flag", "columnwise": "flag", "amax_epsilon": "real"},
+            lambda r: {
+                "x": hp(r, shape2d(r, 16, 1, 40, 256)),
+                "block_dim": int(r.choice([1, 2])),
+                "fp8_dtype": r.choice(FMTS),
+            },
+            {
+                "x": "array",
+                "block_dim": "int",
+                "layout": "choice",
+                "rowwise": "flag",
+                "columnwise": "flag",
+                "amax_epsilon": "real",
+            },
             _block_oracle,
         ),
         Target(
             "quantize_nvfp4",
             lambda **k: tc.quantize_nvfp4(**k),
-            lambda r: {"x": hp(r, shape2d(r, 16, 16, 64, 64)), "stochastic_rounding": bool(r.random() < 0.3), "seed": 7},
+            lambda r: {
+                "x": hp(r, shape2d(r, 16, 16, 64, 64)),
+                "stochastic_rounding": bool(r.random() < 0.3),
+                "seed": 7,
+            },
             {
                 "x": "array",
                 "rowwise": "flag",
@@ -268,7 +304,14 @@ def targets() -> list[Target]:
             "layernorm_fwd",
             lambda **k: tc.layernorm_fwd(**k),
             lambda r: _norm_args(r, True),
-            {"x": "array", "gamma": "array", "beta": "array", "eps": "real", "zero_centered_gamma": "flag", "scale": "scalar"},
+            {
+                "x": "array",
+                "gamma": "array",
+                "beta": "array",
+                "eps": "real",
+                "zero_centered_gamma": "flag",
+                "scale": "scalar",
+            },
             lambda kw, out: _norm_oracle(kw, out, True),
         ),
         Target(
@@ -281,8 +324,18 @@ def targets() -> list[Target]:
         Target(
             "activation_forward",
             lambda **k: tc.activation_forward(**k),
-            lambda r: {"x": hp(r, (int(r.integers(1, 9)), 2 * int(r.integers(1, 33)))), "kind": str(r.choice(tc.ACTIVATIONS))},
-            {"x": "array", "kind": "int", "out_dtype": "dtype", "scale": "scalar", "rowwise": "flag", "columnwise": "flag"},
+            lambda r: {
+                "x": hp(r, (int(r.integers(1, 9)), 2 * int(r.integers(1, 33)))),
+                "kind": str(r.choice(tc.ACTIVATIONS)),
+            },
+            {
+                "x": "array",
+                "kind": "int",
+                "out_dtype": "dtype",
+                "scale": "scalar",
+                "rowwise": "flag",
+                "columnwise": "flag",
+            },
             _activation_oracle,
         ),
         Target(
@@ -295,18 +348,29 @@ def targets() -> list[Target]:
             "delayed_scaling_update",
             lambda **k: tc.delayed_scaling_update(**k),
             _delayed_args,
-            {"amax_histories": "list", "scales": "list", "margin": "real", "amax_compute_algo": "choice", "fp8_dtype": "fmt"},
+            {
+                "amax_histories": "list",
+                "scales": "list",
+                "margin": "real",
+                "amax_compute_algo": "choice",
+                "fp8_dtype": "fmt",
+            },
         ),
         Target(
             "scaled_softmax_forward",
             lambda **k: tc.scaled_softmax_forward(**k),
-            lambda r: {"x": hp(r, (2, 2, int(r.integers(1, 9)), int(r.integers(1, 33)))), "scale": float(r.uniform(0.1, 2))},
+            lambda r: {
+                "x": hp(r, (2, 2, int(r.integers(1, 9)), int(r.integers(1, 33)))),
+                "scale": float(r.uniform(0.1, 2)),
+            },
             {"x": "array", "scale": "real"},
         ),
         Target(
             "swizzle_block_scales",
             lambda **k: tc.swizzle_block_scales(**k),
-            lambda r: {"scales": r.integers(0, 256, (128 * int(r.integers(1, 3)), 4 * int(r.integers(1, 3))), dtype=np.uint8)},
+            lambda r: {
+                "scales": r.integers(0, 256, (128 * int(r.integers(1, 3)), 4 * int(r.integers(1, 3))), dtype=np.uint8)
+            },
             {"scales": "array", "columnwise": "flag"},
         ),
         Target(
@@ -315,7 +379,12 @@ def targets() -> list[Target]:
             _gemm_args,
             {"a": "array", "b": "array", "transa": "flag", "transb": "flag", "alpha": "real", "beta": "real"},
         ),
-        Target("numpy_dtype", lambda **k: tc.numpy_dtype(**k), lambda r: {"dtype": int(r.integers(0, 10))}, {"dtype": "int"}),
+        Target(
+            "numpy_dtype",
+            lambda **k: tc.numpy_dtype(**k),
+            lambda r: {"dtype": int(r.integers(0, 10))},
+            {"dtype": "int"},
+        ),
         Target(
             "pack_fp4",
             lambda **k: tc.pack_fp4(**k),
@@ -359,4 +428,8 @@ def _delayed_args(r):
 def _gemm_args(r):
     m, n, k = (16 * int(r.integers(1, 4)) for _ in range(3))
     dtype = HP[r.integers(3)]
-    return {"a": hostile(r, (m, k), dtype, specials=False), "b": hostile(r, (n, k), dtype, specials=False), "transb": True}
+    return {
+        "a": hostile(r, (m, k), dtype, specials=False),
+        "b": hostile(r, (n, k), dtype, specials=False),
+        "transb": True,
+    }

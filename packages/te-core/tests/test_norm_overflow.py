@@ -91,8 +91,6 @@ def test_backward_of_overflowing_rows_is_finite_and_matches_the_oracle(rng):
     dx, dgamma, dbeta = tc.layernorm_bwd(dz, x, fwd.mu, fwd.rsigma, gamma)
     assert np.all(np.isfinite(dx)) and np.all(np.isfinite(dgamma))
     ref_dx, ref_dg, ref_db = nref.layernorm_bwd(dz, x, fwd.mu, fwd.rsigma, gamma)
-    b_dx, b_dg, b_db = nref.backward_bounds(
-        True, dz, x, fwd.mu, fwd.rsigma, gamma, False, dx, np.float32, np.float32
-    )
+    b_dx, b_dg, b_db = nref.backward_bounds(True, dz, x, fwd.mu, fwd.rsigma, gamma, False, dx, np.float32, np.float32)
     nref.assert_within(dx, ref_dx, b_dx, "dx")
     nref.assert_within(dgamma, ref_dg, b_dg, "dgamma")

@@ -77,10 +77,14 @@ def test_outputs_aliasing_inputs_are_refused():
     with pytest.raises(ValueError, match="argument 'output' is written by this call but shares memory"):
         lib.transpose(same, same)  # one descriptor passed as both arguments
     q = np.zeros(16, np.uint8)
-    with pytest.raises(ValueError, match="argument 'rowwise' is written by this call but shares memory with argument 'columnwise'"):
+    with pytest.raises(
+        ValueError, match="argument 'rowwise' is written by this call but shares memory with argument 'columnwise'"
+    ):
         lib.quantize_fp8(raw(x), raw(SCALAR), raw(q, [4, 4], E4M3), raw(q, [4, 4], E4M3), None, None)
     amax = x.reshape(-1)[:1]
-    with pytest.raises(ValueError, match="argument 'amax' is written by this call but shares memory with argument 'input'"):
+    with pytest.raises(
+        ValueError, match="argument 'amax' is written by this call but shares memory with argument 'input'"
+    ):
         lib.compute_amax(raw(x), raw(amax, []))
     assert np.array_equal(x, np.arange(16, dtype=np.float32).reshape(4, 4))  # nothing was written
 
@@ -120,7 +124,10 @@ def test_delayed_scaling_state_must_be_writeable_and_disjoint():
     with pytest.raises(ValueError, match=r"argument 'scales\[0\]' is read-only"):
         tc.delayed_scaling_update([h], [s_frozen])
     # The core refuses the same aliasing when the NumPy layer is bypassed.
-    with pytest.raises(ValueError, match=r"argument 'amax_histories\[0\]' is written by this call but shares memory with argument 'scales\[0\]'"):
+    with pytest.raises(
+        ValueError,
+        match=r"argument 'amax_histories\[0\]' is written by this call but shares memory with argument 'scales\[0\]'",
+    ):
         lib.delayed_scaling_update(None, [raw(h)], [raw(h[0])], None, lib.AmaxComputeAlgo.MAX, E4M3)
 
 
@@ -133,11 +140,23 @@ X = np.linspace(-3, 3, 32, dtype=np.float32).reshape(2, 16)
         (lambda: tc.quantize_fp8(X, None), "argument 'scale' is required \\(got None\\)"),
         (lambda: tc.quantize_fp8(X, 1.0, columnwise="False"), "argument 'columnwise' must be a bool"),
         (lambda: tc.quantize_fp8(X, 1.0, rowwise=1), "argument 'rowwise' must be a bool"),
-        (lambda: tc.compute_scale_from_amax(1.0, force_pow_2_scales="no"), "argument 'force_pow_2_scales' must be a bool"),
-        (lambda: tc.quantize_mxfp8(np.ones((32, 32), np.float32), use_2d_blocks="False"), "'use_2d_blocks' must be a bool"),
-        (lambda: tc.quantize_mxfp8(np.ones((32, 32), np.float32), swizzled_scales=0), "'swizzled_scales' must be a bool"),
+        (
+            lambda: tc.compute_scale_from_amax(1.0, force_pow_2_scales="no"),
+            "argument 'force_pow_2_scales' must be a bool",
+        ),
+        (
+            lambda: tc.quantize_mxfp8(np.ones((32, 32), np.float32), use_2d_blocks="False"),
+            "'use_2d_blocks' must be a bool",
+        ),
+        (
+            lambda: tc.quantize_mxfp8(np.ones((32, 32), np.float32), swizzled_scales=0),
+            "'swizzled_scales' must be a bool",
+        ),
         (lambda: tc.quantize_nvfp4(X, block_2d="False"), "argument 'block_2d' must be a bool"),
-        (lambda: tc.rmsnorm_fwd(X, np.ones(16, np.float32), zero_centered_gamma="False"), "'zero_centered_gamma' must be a bool"),
+        (
+            lambda: tc.rmsnorm_fwd(X, np.ones(16, np.float32), zero_centered_gamma="False"),
+            "'zero_centered_gamma' must be a bool",
+        ),
         (lambda: tc.activation_forward(X, 1.0), "argument 'kind' must be an int, got float"),
         (lambda: tc.activation_forward(X, True), "argument 'kind' must be an int, got bool"),
         (lambda: tc.activation_forward(X, 12), "argument 'kind' must be an activation name or code 0 to 11: .*swiglu"),
@@ -154,8 +173,14 @@ X = np.linspace(-3, 3, 32, dtype=np.float32).reshape(2, 16)
         (lambda: tc.numpy_dtype("x"), "argument 'dtype' must be a DType"),
         (lambda: tc.pack_fp4(np.uint8(3)), "argument 'values' must have at least 1 dim"),
         (lambda: tc.unpack_fp4(np.uint8(3)), "argument 'packed' must have at least 1 dim"),
-        (lambda: tc.layernorm_fwd(X, np.ones(16, np.float32), np.zeros(16, np.float32), eps="1e-5"), "'eps' must be a real"),
-        (lambda: tc.delayed_scaling_update([np.zeros((2, 1), np.float32)], [np.ones(1, np.float32)], margin=None), "'margin' must be a real"),
+        (
+            lambda: tc.layernorm_fwd(X, np.ones(16, np.float32), np.zeros(16, np.float32), eps="1e-5"),
+            "'eps' must be a real",
+        ),
+        (
+            lambda: tc.delayed_scaling_update([np.zeros((2, 1), np.float32)], [np.ones(1, np.float32)], margin=None),
+            "'margin' must be a real",
+        ),
     ],
 )
 def test_strict_arguments(call, message):

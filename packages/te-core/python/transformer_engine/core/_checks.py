@@ -37,7 +37,11 @@ def integer(value, name: str, *, low: int | None = None, high: int | None = None
         raise TypeError(f"argument '{name}' must be an int, got {_type_name(value)} {value!r}")
     value = int(value)
     if (low is not None and value < low) or (high is not None and value > high):
-        bounds = f"{low} to {high}" if low is not None and high is not None else (f">= {low}" if high is None else f"<= {high}")
+        bounds = (
+            f"{low} to {high}"
+            if low is not None and high is not None
+            else (f">= {low}" if high is None else f"<= {high}")
+        )
         raise ValueError(f"argument '{name}' must be an int in {bounds}, got {value}")
     return value
 

@@ -13,8 +13,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ._checks import flag, integer, real
 from ._arrays import as_high_precision, desc, empty, fp32_scalar, matrix_shape
+from ._checks import flag, integer, real
 from ._native import lib
 from .cast import Fp8Tensor
 from .dtypes import FP8_DTYPES, te_dtype
@@ -41,7 +41,9 @@ def activation_code(kind: str | int) -> int:
     code = integer(kind, "kind")
     if not 0 <= code < len(ACTIVATIONS):
         names = ", ".join(f"{i} ({n})" for i, n in enumerate(ACTIVATIONS))
-        raise ValueError(f"argument 'kind' must be an activation name or code 0 to {len(ACTIVATIONS) - 1}: {names}; got {code}")
+        raise ValueError(
+            f"argument 'kind' must be an activation name or code 0 to {len(ACTIVATIONS) - 1}: {names}; got {code}"
+        )
     return code
 
 

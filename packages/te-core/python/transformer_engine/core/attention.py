@@ -25,8 +25,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ._checks import contiguous, flag, fp32_array, integer, real
 from ._arrays import as_high_precision, desc
+from ._checks import contiguous, flag, fp32_array, integer, real
 from ._native import lib
 
 QKV_FORMATS = {"bshd": 0, "sbhd": 1, "thd": 2}

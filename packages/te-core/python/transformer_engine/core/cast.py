@@ -12,8 +12,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ._checks import contiguous, flag, real
 from ._arrays import as_high_precision, desc, empty, fp32_scalar, matrix_shape
+from ._checks import contiguous, flag, real
 from ._compat import renamed_keyword
 from ._native import lib
 from .dtypes import FP8_DTYPES, te_dtype

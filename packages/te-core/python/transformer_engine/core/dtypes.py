@@ -58,7 +58,9 @@ def te_dtype(dtype) -> DType:
         return _NUMPY_TO_TE[np.dtype(dtype)]
     except (KeyError, TypeError):
         names = ", ".join(str(d) for d in _NUMPY_TO_TE)
-        raise TypeError(f"argument 'dtype' has no core dtype: {dtype!r}; expected 'e4m3', 'e5m2', a DType or one of {names}") from None
+        raise TypeError(
+            f"argument 'dtype' has no core dtype: {dtype!r}; expected 'e4m3', 'e5m2', a DType or one of {names}"
+        ) from None
 
 
 def numpy_dtype(dtype: DType) -> np.dtype:

@@ -12,8 +12,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ._checks import contiguous, flag, fp32_array, integer, real
 from ._arrays import as_high_precision, desc, empty, matrix_shape
+from ._checks import contiguous, flag, fp32_array, integer, real
 from ._compat import renamed_keyword
 from ._native import lib
 from .dtypes import FP8_DTYPES, DType, te_dtype
@@ -39,7 +39,11 @@ def _block_dim(block_dim) -> int:
 def fp8_block_scale_shape(shape, *, block_dim=1, layout="gemm_ready", columnwise=False) -> tuple[int, int]:
     """Shape of the FP32 scale_inv array of a tensor of `shape` (see te/fp8_block.h)."""
     rows, cols = matrix_shape(shape)
-    return tuple(lib.fp8_block_scale_shape(rows, cols, _block_dim(block_dim), _layout_code(layout), flag(columnwise, "columnwise")))
+    return tuple(
+        lib.fp8_block_scale_shape(
+            rows, cols, _block_dim(block_dim), _layout_code(layout), flag(columnwise, "columnwise")
+        )
+    )
 
 
 def _stored_shape(shape, layout: str, columnwise: bool) -> tuple:
@@ -133,7 +137,12 @@ def dequantize_fp8_block(
     scale_inv = fp32_array(scale_inv, "scale_inv")
     out = empty(data.shape, out_dtype)
     lib.fp8_block_dequantize(
-        desc(data), desc(scale_inv), desc(out), _block_dim(block_dim), _layout_code(layout), flag(columnwise, "columnwise")
+        desc(data),
+        desc(scale_inv),
+        desc(out),
+        _block_dim(block_dim),
+        _layout_code(layout),
+        flag(columnwise, "columnwise"),
     )
     return out
 

@@ -16,8 +16,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ._checks import contiguous, flag, real
 from ._arrays import HIGH_PRECISION, desc, empty, fp32_scalar, matrix_shape
+from ._checks import contiguous, flag, real
 from ._native import lib
 from .dtypes import FP8_DTYPES, te_dtype
 

@@ -17,8 +17,8 @@ from typing import NamedTuple
 import ml_dtypes
 import numpy as np
 
-from ._checks import contiguous, flag
 from ._arrays import as_high_precision, desc, empty, matrix_shape
+from ._checks import contiguous, flag
 from ._native import lib
 from .dtypes import FP8_DTYPES, te_dtype
 from .dtypes import fp8_dtype as _fp8_dtype
@@ -81,5 +81,7 @@ def dequantize_mxfp8(q, scale_inv, *, columnwise=False, swizzled_scales=False, o
     if scale_inv.dtype != E8M0:
         raise TypeError(f"argument 'scale_inv' must be float8_e8m0fnu, got {scale_inv.dtype}")
     out = empty(q.shape, out_dtype)
-    lib.dequantize_mxfp8(desc(q), desc(scale_inv), desc(out), flag(columnwise, "columnwise"), flag(swizzled_scales, "swizzled_scales"))
+    lib.dequantize_mxfp8(
+        desc(q), desc(scale_inv), desc(out), flag(columnwise, "columnwise"), flag(swizzled_scales, "swizzled_scales")
+    )
     return out

@@ -23,8 +23,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ._checks import contiguous, flag, real
 from ._arrays import as_high_precision, desc, empty, fp32_scalar
+from ._checks import contiguous, flag, real
 from ._compat import renamed_keyword
 from ._native import lib
 from .cast import quantize_fp8_current_scaling

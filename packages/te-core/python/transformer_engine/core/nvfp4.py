@@ -20,8 +20,8 @@ from typing import NamedTuple
 import ml_dtypes
 import numpy as np
 
-from ._checks import contiguous, flag, integer
 from ._arrays import as_high_precision, desc, fp32_scalar, matrix_shape
+from ._checks import contiguous, flag, integer
 from ._native import lib
 from .dtypes import DType
 
@@ -72,7 +72,9 @@ def compute_amax_nvfp4(x, *, random_hadamard=False, rht_sign_mask=RHT_SIGN_MASK)
     x = as_high_precision(x, "x")
     row = np.zeros((), np.float32)
     col = np.zeros((), np.float32)
-    lib.nvfp4_compute_amax(desc(x), desc(row), desc(col), flag(random_hadamard, "random_hadamard"), _check_mask(rht_sign_mask))
+    lib.nvfp4_compute_amax(
+        desc(x), desc(row), desc(col), flag(random_hadamard, "random_hadamard"), _check_mask(rht_sign_mask)
+    )
     return row[()], col[()]
 
 
@@ -185,7 +187,8 @@ def pack_fp4(values) -> np.ndarray:
     codes = np.asarray(values)
     if codes.ndim == 0 or codes.shape[-1] % 2:
         raise ValueError(
-            f"argument 'values' must have at least 1 dim and an even last dim (two codes per byte), got shape {codes.shape}"
+            "argument 'values' must have at least 1 dim and an even last dim (two codes per byte), "
+            f"got shape {codes.shape}"
         )
     if codes.dtype == np.dtype(ml_dtypes.float4_e2m1fn):
         codes = codes.view(np.uint8)

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._checks import contiguous, flag, integer
 from ._arrays import as_high_precision, desc
+from ._checks import contiguous, flag, integer
 from ._native import lib
 
 TENSOR_FORMATS = {"bshd": 0, "sbhd": 1, "thd": 2}

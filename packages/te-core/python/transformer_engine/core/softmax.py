@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._checks import contiguous, real
 from ._arrays import as_high_precision, desc
+from ._checks import contiguous, real
 from ._native import lib
 
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._checks import contiguous, flag
 from ._arrays import desc
+from ._checks import contiguous, flag
 from ._native import lib
 
 _ONE_BYTE_KINDS = ("uint8", "float8_e8m0fnu", "float8_e4m3fn", "float8_e5m2")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._checks import contiguous
 from ._arrays import desc, matrix_shape
+from ._checks import contiguous
 from ._native import lib
 
 
