@@ -188,6 +188,21 @@ __device__ __forceinline__ float scaled_rsigma(float scaled_ss, float n, float e
                    kStatScale);
 }
 
+// mu and rsigma from a kernel's two row sums, each called with the factor of
+// its terms: 1, then kStatScale to redo a sum that was not finite (backend.h).
+template <bool kLayerNorm, class SumX, class SumSquares>
+__device__ __forceinline__ void row_statistics(SumX sum_x, SumSquares sum_squares, float n,
+                                               float eps, float& mu, float& rsigma) {
+  mu = 0.0f;
+  if constexpr (kLayerNorm) {
+    mu = __fdiv_rn(sum_x(1.0f), n);
+    if (!isfinite(mu)) mu = __fmul_rn(__fdiv_rn(sum_x(kStatScale), n), kStatUnscale);
+  }
+  const float ss = sum_squares(mu, 1.0f);
+  rsigma = isinf(ss) ? scaled_rsigma(sum_squares(mu, kStatScale), n, eps)
+                     : __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(ss, n), eps)));
+}
+
 // The FP32 y of one element: ((x - mu) * rsigma) * g (+ beta), each step rounded.
 template <bool kLayerNorm>
 __device__ __forceinline__ float y_value(float x, float mu, float rsigma, float g, float b) {
@@ -326,14 +341,9 @@ __global__ void __launch_bounds__(S::kBlockThreads) norm_fwd_kernel(const FwdArg
       }
       return row_sum(s);
     };
-    float mu = 0.0f;
-    if constexpr (kLayerNorm) {
-      mu = __fdiv_rn(sum_x(1.0f), n);
-      if (!isfinite(mu)) mu = __fmul_rn(__fdiv_rn(sum_x(kStatScale), n), kStatUnscale);
-    }
     // Sum of squares of (x - mu) * mul; elements past the row count 0. With vec a
     // chunk is wholly in or out of the row; otherwise the last one may be split.
-    auto sum_squares = [&](float mul) {
+    auto sum_squares = [&](float mu, float mul) {
       float ss = 0.0f;
       const int r2 = opaque(rem);
 #pragma unroll
@@ -356,10 +366,8 @@ __global__ void __launch_bounds__(S::kBlockThreads) norm_fwd_kernel(const FwdArg
       }
       return row_sum(ss);
     };
-    const float ss = sum_squares(1.0f);
-    const float rsigma = isinf(ss)
-                             ? scaled_rsigma(sum_squares(kStatScale), n, a.eps)
-                             : __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(ss, n), a.eps)));
+    float mu, rsigma;
+    row_statistics<kLayerNorm>(sum_x, sum_squares, n, a.eps, mu, rsigma);
     if (t == 0) {
       if (a.mu != nullptr) a.mu[row] = mu;
       if (a.rsigma != nullptr) a.rsigma[row] = rsigma;
@@ -409,12 +417,7 @@ __global__ void __launch_bounds__(kLoopThreads) norm_fwd_looped_kernel(const Fwd
         s = __fadd_rn(s, __fmul_rn(to_f32(xr[i]), mul));
       return block_sum(s, exchange);
     };
-    float mu = 0.0f;
-    if constexpr (kLayerNorm) {
-      mu = __fdiv_rn(sum_x(1.0f), n);
-      if (!isfinite(mu)) mu = __fmul_rn(__fdiv_rn(sum_x(kStatScale), n), kStatUnscale);
-    }
-    auto sum_squares = [&](float mul) {
+    auto sum_squares = [&](float mu, float mul) {
       float ss = 0.0f;
       for (int64_t i = threadIdx.x; i < H; i += kLoopThreads) {
         const float d = __fmul_rn(kLayerNorm ? __fsub_rn(to_f32(xr[i]), mu) : to_f32(xr[i]), mul);
@@ -422,10 +425,8 @@ __global__ void __launch_bounds__(kLoopThreads) norm_fwd_looped_kernel(const Fwd
       }
       return block_sum(ss, exchange);
     };
-    const float ss = sum_squares(1.0f);
-    const float rsigma = isinf(ss)
-                             ? scaled_rsigma(sum_squares(kStatScale), n, a.eps)
-                             : __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(ss, n), a.eps)));
+    float mu, rsigma;
+    row_statistics<kLayerNorm>(sum_x, sum_squares, n, a.eps, mu, rsigma);
     if (threadIdx.x == 0) {
       if (a.mu != nullptr) a.mu[row] = mu;
       if (a.rsigma != nullptr) a.rsigma[row] = rsigma;
