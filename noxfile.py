@@ -314,9 +314,15 @@ SANITIZE_TESTS = [
 
 
 def _sanitizer_runtime(session: nox.Session) -> str:
-    """The libasan of the compiler that builds the core (LD_PRELOAD'ed into Python)."""
+    """LD_PRELOAD for Python: the compiler's libasan, and its libstdc++ so that ASan's
+    __cxa_throw interceptor finds the real one at startup (with libstdc++ loaded only
+    by the extension, the first C++ exception aborts in an ASan CHECK)."""
     compiler = os.environ.get("CXX", "c++")
-    return session.run(compiler, "-print-file-name=libasan.so", silent=True, external=True).strip()
+    libs = [
+        session.run(compiler, f"-print-file-name={name}", silent=True, external=True).strip()
+        for name in ("libasan.so", "libstdc++.so")
+    ]
+    return " ".join(libs)
 
 
 @nox.session

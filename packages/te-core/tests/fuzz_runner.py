@@ -173,6 +173,16 @@ def worker(seed: int, start: int, stop: int) -> None:
         print(json.dumps({"done": i, "outcome": outcome, "detail": detail}), flush=True)
 
 
+def _crash_line(stderr: str, status: int) -> str:
+    """The telling line of a dead worker's stderr: a sanitizer's report, else the last line."""
+    lines = stderr.strip().splitlines()
+    for marker in ("runtime error:", "ERROR: AddressSanitizer", "SUMMARY:", "Fatal Python error"):
+        for line in lines:
+            if marker in line:
+                return line.strip()
+    return lines[-1].strip() if lines else f"exit status {status}"
+
+
 def _run_batch(seed, start, stop, timeout, results, failures):
     """One worker over [start, stop); returns the first case not run (stop when all ran)."""
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", f"{seed}:{start}:{stop}"]
@@ -197,8 +207,7 @@ def _run_batch(seed, start, stop, timeout, results, failures):
         return stop
     kind = "hang" if deadline is None else "crash"
     results[kind] += 1
-    detail = err.strip().splitlines()[-1:] if err.strip() else [f"exit status {proc.returncode}"]
-    failures.append(f"case {seed}:{current} {kind}: {detail[0]}")
+    failures.append(f"case {seed}:{current} {kind}: {_crash_line(err, proc.returncode)}")
     return current + 1
 
 
