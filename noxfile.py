@@ -275,6 +275,83 @@ def clients(session: nox.Session) -> None:
     session.run("python", "ci/clients/lightning_te.py")
 
 
+# The bad-input campaign (issue 15): seeded cases over te-core's NumPy API and raw
+# bindings in worker subprocesses (packages/te-core/tests/fuzz_runner.py); a crash,
+# a hang, an unclear exception or a result an oracle rejects fails the session.
+FUZZ_RUNNER = f"{CORE}/tests/fuzz_runner.py"
+
+
+@nox.session
+def fuzz(session: nox.Session) -> None:
+    """The full bad-input campaign: nox -s fuzz [-- --cases 10000 --seed 1] (CI runs a
+    1,500-case slice, test_fuzz_smoke.py)."""
+    install_core(session, cuda="OFF")
+    args = session.posargs or ["--cases", "10000", "--seed", "1"]
+    session.run("python", FUZZ_RUNNER, *args)
+
+
+# AddressSanitizer + UndefinedBehaviorSanitizer over the CPU backend: te-core built
+# with them (its own build folder), the C API tests, then a slice of te-core's
+# tests with libasan preloaded into Python (the interpreter itself is not
+# instrumented; its allocations are not leak-checked).
+SANITIZE_BUILD = "build/te-core-sanitize"
+SANITIZE_FLAGS = "-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer -g"
+SANITIZE_TESTS = [
+    f"{CORE}/tests/{name}"
+    for name in (
+        "test_robustness.py",
+        "test_errors.py",
+        "test_cast.py",
+        "test_transpose_and_scaling.py",
+        "test_recipe.py",
+        "test_norm_overflow.py",
+        "test_mxfp8.py",
+        "test_nvfp4_errors.py",
+        "test_activation_kinds.py",
+        "test_fuzz_smoke.py",
+    )
+]
+
+
+def _sanitizer_runtime(session: nox.Session) -> str:
+    """LD_PRELOAD for Python: the compiler's libasan, and its libstdc++ so that ASan's
+    __cxa_throw interceptor finds the real one at startup (with libstdc++ loaded only
+    by the extension, the first C++ exception aborts in an ASan CHECK)."""
+    compiler = os.environ.get("CXX", "c++")
+    libs = [
+        session.run(compiler, f"-print-file-name={name}", silent=True, external=True).strip()
+        for name in ("libasan.so", "libstdc++.so")
+    ]
+    return " ".join(libs)
+
+
+@nox.session
+def sanitize(session: nox.Session) -> None:
+    """CPU backend under ASan + UBSan: ctest, then a slice of te-core's tests (posargs go to pytest)."""
+    env = compiler_cache(session)
+    session.install("numpy", "ml_dtypes", "pytest", *NATIVE_BUILD_TOOLS)
+    defines = {
+        "CMAKE_BUILD_TYPE": "RelWithDebInfo",
+        "CMAKE_C_FLAGS": SANITIZE_FLAGS,
+        "CMAKE_CXX_FLAGS": SANITIZE_FLAGS,
+        "CMAKE_SHARED_LINKER_FLAGS": "-fsanitize=address,undefined",
+        "CMAKE_EXE_LINKER_FLAGS": "-fsanitize=address,undefined",
+        "TE_BUILD_TESTS": "ON",
+    }
+    options = [f"-Cbuild-dir={os.path.join(ROOT, SANITIZE_BUILD)}", "-Cbuild.verbose=false"]
+    options += [f"-Ccmake.define.{k}={v}" for k, v in defines.items()]
+    session.install("--no-build-isolation", *options, f"./{CORE}", env={**env, "TE_WITH_CUDA": "OFF"})
+    runtime = {
+        "ASAN_OPTIONS": "detect_leaks=0:abort_on_error=1:strict_string_checks=1:detect_stack_use_after_return=1",
+        "UBSAN_OPTIONS": "print_stacktrace=1:halt_on_error=1",
+    }
+    session.run("ctest", "--test-dir", f"{SANITIZE_BUILD}/core", "--output-on-failure", env=runtime, external=True)
+    preload = {**runtime, "LD_PRELOAD": _sanitizer_runtime(session)}
+    session.run(
+        "python", "-m", "pytest", "-q", "-p", "no:cacheprovider", *SANITIZE_TESTS, *session.posargs, env=preload
+    )
+
+
 DOCS_BUILD = "build/docs"
 # The packages the API reference documents (autodoc imports them).
 DOCUMENTED = "transformer_engine.core, transformer_engine.pytorch, transformer_engine.jax.flax"

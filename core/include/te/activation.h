@@ -95,7 +95,7 @@ extern "C" {
 
 /* Which activation (codes from the table above). */
 #define TE_ACTIVATION_ENUM_ENTRY_(ID, name, code, gated, functor, params) TE_ACTIVATION_##ID = code,
-typedef enum { TE_ACTIVATION_KINDS(TE_ACTIVATION_ENUM_ENTRY_) } te_activation;
+typedef enum TE_ENUM_BASE { TE_ACTIVATION_KINDS(TE_ACTIVATION_ENUM_ENTRY_) } te_activation;
 #undef TE_ACTIVATION_ENUM_ENTRY_
 
 /* The defaults of te_activation_params (GPT-OSS's clamped_swiglu), written as

@@ -85,13 +85,13 @@
 extern "C" {
 #endif
 
-typedef enum {
+typedef enum TE_ENUM_BASE {
   TE_QKV_FORMAT_BSHD = 0,
   TE_QKV_FORMAT_SBHD = 1,
   TE_QKV_FORMAT_THD = 2
 } te_qkv_format;
 
-typedef enum {
+typedef enum TE_ENUM_BASE {
   TE_ATTN_MASK_NO_MASK = 0,
   TE_ATTN_MASK_PADDING = 1,
   TE_ATTN_MASK_CAUSAL = 2,
@@ -101,21 +101,21 @@ typedef enum {
   TE_ATTN_MASK_ARBITRARY = 6
 } te_attn_mask_type;
 
-typedef enum {
+typedef enum TE_ENUM_BASE {
   TE_ATTN_BIAS_NO_BIAS = 0,
   TE_ATTN_BIAS_PRE_SCALE_BIAS = 1,
   TE_ATTN_BIAS_POST_SCALE_BIAS = 2,
   TE_ATTN_BIAS_ALIBI = 3
 } te_attn_bias_type;
 
-typedef enum {
+typedef enum TE_ENUM_BASE {
   TE_SOFTMAX_VANILLA = 0,
   TE_SOFTMAX_OFF_BY_ONE = 1,
   TE_SOFTMAX_LEARNABLE = 2
 } te_softmax_type;
 
 /* Which backend runs a call (te_attention_backend). */
-typedef enum {
+typedef enum TE_ENUM_BASE {
   TE_ATTENTION_BACKEND_CPU = 0,
   TE_ATTENTION_BACKEND_CUDNN = 1,
   TE_ATTENTION_BACKEND_CUDA_FALLBACK = 2

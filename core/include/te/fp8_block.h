@@ -65,12 +65,12 @@ extern "C" {
 
 #define TE_FP8_BLOCK_SIZE 128
 
-typedef enum {
+typedef enum TE_ENUM_BASE {
   TE_FP8_BLOCK_1D = 1, /* 1x128 rowwise, 128x1 columnwise */
   TE_FP8_BLOCK_2D = 2  /* 128x128 */
 } te_fp8_block_dim;
 
-typedef enum {
+typedef enum TE_ENUM_BASE {
   TE_FP8_BLOCK_GEMM_READY = 0, /* columnwise data transposed, scales padded (see above) */
   TE_FP8_BLOCK_COMPACT = 1     /* nothing transposed or padded */
 } te_fp8_block_layout;

@@ -98,7 +98,7 @@ extern "C" {
 #endif
 
 /* How an operand's stored values map to its elements (see the table above). */
-typedef enum {
+typedef enum TE_ENUM_BASE {
   TE_SCALING_NONE = 0,
   TE_SCALING_TENSOR = 1,
   TE_SCALING_FP8_BLOCK_1D = 2,
@@ -107,7 +107,7 @@ typedef enum {
   TE_SCALING_NVFP4 = 5
 } te_scaling_mode;
 
-typedef enum { TE_GEMM_PATH_NATIVE = 0, TE_GEMM_PATH_EMULATED = 1 } te_gemm_path;
+typedef enum TE_ENUM_BASE { TE_GEMM_PATH_NATIVE = 0, TE_GEMM_PATH_EMULATED = 1 } te_gemm_path;
 
 typedef struct {
   const te_tensor* data; /* required: the stored copy (see Layouts) */

@@ -13,6 +13,9 @@
  *   RMSNorm:    rsigma = 1 / sqrt(sum(x^2) / H + eps)
  *               y = (x * rsigma) * g
  *   g = gamma, or 1 + gamma (rounded to FP32) with zero_centered_gamma.
+ *   A sum that overflows to inf on a finite row (sum(x), or the sum of
+ *   squares: |x| around 1e20 and up) is redone on the terms times 2^-100 and
+ *   scaled back, exactly (docs/numerics.md), so such rows normalize too.
  *   y is that FP32 value rounded (nearest even) to y's type. With an FP8 y the
  *   quantization is fused: y_fp8 = saturate(RNE(y_fp32 * y_scale)) applied to
  *   the unrounded FP32 y, amax = max(amax, max|y_fp32|) (NaN ignored) and

@@ -25,7 +25,10 @@
 extern "C" {
 #endif
 
-typedef enum { TE_AMAX_COMPUTE_MAX = 0, TE_AMAX_COMPUTE_MOST_RECENT = 1 } te_amax_compute_algo;
+typedef enum TE_ENUM_BASE {
+  TE_AMAX_COMPUTE_MAX = 0,
+  TE_AMAX_COMPUTE_MOST_RECENT = 1
+} te_amax_compute_algo;
 
 /* \param[in]     amax_reduction_buffer  FP32 [sum n_k], or NULL.
  * \param[in,out] amax_histories          num_tensors FP32 tensors [L, n_k], same L.

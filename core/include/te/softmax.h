@@ -24,9 +24,9 @@
  * Masked elements have y = 0, hence dx = 0.
  * x, y, dy and dx are FP32, BF16 or FP16, one type per call; arithmetic is FP32
  * (expf; sums over a row in a fixed order per backend), the result rounded once.
- * CPU and CUDA agree within rounding (docs/numerics.md). dx may be the same
- * buffer as dy (the backward reads a whole row before writing it); y must not
- * overlap x.
+ * CPU and CUDA agree within rounding (docs/numerics.md). y may be x itself and
+ * dx may be dy itself (in place: a row is read whole before it is written);
+ * any other overlap of an output with an argument is refused.
  */
 #ifndef TE_SOFTMAX_H_
 #define TE_SOFTMAX_H_

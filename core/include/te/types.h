@@ -31,8 +31,18 @@ extern "C" {
 #define TE_DEPRECATED(msg)
 #endif
 
+/* Every enum of the API is an int32_t. C gives enums the size of int; in C++ the
+ * fixed underlying type also makes any int32_t a valid value of the type, so
+ * that a bad code from a caller (a dtype of 99, a device of 77) is an input the
+ * core refuses with a message, never undefined behaviour in reading it. */
+#ifdef __cplusplus
+#define TE_ENUM_BASE : int32_t
+#else
+#define TE_ENUM_BASE
+#endif
+
 /* Status of a call. Anything but TE_SUCCESS leaves a message (te_last_error_message). */
-typedef enum {
+typedef enum TE_ENUM_BASE {
   TE_SUCCESS = 0,
   TE_ERROR_INVALID_ARGUMENT = 1, /* wrong dtype, shape, device, null pointer, size */
   TE_ERROR_UNSUPPORTED = 2,      /* valid request this build or device cannot run */
@@ -43,7 +53,7 @@ typedef enum {
 } te_status;
 
 /* Element types. The numbering follows the reference library's NVTEDType. */
-typedef enum {
+typedef enum TE_ENUM_BASE {
   TE_DTYPE_BYTE = 0,
   TE_DTYPE_INT16 = 1,
   TE_DTYPE_INT32 = 2,
@@ -57,7 +67,7 @@ typedef enum {
   TE_DTYPE_FLOAT4E2M1 = 10 /* float4_e2m1fn, packed two per byte */
 } te_dtype;
 
-typedef enum { TE_DEVICE_CPU = 0, TE_DEVICE_CUDA = 1 } te_device_type;
+typedef enum TE_ENUM_BASE { TE_DEVICE_CPU = 0, TE_DEVICE_CUDA = 1 } te_device_type;
 
 #define TE_MAX_DIMS 8
 

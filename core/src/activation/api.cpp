@@ -71,14 +71,14 @@ OutputArgs check_outputs(const te_tensor& input, te_tensor* rowwise, const char*
   if (rowwise == nullptr && columnwise == nullptr)
     fail(TE_ERROR_INVALID_ARGUMENT, "at least one of '", name, "' and 'columnwise' must be given");
   if (rowwise != nullptr) {
-    Arg(rowwise, name).dtype_in(kAnyOutput, kAnyOutputText).same_device(input, "input");
+    Arg(rowwise, name).output().dtype_in(kAnyOutput, kAnyOutputText).same_device(input, "input");
     check_shape(*rowwise, name, input, halve, kind);
     out.rowwise = rowwise->data;
     out.rowwise_dtype = rowwise->dtype;
     if (is_fp8(rowwise->dtype)) out.fp8_dtype = rowwise->dtype;
   }
   if (columnwise != nullptr) {
-    Arg(columnwise, "columnwise").dtype_in(kFp8, kFp8Text).same_device(input, "input");
+    Arg(columnwise, "columnwise").output().dtype_in(kFp8, kFp8Text).same_device(input, "input");
     if (columnwise->ndim != 2 || columnwise->shape[0] != cols || columnwise->shape[1] != rows)
       fail(TE_ERROR_INVALID_ARGUMENT, "argument 'columnwise' must have shape [", cols, ", ", rows,
            "] (the '", name, "' matrix [", rows, ", ", cols, "] transposed), got ",
@@ -143,7 +143,10 @@ BackwardArgs check_backward(const te_activation_bwd_params& p) {
   args.out = check_outputs(*input, p.grad_input, "grad_input", p.columnwise, p.scale, p.scale_inv,
                            p.amax, args.rows, in_cols, false, kind);
   if (dbias != nullptr) {
-    Arg(dbias, "dbias").dtype_in(kHighPrecision, kHighPrecisionText).same_device(*input, "input");
+    Arg(dbias, "dbias")
+        .output()
+        .dtype_in(kHighPrecision, kHighPrecisionText)
+        .same_device(*input, "input");
     if (dbias->ndim != 1 || dbias->shape[0] != in_cols)
       fail(TE_ERROR_INVALID_ARGUMENT, "argument 'dbias' must have shape [", in_cols,
            "] (the input's last dimension), got ", shape_string(*dbias));
@@ -156,7 +159,7 @@ BackwardArgs check_backward(const te_activation_bwd_params& p) {
       fail(TE_ERROR_INVALID_ARGUMENT, "argument 'workspace' is required: the bias gradient on ",
            "CUDA needs ", static_cast<int64_t>(needed),
            " bytes (te_activation_bwd_workspace_size)");
-    Arg(workspace, "workspace").dtype(TE_DTYPE_BYTE).same_device(*input, "input");
+    Arg(workspace, "workspace").output().dtype(TE_DTYPE_BYTE).same_device(*input, "input");
     if (static_cast<size_t>(numel(*workspace)) < needed)
       fail(TE_ERROR_INVALID_ARGUMENT, "argument 'workspace' must hold at least ",
            static_cast<int64_t>(needed), " bytes, got ", numel(*workspace));
@@ -172,7 +175,10 @@ BackwardArgs check_backward(const te_activation_bwd_params& p) {
 OutputArgs check_fwd_columnwise(const te_tensor& input, te_tensor* fwd_columnwise,
                                 const te_tensor* fwd_scale, te_tensor* fwd_scale_inv, int64_t rows,
                                 int64_t cols, te_activation kind) {
-  Arg(fwd_columnwise, "fwd_columnwise").dtype_in(kFp8, kFp8Text).same_device(input, "input");
+  Arg(fwd_columnwise, "fwd_columnwise")
+      .output()
+      .dtype_in(kFp8, kFp8Text)
+      .same_device(input, "input");
   if (fwd_columnwise->ndim != 2 || fwd_columnwise->shape[0] != cols ||
       fwd_columnwise->shape[1] != rows)
     fail(TE_ERROR_INVALID_ARGUMENT, "argument 'fwd_columnwise' must have shape [", cols, ", ", rows,

@@ -181,22 +181,44 @@ struct IdentityLinear {
   TE_HD static bool lin_passes_grad(float, const Params&) { return true; }
 };
 
+// df_sign(x): the sign (-1, 0 or 1) of the exact f'(x) where the FP32 f'(x) is
+// 0, used only by the backward rule for an infinite linear half (below): 0
+// where the slope is exactly zero (relu and srelu for x <= 0, above the clamp,
+// at +-inf), else the sign of the value that underflowed: the tails of the
+// sigmoid-based kinds (sigmoid' > 0; swish' and gelu' < 0 for x -> -inf).
+// f_sign(x) is the same for f itself, used by the forward: the sign of the
+// exact f(x) where the FP32 f(x) is 0 (x sigmoid(x) and gelu: sign(x); the
+// sigmoid: 1; relu: 0), with 0 at x = +-inf (f(-inf) = -0 is a limit, not an
+// underflow).
+TE_HD float negative_tail_sign(float x) { return std::isinf(x) ? 0.0f : -1.0f; }
+TE_HD float sign_of(float x) {
+  return std::isinf(x) || x == 0.0f ? 0.0f : (x > 0.0f ? 1.0f : -1.0f);
+}
+
 struct Gelu : IdentityLinear {
   TE_HD static float f(float x, const Params&) { return gelu(x); }
   TE_HD static float df(float x, const Params&) { return dgelu(x); }
+  TE_HD static float f_sign(float x, const Params&) { return sign_of(x); }
+  TE_HD static float df_sign(float x, const Params&) { return negative_tail_sign(x); }
 };
 struct Relu : IdentityLinear {
   TE_HD static float f(float x, const Params&) { return (x > 0.0f || x != x) ? x : 0.0f; }
   TE_HD static float df(float x, const Params&) { return x != x ? x : (x > 0.0f ? 1.0f : 0.0f); }
+  TE_HD static float f_sign(float, const Params&) { return 0.0f; }
+  TE_HD static float df_sign(float, const Params&) { return 0.0f; }
 };
 struct Silu : IdentityLinear {
   TE_HD static float f(float x, const Params&) { return swish(x, x); }
   TE_HD static float df(float x, const Params&) { return dswish(x); }
+  TE_HD static float f_sign(float x, const Params&) { return sign_of(x); }
+  TE_HD static float df_sign(float x, const Params&) { return negative_tail_sign(x); }
 };
 struct QGelu : IdentityLinear {
   static constexpr float kAlpha = 1.702f;  // part of qgelu's definition, not a parameter
   TE_HD static float f(float x, const Params&) { return swish(x, mul(kAlpha, x)); }
   TE_HD static float df(float x, const Params&) { return dswish(mul(kAlpha, x)); }
+  TE_HD static float f_sign(float x, const Params&) { return sign_of(x); }
+  TE_HD static float df_sign(float x, const Params&) { return negative_tail_sign(x); }
 };
 struct SRelu : IdentityLinear {
   TE_HD static float f(float x, const Params&) {
@@ -205,6 +227,8 @@ struct SRelu : IdentityLinear {
   TE_HD static float df(float x, const Params&) {
     return x > 0.0f ? add(x, x) : (x != x ? x : 0.0f);
   }
+  TE_HD static float f_sign(float x, const Params&) { return x > 0.0f ? 1.0f : 0.0f; }
+  TE_HD static float df_sign(float, const Params&) { return 0.0f; }
 };
 struct Sigmoid : IdentityLinear {
   TE_HD static float f(float x, const Params&) { return sigmoid_pair(x).s; }
@@ -212,6 +236,8 @@ struct Sigmoid : IdentityLinear {
     const SigmoidPair sg = sigmoid_pair(x);
     return mul(sg.s, sg.sbar);
   }
+  TE_HD static float f_sign(float x, const Params&) { return std::isinf(x) ? 0.0f : 1.0f; }
+  TE_HD static float df_sign(float x, const Params&) { return std::isinf(x) ? 0.0f : 1.0f; }
 };
 // c sigmoid(alpha c), c = min(x, limit); zero slope above the limit. The
 // linear half is clamp(b, -limit, limit) + offset, with zero slope outside
@@ -223,6 +249,10 @@ struct ClampedSwish {
   }
   TE_HD static float df(float x, const Params& p) {
     return x > p.limit ? 0.0f : dswish(mul(p.alpha, x));
+  }
+  TE_HD static float f_sign(float x, const Params& p) { return sign_of(x > p.limit ? p.limit : x); }
+  TE_HD static float df_sign(float x, const Params& p) {
+    return x > p.limit ? 0.0f : negative_tail_sign(x);
   }
   TE_HD static float lin(float b, const Params& p) {
     const float c = b > p.limit ? p.limit : (b < -p.limit ? -p.limit : b);
@@ -247,13 +277,29 @@ struct Kind;  // a kind missing from the table has no traits: a compile error
 TE_ACTIVATION_KINDS(TE_ACTIVATION_KIND_TRAITS_)
 #undef TE_ACTIVATION_KIND_TRAITS_
 
+// grad * f'(a) * lin(b) when lin(b) is +-inf (an overflowed linear half, e.g.
+// an FP16 input above 65504): the limit, not the NaN of 0 * inf; the forward's
+// f(a) * lin(b) is the same with grad = 1 and f, f_sign for f', df_sign. An exactly
+// zero factor (grad == 0, or a slope that is exactly zero: df_sign 0) gives 0;
+// otherwise the result is +-inf with the signs of grad, of the exact f'(a)
+// (df_sign where the FP32 f'(a) underflowed to 0) and of lin(b). NaN stays NaN.
+TE_HD float times_infinite_linear(float grad, float d, float d_sign, float lin) {
+  if (grad != grad || d != d) return add(grad, d);
+  const float slope = d != 0.0f ? d : d_sign;
+  if (grad == 0.0f || slope == 0.0f) return 0.0f;
+  return mul(mul(std::copysign(1.0f, grad), std::copysign(1.0f, slope)), lin);
+}
+
 // Forward value from the activated input a and the linear input b (b unused
 // by plain kinds).
 template <te_activation K>
 TE_HD float forward_value(float a, float b, const Params& p) {
   using F = typename Kind<K>::F;
   if constexpr (Kind<K>::gated) {
-    return canonical(mul(F::f(a, p), F::lin(b, p)));
+    const float l = F::lin(b, p);
+    if (std::isinf(l))
+      return canonical(times_infinite_linear(1.0f, F::f(a, p), F::f_sign(a, p), l));
+    return canonical(mul(F::f(a, p), l));
   } else {
     return canonical(F::f(a, p));
   }
@@ -269,7 +315,10 @@ template <te_activation K>
 TE_HD GradPair backward_value(float grad, float a, float b, const Params& p) {
   using F = typename Kind<K>::F;
   if constexpr (Kind<K>::gated) {
-    const float da = mul(mul(grad, F::df(a, p)), F::lin(b, p));
+    const float l = F::lin(b, p);
+    const float d = F::df(a, p);
+    const float da =
+        std::isinf(l) ? times_infinite_linear(grad, d, F::df_sign(a, p), l) : mul(mul(grad, d), l);
     const float db = F::lin_passes_grad(b, p) ? mul(grad, F::f(a, p)) : 0.0f;
     return {canonical(da), canonical(db)};
   } else {

@@ -131,6 +131,8 @@ FwdArgs check_args(const te_attention_fwd_params& p, te_attention_backend_kind* 
   check_output(p.o, "o", a, *p.q);
   a.o = p.o->data;
   a.lse = check_lse(p.softmax_lse, "softmax_lse", a, *p.q);
+  mark_written(p.o);
+  mark_written(p.softmax_lse);
   return a;
 }
 
@@ -165,6 +167,7 @@ BwdArgs check_args(const te_attention_bwd_params& p, te_attention_backend_kind* 
            "argument 'dsoftmax_offset' is only for softmax_type learnable (pass NULL)");
     a.dsoftmax_offset = check_per_head(p.dsoftmax_offset, "dsoftmax_offset", a, *p.q);
   }
+  for (const te_tensor* out : {p.dq, p.dk, p.dv, p.dbias, p.dsoftmax_offset}) mark_written(out);
   return a;
 }
 

@@ -386,7 +386,7 @@ float* check_lse(const te_tensor* t, const char* name, const Inputs& in, const t
 
 void* check_workspace(const te_tensor* t, size_t needed, const te_tensor& q) {
   if (needed == 0 && t == nullptr) return nullptr;
-  Arg(t, "workspace").dtype(TE_DTYPE_BYTE).same_device(q, "q");
+  Arg(t, "workspace").output().dtype(TE_DTYPE_BYTE).same_device(q, "q");
   if (static_cast<size_t>(numel(*t)) < needed)
     fail(TE_ERROR_INVALID_ARGUMENT, "argument 'workspace' must hold at least ", needed,
          " bytes (the workspace-size query), got ", numel(*t));

@@ -24,6 +24,7 @@ Fp8QuantizeArgs check_quantize_outputs(const te_tensor* input, te_tensor* rowwis
   args.cols = last_dim(*input);
   if (rowwise) {
     Arg(rowwise, "rowwise")
+        .output()
         .dtype_in(kFp8, kFp8Text)
         .same_shape(*input, "input")
         .same_device(*input, "input");
@@ -32,7 +33,7 @@ Fp8QuantizeArgs check_quantize_outputs(const te_tensor* input, te_tensor* rowwis
   }
   if (columnwise) {
     Arg col(columnwise, "columnwise");
-    col.dtype_in(kFp8, kFp8Text).same_device(*input, "input");
+    col.output().dtype_in(kFp8, kFp8Text).same_device(*input, "input");
     if (columnwise->ndim != 2 || columnwise->shape[0] != args.cols ||
         columnwise->shape[1] != args.rows)
       fail(TE_ERROR_INVALID_ARGUMENT, "argument 'columnwise' must have shape [", args.cols, ", ",
@@ -78,7 +79,7 @@ te_status te_cast_quantize_fp8(const te_tensor* input, const te_tensor* scale, t
 te_status te_cast_compute_amax(const te_tensor* input, te_tensor* amax, te_stream stream) {
   return guarded("te_cast_compute_amax", [&] {
     Arg(input, "input").dtype_in(kHighPrecision, kHighPrecisionText);
-    Arg(amax, "amax").scalar_fp32().same_device(*input, "input");
+    Arg(amax, "amax").output().scalar_fp32().same_device(*input, "input");
     float* out = static_cast<float*>(amax->data);
     const int64_t n = numel(*input);
     TE_DISPATCH(*input, cpu::compute_amax(input->data, input->dtype, n, out),
@@ -92,7 +93,7 @@ te_status te_cast_compute_scale_from_amax(const te_tensor* amax, te_tensor* scal
                                           te_stream stream) {
   return guarded("te_cast_compute_scale_from_amax", [&] {
     Arg(amax, "amax").scalar_fp32();
-    Arg(scale, "scale").scalar_fp32().same_device(*amax, "amax");
+    Arg(scale, "scale").output().scalar_fp32().same_device(*amax, "amax");
     float* inv = optional_fp32_scalar(scale_inv, "scale_inv", *amax);
     if (!is_fp8(fp8_dtype))
       fail(TE_ERROR_INVALID_DTYPE, "argument 'fp8_dtype' must be ", kFp8Text, ", got ",
@@ -116,7 +117,7 @@ te_status te_cast_quantize_fp8_current_scaling(const te_tensor* input, te_tensor
     Fp8QuantizeArgs args = check_quantize_outputs(input, rowwise, columnwise, scale_inv, amax);
     if (scale_inv == nullptr) fail(TE_ERROR_INVALID_ARGUMENT, "argument 'scale_inv' is required");
     if (amax == nullptr) fail(TE_ERROR_INVALID_ARGUMENT, "argument 'amax' is required");
-    Arg(scale, "scale").scalar_fp32().same_device(*input, "input");
+    Arg(scale, "scale").output().scalar_fp32().same_device(*input, "input");
     check_epsilon(amax_epsilon);
     CurrentScaling cs{static_cast<float*>(scale->data), force_pow2_scales != 0, amax_epsilon,
                       max_finite_of(input->dtype)};
@@ -131,6 +132,7 @@ te_status te_cast_dequantize_fp8(const te_tensor* input, const te_tensor* scale_
     Arg(input, "input").dtype_in(kFp8, kFp8Text);
     Arg(scale_inv, "scale_inv").scalar_fp32().same_device(*input, "input");
     Arg(output, "output")
+        .output()
         .dtype_in(kHighPrecision, kHighPrecisionText)
         .same_shape(*input, "input")
         .same_device(*input, "input");

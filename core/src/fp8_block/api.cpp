@@ -95,6 +95,7 @@ QuantizeArgs check_quantize(const te_tensor* input, te_tensor* rowwise, te_tenso
   args.layout = layout;
   if (rowwise) {
     Arg(rowwise, "rowwise")
+        .output()
         .dtype_in(kFp8, kFp8Text)
         .same_shape(*input, "input")
         .same_device(*input, "input");
@@ -103,11 +104,12 @@ QuantizeArgs check_quantize(const te_tensor* input, te_tensor* rowwise, te_tenso
     args.rowwise_map = output_scale_map(m, k, dim, layout, false);
     args.rowwise_scale_inv = check_scales(row_scales, "rowwise_scale_inv", args.rowwise_map, *input,
                                           "input", m, k, describe(dim, layout, false));
+    mark_written(row_scales);
     args.rowwise = static_cast<uint8_t*>(rowwise->data);
     args.fp8_dtype = rowwise->dtype;
   }
   if (columnwise) {
-    Arg(columnwise, "columnwise").dtype_in(kFp8, kFp8Text).same_device(*input, "input");
+    Arg(columnwise, "columnwise").output().dtype_in(kFp8, kFp8Text).same_device(*input, "input");
     check_columnwise_shape(columnwise, *input, "input", m, k, layout);
     if (rowwise) check_same_fp8(*rowwise, *columnwise);
     if (col_scales == nullptr)
@@ -118,6 +120,7 @@ QuantizeArgs check_quantize(const te_tensor* input, te_tensor* rowwise, te_tenso
     args.columnwise_scale_inv =
         check_scales(col_scales, "columnwise_scale_inv", args.columnwise_map, *input, "input", m, k,
                      describe(dim, layout, true));
+    mark_written(col_scales);
     args.columnwise = static_cast<uint8_t*>(columnwise->data);
     args.fp8_dtype = columnwise->dtype;
   }
@@ -172,6 +175,7 @@ te_status te_fp8_block_dequantize(const te_tensor* data, const te_tensor* scale_
            "argument 'data' must have at least 1 dimension, got a "
            "scalar");
     Arg(output, "output")
+        .output()
         .dtype_in(kHighPrecision, kHighPrecisionText)
         .same_shape(*data, "data")
         .same_device(*data, "data");
@@ -208,12 +212,13 @@ te_status te_fp8_block_transpose_2d(const te_tensor* rowwise, const te_tensor* r
     args.rowwise_scale_inv =
         check_scales(rowwise_scale_inv, "rowwise_scale_inv", args.rowwise_map, *rowwise, "rowwise",
                      args.rows, args.cols, describe(TE_FP8_BLOCK_2D, layout, false));
-    Arg(columnwise, "columnwise").same_device(*rowwise, "rowwise");
+    Arg(columnwise, "columnwise").output().same_device(*rowwise, "rowwise");
     check_same_fp8(*rowwise, *columnwise);
     check_columnwise_shape(columnwise, *rowwise, "rowwise", args.rows, args.cols, layout);
     args.columnwise_scale_inv =
         check_scales(columnwise_scale_inv, "columnwise_scale_inv", args.columnwise_map, *rowwise,
                      "rowwise", args.rows, args.cols, describe(TE_FP8_BLOCK_2D, layout, true));
+    mark_written(columnwise_scale_inv);
     args.rowwise = static_cast<const uint8_t*>(rowwise->data);
     args.columnwise = static_cast<uint8_t*>(columnwise->data);
     TE_DISPATCH(*rowwise, cpu::transpose_2d(args), cuda::transpose_2d(args, stream));

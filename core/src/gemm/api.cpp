@@ -111,7 +111,7 @@ void infer_dims(const te_gemm_params& p, GemmArgs& g) {
 
 void check_output(const te_gemm_params& p, GemmArgs& g) {
   const te_tensor& a = *p.a;
-  Arg(p.d, "d").dtype_in(kInputTypes, kInputText).shape2d(g.m, g.n).same_device(a, "a");
+  Arg(p.d, "d").output().dtype_in(kInputTypes, kInputText).shape2d(g.m, g.n).same_device(a, "a");
   g.d = p.d->data;
   g.d_dtype = p.d->dtype;
   if (is_fp8(p.d->dtype)) {
@@ -121,7 +121,7 @@ void check_output(const te_gemm_params& p, GemmArgs& g) {
     Arg(p.d_scale, "d_scale").scalar_fp32().same_device(a, "a");
     g.d_scale = static_cast<const float*>(p.d_scale->data);
     if (p.d_amax) {
-      Arg(p.d_amax, "d_amax").scalar_fp32().same_device(a, "a");
+      Arg(p.d_amax, "d_amax").output().scalar_fp32().same_device(a, "a");
       g.d_amax = static_cast<float*>(p.d_amax->data);
     }
   } else {
@@ -152,6 +152,7 @@ void check_c(const te_gemm_params& p, GemmArgs& g) {
          "arguments 'c' and 'd' share memory but have different "
          "types (",
          dtype_name(p.c->dtype), " and ", dtype_name(g.d_dtype), ")");
+  allow_alias(p.d, p.c);  // accumulation in place (te/gemm.h): C is D itself
   // beta == 0: C is not read (so NaN or garbage in C never reaches D).
   if (p.beta != 0.0f) g.c = Optional{p.c->data, p.c->dtype};
 }
@@ -168,12 +169,13 @@ void check_epilogues(const te_gemm_params& p, GemmArgs& g) {
   }
   if (optional_on_device(p.pre_gelu_out, "pre_gelu_out", a)) {
     Arg(p.pre_gelu_out, "pre_gelu_out")
+        .output()
         .dtype_in(kHighPrecision, kHighPrecisionText)
         .shape2d(g.m, g.n);
     g.pre_gelu_out = Optional{p.pre_gelu_out->data, p.pre_gelu_out->dtype};
   }
   if (optional_on_device(p.bias_grad, "bias_grad", a)) {
-    Arg(p.bias_grad, "bias_grad").dtype_in(kHighPrecision, kHighPrecisionText);
+    Arg(p.bias_grad, "bias_grad").output().dtype_in(kHighPrecision, kHighPrecisionText);
     if (p.bias_grad->ndim != 1 || p.bias_grad->shape[0] != g.m)
       fail(TE_ERROR_INVALID_ARGUMENT, "argument 'bias_grad' must have shape [M] = [", g.m,
            "], got ", shape_string(*p.bias_grad));
@@ -254,7 +256,7 @@ te_status te_gemm(const te_gemm_params* params, te_stream stream) {
     const te_tensor& a = *params->a;
     const size_t needed = required_workspace(g, a);
     if (params->workspace != nullptr) {
-      Arg(params->workspace, "workspace").dtype(TE_DTYPE_BYTE).same_device(a, "a");
+      Arg(params->workspace, "workspace").output().dtype(TE_DTYPE_BYTE).same_device(a, "a");
       g.workspace = params->workspace->data;
       g.workspace_bytes = static_cast<size_t>(size_bytes(*params->workspace));
     }

@@ -49,6 +49,7 @@ void check_workspace(size_t available, size_t needed, const char* what) {
 
 // Runs one validated GEMM with the caller's workspace; returns the path taken.
 te_gemm_path run(const BlockGemm& g, void* workspace, size_t available, te_stream stream) {
+  check_aliasing();  // (the block paths below do not go through TE_DISPATCH)
   // The device is current first: the native path's support and workspace
   // queries below depend on it.
   if (g.on_cuda) use_cuda_device(g.dense.device_index);
@@ -85,7 +86,7 @@ te_gemm_path run(const BlockGemm& g, void* workspace, size_t available, te_strea
 void* workspace_of(te_tensor* workspace, const te_gemm_block_params& p, size_t* available) {
   *available = 0;
   if (workspace == nullptr) return nullptr;
-  Arg(workspace, "workspace").dtype(TE_DTYPE_BYTE).same_device(*p.a.data, "a");
+  Arg(workspace, "workspace").output().dtype(TE_DTYPE_BYTE).same_device(*p.a.data, "a");
   *available = static_cast<size_t>(size_bytes(*workspace));
   return workspace->data;
 }

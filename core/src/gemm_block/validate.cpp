@@ -290,6 +290,10 @@ BlockGemm validate(const te_gemm_block_params* params, bool size_only) {
   dense.a = &a_stand_in;
   dense.b = &b_stand_in;
   g.dense = gemm::check_params(&dense, size_only);
+  // The stand-ins are no arguments (BF16-sized, they reach past the operands'
+  // bytes); the operands themselves were recorded above.
+  forget_arg(&a_stand_in);
+  forget_arg(&b_stand_in);
   g.on_cuda = on_cuda(*p.a.data);
   return g;
 }

@@ -29,11 +29,11 @@ void check_mxfp8_shape(const te_tensor& t, const char* name, bool rows_in_blocks
          "' of shape ", shape_string(t));
   if (last_dim(t) % kBlock != 0)
     fail(TE_ERROR_INVALID_ARGUMENT, "MXFP8 needs the last dimension divisible by 32, got ",
-         last_dim(t));
+         last_dim(t), " (argument '", name, "' of shape ", shape_string(t), ")");
   if (rows_in_blocks && leading_rows(t) % kBlock != 0)
     fail(TE_ERROR_INVALID_ARGUMENT, "MXFP8 ", why_rows,
-         " need the product of the leading dimensions divisible by 32, got ", leading_rows(t),
-         " (shape ", shape_string(t), ")");
+         " need the product of the leading dimensions of '", name, "' divisible by 32, got ",
+         leading_rows(t), " (shape ", shape_string(t), ")");
 }
 
 // An E8M0 scale buffer of exactly [rows, cols].
@@ -79,6 +79,8 @@ QuantizeArgs check_quantize(const te_tensor* input, te_tensor* rowwise, te_tenso
     rowwise_scale_shape(a.rows, a.cols, &a.row_scale_rows, &a.row_scale_cols);
     check_scales(row_scales, "rowwise_scale_inv", a.row_scale_rows, a.row_scale_cols, "rowwise",
                  *input);
+    mark_written(rowwise);
+    mark_written(row_scales);
     a.rowwise = static_cast<uint8_t*>(rowwise->data);
     a.rowwise_scales = static_cast<uint8_t*>(row_scales->data);
     a.fp8_dtype = rowwise->dtype;
@@ -94,6 +96,8 @@ QuantizeArgs check_quantize(const te_tensor* input, te_tensor* rowwise, te_tenso
     columnwise_scale_shape(a.rows, a.cols, &a.col_scale_rows, &a.col_scale_cols);
     check_scales(col_scales, "columnwise_scale_inv", a.col_scale_rows, a.col_scale_cols,
                  "columnwise", *input);
+    mark_written(columnwise);
+    mark_written(col_scales);
     a.columnwise = static_cast<uint8_t*>(columnwise->data);
     a.columnwise_scales = static_cast<uint8_t*>(col_scales->data);
     a.fp8_dtype = columnwise->dtype;
@@ -121,7 +125,7 @@ DequantizeArgs check_dequantize(const te_tensor* input, const te_tensor* scale_i
                a.columnwise ? "columnwise" : "rowwise", *input);
   a.scales = static_cast<const uint8_t*>(scale_inv->data);
   require_high_precision(Arg(output, "output").get(), "output");
-  Arg(output, "output").same_shape(*input, "input").same_device(*input, "input");
+  Arg(output, "output").output().same_shape(*input, "input").same_device(*input, "input");
   a.output = output->data;
   a.output_dtype = output->dtype;
   return a;

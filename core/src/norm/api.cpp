@@ -65,8 +65,12 @@ float* per_row(const te_tensor* t, const char* name, int64_t rows, const te_tens
   return static_cast<float*>(t->data);
 }
 
+// (An output: the forward's mu and rsigma.)
 float* optional_per_row(te_tensor* t, const char* name, int64_t rows, const te_tensor& x) {
-  return t == nullptr ? nullptr : per_row(t, name, rows, x);
+  if (t == nullptr) return nullptr;
+  float* data = per_row(t, name, rows, x);
+  mark_written(t);
+  return data;
 }
 
 void check_eps(float eps) {
@@ -92,6 +96,7 @@ FwdArgs check_forward(const te_tensor* x, const te_tensor* gamma, float eps,
   a.zero_centered_gamma = zero_centered_gamma != 0;
 
   Arg(y, "y")
+      .output()
       .dtype_in({TE_DTYPE_FLOAT32, TE_DTYPE_BFLOAT16, TE_DTYPE_FLOAT16, TE_DTYPE_FLOAT8E4M3,
                  TE_DTYPE_FLOAT8E5M2},
                 "float32, bfloat16, float16, float8_e4m3 or float8_e5m2")
@@ -108,7 +113,7 @@ FwdArgs check_forward(const te_tensor* x, const te_tensor* gamma, float eps,
     check_element_aligned(y_scale, "y_scale");
     a.y_scale = static_cast<const float*>(y_scale->data);
     if (y_scale_inv) {
-      Arg(y_scale_inv, "y_scale_inv").scalar_fp32().same_device(*x, "x");
+      Arg(y_scale_inv, "y_scale_inv").output().scalar_fp32().same_device(*x, "x");
       check_element_aligned(y_scale_inv, "y_scale_inv");
       a.y_scale_inv = static_cast<float*>(y_scale_inv->data);
     }
@@ -119,7 +124,7 @@ FwdArgs check_forward(const te_tensor* x, const te_tensor* gamma, float eps,
          dtype_name(y->dtype), " (pass NULL)");
   }
   if (y_amax) {  // any y type: a high-precision y gives the amax of its stored values
-    Arg(y_amax, "y_amax").scalar_fp32().same_device(*x, "x");
+    Arg(y_amax, "y_amax").output().scalar_fp32().same_device(*x, "x");
     check_element_aligned(y_amax, "y_amax");
     a.y_amax = static_cast<float*>(y_amax->data);
   }
@@ -158,18 +163,19 @@ BwdArgs check_backward(bool layernorm, const te_tensor* dz, const te_tensor* x,
   a.gamma = gamma->data;
   a.w_dtype = gamma->dtype;
   a.zero_centered_gamma = zero_centered_gamma != 0;
-  Arg(dx, "dx").same_shape(*x, "x").same_device(*x, "x");
+  Arg(dx, "dx").output().same_shape(*x, "x").same_device(*x, "x");
   check_same_type(dx, "dx", *x, "x");
   check_element_aligned(dx, "dx");
   a.dx = dx->data;
   check_per_column(dgamma, "dgamma", a.cols, *x);
+  mark_written(dgamma);
   check_same_type(dgamma, "dgamma", *gamma, "gamma");
   a.dgamma = dgamma->data;
 
   const size_t needed = backward_workspace_bytes(*x, a.rows, a.cols, layernorm);
   if (needed > 0 || workspace != nullptr) {
     Arg ws(workspace, "workspace");
-    ws.dtype(TE_DTYPE_BYTE).same_device(*x, "x");
+    ws.output().dtype(TE_DTYPE_BYTE).same_device(*x, "x");
     if (static_cast<size_t>(numel(*workspace)) < needed)
       fail(TE_ERROR_INVALID_ARGUMENT, "argument 'workspace' must hold at least ", needed,
            " bytes (the workspace-size query for 'x' ", shape_string(*x), "), got ",
@@ -244,6 +250,7 @@ te_status te_layernorm_bwd(const te_norm_bwd_params* params, te_stream stream) {
                                p.dgamma, p.workspace);
     a.mu = per_row(p.mu, "mu", a.rows, *p.x);
     check_per_column(p.dbeta, "dbeta", a.cols, *p.x);
+    mark_written(p.dbeta);
     check_same_type(p.dbeta, "dbeta", *p.gamma, "gamma");
     a.dbeta = p.dbeta->data;
     TE_DISPATCH(*p.x, cpu::backward(a), cuda::backward(a, stream));

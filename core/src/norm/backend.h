@@ -10,6 +10,18 @@
 
 namespace te::norm {
 
+// Overflow-free statistics (te/norm.h, docs/numerics.md): when a row's FP32
+// sum of squares overflows to inf, or LayerNorm's S(x) is not finite (partial
+// sums of both signs can overflow to inf and -inf, whose sum is NaN), both backends
+// redo it, in the same order, on the terms scaled by kStatScale = 2^-100 and
+// scale the result back. A power of two scales exactly, so this is the sum an
+// FP32 of unbounded range would give (terms below 2^-26 of x, which cannot
+// matter next to an overflowing sum, underflow); any finite row (|x| <= FLT_MAX,
+// H < 2^31) then fits: |x| * 2^-100 <= 2^28, squares <= 2^56. Rows holding inf
+// give inf again, hence the results they gave before. Ordinary rows never take it.
+constexpr float kStatScale = 0x1p-100f;
+constexpr float kStatUnscale = 0x1p100f;
+
 // x viewed as [rows, cols]; cols = H is the normalized dimension.
 struct FwdArgs {
   bool layernorm;  // false: RMSNorm (no mean, no beta, no mu)

@@ -63,15 +63,27 @@ struct RowStats {
   float rsigma;
 };
 
+// The statistics of backend.h, with the kStatScale retry of an overflowing sum.
 RowStats row_stats(bool layernorm, const float* x, int64_t H, float eps) {
   const float n = static_cast<float>(H);
   float mu = 0.0f;
-  if (layernorm) mu = sum_fp32(H, [&](int64_t i) { return x[i]; }) / n;
+  if (layernorm) {
+    mu = sum_fp32(H, [&](int64_t i) { return x[i]; }) / n;
+    if (!std::isfinite(mu))  // inf, or NaN from inf + -inf partial sums of a finite row
+      mu = sum_fp32(H, [&](int64_t i) { return x[i] * kStatScale; }) / n * kStatUnscale;
+  }
   const float sum_sq = sum_fp32(H, [&](int64_t i) {
     const float d = x[i] - mu;
     return d * d;
   });
-  return {mu, 1.0f / std::sqrt(sum_sq / n + eps)};
+  if (!std::isinf(sum_sq)) return {mu, 1.0f / std::sqrt(sum_sq / n + eps)};
+  const float scaled = sum_fp32(H, [&](int64_t i) {
+    const float d = (x[i] - mu) * kStatScale;
+    return d * d;
+  });
+  // 1 / sqrt(var + eps) = 2^-100 / sqrt(var * 2^-200 + eps * 2^-200).
+  const float eps_scaled = eps * kStatScale * kStatScale;
+  return {mu, 1.0f / std::sqrt(scaled / n + eps_scaled) * kStatScale};
 }
 
 // The FP32 y of one row. Every output type goes through this one function, so

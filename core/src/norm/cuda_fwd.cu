@@ -180,6 +180,29 @@ __device__ __forceinline__ void store_y(uint8_t* p, int left, bool vec, const YC
   }
 }
 
+// rsigma from a sum of squares of terms scaled by kStatScale (backend.h):
+// 1 / sqrt(var + eps) = 2^-100 / sqrt(var * 2^-200 + eps * 2^-200), as on the CPU.
+__device__ __forceinline__ float scaled_rsigma(float scaled_ss, float n, float eps) {
+  const float eps_scaled = __fmul_rn(__fmul_rn(eps, kStatScale), kStatScale);
+  return __fmul_rn(__fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(scaled_ss, n), eps_scaled))),
+                   kStatScale);
+}
+
+// mu and rsigma from a kernel's two row sums, each called with the factor of
+// its terms: 1, then kStatScale to redo a sum that was not finite (backend.h).
+template <bool kLayerNorm, class SumX, class SumSquares>
+__device__ __forceinline__ void row_statistics(SumX sum_x, SumSquares sum_squares, float n,
+                                               float eps, float& mu, float& rsigma) {
+  mu = 0.0f;
+  if constexpr (kLayerNorm) {
+    mu = __fdiv_rn(sum_x(1.0f), n);
+    if (!isfinite(mu)) mu = __fmul_rn(__fdiv_rn(sum_x(kStatScale), n), kStatUnscale);
+  }
+  const float ss = sum_squares(mu, 1.0f);
+  rsigma = isinf(ss) ? scaled_rsigma(sum_squares(mu, kStatScale), n, eps)
+                     : __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(ss, n), eps)));
+}
+
 // The FP32 y of one element: ((x - mu) * rsigma) * g (+ beta), each step rounded.
 template <bool kLayerNorm>
 __device__ __forceinline__ float y_value(float x, float mu, float rsigma, float g, float b) {
@@ -303,40 +326,48 @@ __global__ void __launch_bounds__(S::kBlockThreads) norm_fwd_kernel(const FwdArg
 #pragma unroll
     for (int k = 0; k < kVecs; ++k) load_packed(x_lane + k * kStride, r - k * kStride, vec, w[k]);
 
-    float mu = 0.0f;
-    if constexpr (kLayerNorm) {
+    // The row sums with every term multiplied by `mul`: 1 (exact, the usual
+    // case) or kStatScale when the first try overflowed (backend.h). The
+    // totals are the same in every lane of the group, so the retries are uniform.
+    auto sum_x = [&](float mul) {
       float s = 0.0f;
 #pragma unroll
       for (int k = 0; k < kVecs; ++k) {
         float v[kE];
         unpack(w[k], v, Tx{});
+#pragma unroll
+        for (int j = 0; j < kE; ++j) v[j] = __fmul_rn(v[j], mul);
         s = __fadd_rn(s, tree_sum(v));  // 0 past the row
       }
-      mu = __fdiv_rn(row_sum(s), n);
-    }
-    // Sum of squares of (x - mu); elements past the row count 0. With vec a
+      return row_sum(s);
+    };
+    // Sum of squares of (x - mu) * mul; elements past the row count 0. With vec a
     // chunk is wholly in or out of the row; otherwise the last one may be split.
-    float ss = 0.0f;
-    r = opaque(rem);
+    auto sum_squares = [&](float mu, float mul) {
+      float ss = 0.0f;
+      const int r2 = opaque(rem);
 #pragma unroll
-    for (int k = 0; k < kVecs; ++k) {
-      const int left = r - k * kStride;
-      float v[kE];
-      unpack(w[k], v, Tx{});
+      for (int k = 0; k < kVecs; ++k) {
+        const int left = r2 - k * kStride;
+        float v[kE];
+        unpack(w[k], v, Tx{});
 #pragma unroll
-      for (int j = 0; j < kE; ++j) {
-        const float d = kLayerNorm ? __fsub_rn(v[j], mu) : v[j];
-        v[j] = __fmul_rn(d, d);
+        for (int j = 0; j < kE; ++j) {
+          const float d = __fmul_rn(kLayerNorm ? __fsub_rn(v[j], mu) : v[j], mul);
+          v[j] = __fmul_rn(d, d);
+        }
+        if (kLayerNorm && !vec && left < kE) {
+#pragma unroll
+          for (int j = 0; j < kE; ++j)
+            if (j >= left) v[j] = 0.0f;
+        }
+        const float sq = tree_sum(v);
+        ss = __fadd_rn(ss, left > 0 ? sq : 0.0f);
       }
-      if (kLayerNorm && !vec && left < kE) {
-#pragma unroll
-        for (int j = 0; j < kE; ++j)
-          if (j >= left) v[j] = 0.0f;
-      }
-      const float sq = tree_sum(v);
-      ss = __fadd_rn(ss, left > 0 ? sq : 0.0f);
-    }
-    const float rsigma = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(row_sum(ss), n), a.eps)));
+      return row_sum(ss);
+    };
+    float mu, rsigma;
+    row_statistics<kLayerNorm>(sum_x, sum_squares, n, a.eps, mu, rsigma);
     if (t == 0) {
       if (a.mu != nullptr) a.mu[row] = mu;
       if (a.rsigma != nullptr) a.rsigma[row] = rsigma;
@@ -379,19 +410,23 @@ __global__ void __launch_bounds__(kLoopThreads) norm_fwd_looped_kernel(const Fwd
   float amax = 0.0f;
   for (int64_t row = blockIdx.x; row < a.rows; row += gridDim.x) {
     const Tx* xr = x + row * H;
-    float mu = 0.0f;
-    if constexpr (kLayerNorm) {
+    // Terms times `mul`: 1, or kStatScale to retry an overflowed sum (backend.h).
+    auto sum_x = [&](float mul) {
       float s = 0.0f;
-      for (int64_t i = threadIdx.x; i < H; i += kLoopThreads) s = __fadd_rn(s, to_f32(xr[i]));
-      mu = __fdiv_rn(block_sum(s, exchange), n);
-    }
-    float ss = 0.0f;
-    for (int64_t i = threadIdx.x; i < H; i += kLoopThreads) {
-      const float d = kLayerNorm ? __fsub_rn(to_f32(xr[i]), mu) : to_f32(xr[i]);
-      ss = __fadd_rn(ss, __fmul_rn(d, d));
-    }
-    const float rsigma =
-        __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(block_sum(ss, exchange), n), a.eps)));
+      for (int64_t i = threadIdx.x; i < H; i += kLoopThreads)
+        s = __fadd_rn(s, __fmul_rn(to_f32(xr[i]), mul));
+      return block_sum(s, exchange);
+    };
+    auto sum_squares = [&](float mu, float mul) {
+      float ss = 0.0f;
+      for (int64_t i = threadIdx.x; i < H; i += kLoopThreads) {
+        const float d = __fmul_rn(kLayerNorm ? __fsub_rn(to_f32(xr[i]), mu) : to_f32(xr[i]), mul);
+        ss = __fadd_rn(ss, __fmul_rn(d, d));
+      }
+      return block_sum(ss, exchange);
+    };
+    float mu, rsigma;
+    row_statistics<kLayerNorm>(sum_x, sum_squares, n, a.eps, mu, rsigma);
     if (threadIdx.x == 0) {
       if (a.mu != nullptr) a.mu[row] = mu;
       if (a.rsigma != nullptr) a.rsigma[row] = rsigma;

@@ -126,8 +126,10 @@ te_status te_nvfp4_compute_amax(const te_tensor* input, te_tensor* amax_rowwise,
     float* row = nullptr;
     float* col = nullptr;
     if (amax_rowwise) row = check_amax(amax_rowwise, "amax_rowwise", *input);
+    mark_written(amax_rowwise);  // (outputs here; inputs of te_nvfp4_quantize)
     if (amax_columnwise) {
       col = check_amax(amax_columnwise, "amax_columnwise", *input);
+      mark_written(amax_columnwise);
       if (opt.random_hadamard) require_rows_multiple_of_16(v.rows, "random Hadamard transform");
     }
     if (on_cuda(*input)) check_aligned(input->data, "input");
@@ -163,6 +165,8 @@ te_status te_nvfp4_quantize(const te_tensor* input, const te_tensor* amax_rowwis
       check_data(rowwise, "rowwise", v.rows, v.cols, *input, input);
       const ScaleShape s =
           check_scale(rowwise_scale, "rowwise_scale", v.rows, v.cols, *input, "input");
+      mark_written(rowwise);
+      mark_written(rowwise_scale);
       args.rowwise = Direction{static_cast<uint8_t*>(rowwise->data),
                                static_cast<uint8_t*>(rowwise_scale->data), s.rows, s.cols,
                                check_amax(amax_rowwise, "amax_rowwise", *input)};
@@ -172,6 +176,8 @@ te_status te_nvfp4_quantize(const te_tensor* input, const te_tensor* amax_rowwis
       check_data(columnwise, "columnwise", v.cols, v.rows, *input, nullptr);
       const ScaleShape s =
           check_scale(columnwise_scale, "columnwise_scale", v.cols, v.rows, *input, "input");
+      mark_written(columnwise);
+      mark_written(columnwise_scale);
       args.columnwise = Direction{static_cast<uint8_t*>(columnwise->data),
                                   static_cast<uint8_t*>(columnwise_scale->data), s.rows, s.cols,
                                   check_amax(amax_columnwise, "amax_columnwise", *input)};
@@ -193,6 +199,7 @@ te_status te_nvfp4_dequantize(const te_tensor* data, const te_tensor* scale, con
     const ScaleShape s = check_scale(scale, "scale", v.rows, v.cols, *data, "data");
     Arg(amax, "amax").scalar_fp32().same_device(*data, "data");
     Arg(output, "output")
+        .output()
         .dtype_in(kHighPrecision, kHighPrecisionText)
         .same_shape(*data, "data")
         .same_device(*data, "data");
@@ -222,12 +229,13 @@ te_status te_nvfp4_transpose_2d(const te_tensor* rowwise, const te_tensor* rowwi
     const ScaleShape rs =
         check_scale(rowwise_scale, "rowwise_scale", v.rows, v.cols, *rowwise, "rowwise");
     Arg col(columnwise, "columnwise");
-    col.dtype(TE_DTYPE_FLOAT4E2M1).same_device(*rowwise, "rowwise");
+    col.output().dtype(TE_DTYPE_FLOAT4E2M1).same_device(*rowwise, "rowwise");
     if (columnwise->ndim != 2 || columnwise->shape[0] != v.cols || columnwise->shape[1] != v.rows)
       fail(TE_ERROR_INVALID_ARGUMENT, "argument 'columnwise' must have shape [", v.cols, ", ",
            v.rows, "] (rowwise viewed as [M, K], transposed), got ", shape_string(*columnwise));
     const ScaleShape cs =
         check_scale(columnwise_scale, "columnwise_scale", v.cols, v.rows, *rowwise, "rowwise");
+    mark_written(columnwise_scale);
     if (on_cuda(*rowwise)) {
       check_aligned(rowwise->data, "rowwise");
       check_aligned(columnwise->data, "columnwise");

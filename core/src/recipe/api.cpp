@@ -36,7 +36,7 @@ extern "C" te_status te_recipe_delayed_scaling_update(
       const std::string s_name = concat("scales[", k, "]");
       const std::string i_name = concat("scale_invs[", k, "]");
       Arg h(amax_histories[k], h_name.c_str());
-      h.dtype(TE_DTYPE_FLOAT32).same_device(first, "amax_histories[0]");
+      h.output().dtype(TE_DTYPE_FLOAT32).same_device(first, "amax_histories[0]");
       if (amax_histories[k]->ndim != 2)
         fail(TE_ERROR_INVALID_ARGUMENT, "argument '", h_name,
              "' must be 2-D [history_length, n], got ", shape_string(*amax_histories[k]));
@@ -48,12 +48,14 @@ extern "C" te_status te_recipe_delayed_scaling_update(
         fail(TE_ERROR_INVALID_ARGUMENT, "all amax histories must have the same length; '", h_name,
              "' has ", L, ", amax_histories[0] has ", args.history_length);
       Arg(scales[k], s_name.c_str())
+          .output()
           .dtype(TE_DTYPE_FLOAT32)
           .numel(n)
           .same_device(first, "amax_histories[0]");
       float* inv = nullptr;
       if (scale_invs != nullptr && scale_invs[k] != nullptr) {
         Arg(scale_invs[k], i_name.c_str())
+            .output()
             .dtype(TE_DTYPE_FLOAT32)
             .numel(n)
             .same_device(first, "amax_histories[0]");

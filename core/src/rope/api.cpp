@@ -169,7 +169,7 @@ Args check(bool backward, const te_tensor* in, const char* in_name, const te_ten
   a.dtype = in->dtype;
   check_freqs(freqs, *in, &a);
   check_sequences(cu_seqlens, start_positions, *in, &a);
-  Arg(out, out_name).same_shape(*in, in_name).same_device(*in, in_name);
+  Arg(out, out_name).output().same_shape(*in, in_name).same_device(*in, in_name);
   if (out->dtype != in->dtype)
     fail(TE_ERROR_INVALID_DTYPE, "argument '", out_name, "' must have the type of '", in_name,
          "' (", dtype_name(in->dtype), "), got ", dtype_name(out->dtype));

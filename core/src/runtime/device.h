@@ -11,6 +11,7 @@
 #include "te/types.h"
 
 namespace te {
+void check_aliasing();  // runtime/tensor.h: written arguments overlap no other
 [[noreturn]] void fail_no_cuda();
 // Makes the device current (CUDA builds); checks it exists. Cheap when it
 // already is current.
@@ -21,6 +22,7 @@ void use_cuda_device(int device_index);
 #ifdef TE_WITH_CUDA
 #define TE_DISPATCH_DEVICE(use_cuda, device_index, cpu_call, cuda_call) \
   do {                                                                  \
+    ::te::check_aliasing();                                             \
     if (use_cuda) {                                                     \
       ::te::use_cuda_device(device_index);                              \
       cuda_call;                                                        \
@@ -31,6 +33,7 @@ void use_cuda_device(int device_index);
 #else
 #define TE_DISPATCH_DEVICE(use_cuda, device_index, cpu_call, cuda_call) \
   do {                                                                  \
+    ::te::check_aliasing();                                             \
     if (use_cuda) {                                                     \
       ::te::fail_no_cuda();                                             \
     } else {                                                            \

@@ -57,11 +57,27 @@ template <class... Parts>
 void set_last_error(const std::string& message);
 void clear_last_error();
 
+// The descriptors one entry point has checked (te::Arg registers them), for
+// the aliasing check of TE_DISPATCH (runtime/tensor.h). guarded() opens one
+// frame per call and restores the caller's on return, so nested calls keep
+// their own lists.
+class ArgFrame {
+ public:
+  ArgFrame();
+  ~ArgFrame();
+  ArgFrame(const ArgFrame&) = delete;
+  ArgFrame& operator=(const ArgFrame&) = delete;
+
+ private:
+  void* saved_;
+};
+
 // Runs body(); returns TE_SUCCESS, or the status of the error it threw with
 // "<api_name>: <message>" stored as the thread's last error.
 template <class Body>
 te_status guarded(const char* api_name, Body&& body) noexcept {
   try {
+    ArgFrame frame;
     body();
     clear_last_error();
     return TE_SUCCESS;

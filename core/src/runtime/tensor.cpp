@@ -72,6 +72,35 @@ std::string device_string(const te_tensor& t) {
 
 bool on_cuda(const te_tensor& t) { return t.device_type == TE_DEVICE_CUDA; }
 
+namespace {
+
+// The element count, byte size and end address of a buffer must be
+// representable: every backend computes offsets as int64 products of the
+// dims, so a shape like [2^32, 2^32] (2^64 elements) or [3, 6148914691236517206]
+// would wrap around to a small or negative count and the call would touch
+// memory it was not given, or do nothing and report success. Dims of 0 make
+// the count 0 whatever the others are, so they are looked for first.
+void check_extent(const te_tensor& t, const char* name) {
+  for (int i = 0; i < t.ndim; ++i)
+    if (t.shape[i] == 0) return;
+  int64_t count = 1;
+  for (int i = 0; i < t.ndim; ++i)
+    if (__builtin_mul_overflow(count, t.shape[i], &count))
+      fail(TE_ERROR_INVALID_ARGUMENT, "argument '", name, "' of shape ", shape_string(t),
+           " has more elements than a signed 64-bit count can hold");
+  int64_t bits = 0;
+  if (__builtin_mul_overflow(count, static_cast<int64_t>(dtype_bits(t.dtype)), &bits))
+    fail(TE_ERROR_INVALID_ARGUMENT, "argument '", name, "' of shape ", shape_string(t),
+         " and dtype ", dtype_name(t.dtype), " has a byte size that overflows 64-bit arithmetic");
+  const uint64_t bytes = (static_cast<uint64_t>(bits) + 7) / 8;
+  uintptr_t end = 0;
+  if (__builtin_add_overflow(reinterpret_cast<uintptr_t>(t.data), bytes, &end))
+    fail(TE_ERROR_INVALID_ARGUMENT, "argument '", name, "' of shape ", shape_string(t), " (", bytes,
+         " bytes) extends past the end of the address space");
+}
+
+}  // namespace
+
 void check_descriptor(const te_tensor* t, const char* name) {
   if (t == nullptr) fail(TE_ERROR_INVALID_ARGUMENT, "argument '", name, "' is required (got NULL)");
   if (t->ndim < 0 || t->ndim > TE_MAX_DIMS)
@@ -87,11 +116,20 @@ void check_descriptor(const te_tensor* t, const char* name) {
   if (t->device_type != TE_DEVICE_CPU && t->device_type != TE_DEVICE_CUDA)
     fail(TE_ERROR_INVALID_ARGUMENT, "argument '", name, "' has an unknown device type ",
          static_cast<int>(t->device_type));
+  check_extent(*t, name);
   if (t->data == nullptr && numel(*t) > 0)
     fail(TE_ERROR_INVALID_ARGUMENT, "argument '", name, "' has a NULL data pointer");
 }
 
-Arg::Arg(const te_tensor* t, const char* name) : t_(t), name_(name) { check_descriptor(t, name); }
+Arg::Arg(const te_tensor* t, const char* name) : t_(t), name_(name) {
+  check_descriptor(t, name);
+  record_arg(t, name);
+}
+
+const Arg& Arg::output() const {
+  mark_written(t_);
+  return *this;
+}
 
 const Arg& Arg::dtype(te_dtype expected) const {
   if (t_->dtype != expected)
@@ -145,7 +183,7 @@ const Arg& Arg::shape2d(int64_t rows, int64_t cols) const {
 
 float* optional_fp32_scalar(te_tensor* t, const char* name, const te_tensor& input) {
   if (t == nullptr) return nullptr;
-  Arg(t, name).scalar_fp32().same_device(input, "input");
+  Arg(t, name).output().scalar_fp32().same_device(input, "input");
   return static_cast<float*>(t->data);
 }
 

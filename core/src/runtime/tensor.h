@@ -41,11 +41,28 @@ class Arg {
   const Arg& same_shape(const te_tensor& other, const char* other_name) const;
   const Arg& same_device(const te_tensor& other, const char* other_name) const;
   const Arg& shape2d(int64_t rows, int64_t cols) const;  // matrix view [rows, cols]
+  // Marks the argument as written by the call (an output, in-place state or a
+  // workspace): TE_DISPATCH then refuses it when its bytes overlap those of any
+  // other argument the call checked, unless allow_alias() permits that pair.
+  const Arg& output() const;
 
  private:
   const te_tensor* t_;
   const char* name_;
 };
+
+// Permits the documented in-place forms, e.g. GEMM's C == D: `written` may be
+// `read` itself (same data pointer and byte size), never a partial overlap.
+void allow_alias(const te_tensor* written, const te_tensor* read);
+
+// Refuses a call whose written arguments overlap another argument in memory
+// (on the same device); run by TE_DISPATCH before any backend touches memory.
+void check_aliasing();
+// The frame's bookkeeping behind Arg (runtime/aliasing.cpp).
+void record_arg(const te_tensor* t, const char* name);
+void mark_written(const te_tensor* t);
+// Drops the records of a stand-in descriptor that is no argument of the call.
+void forget_arg(const te_tensor* t);
 
 // The dtype sets most entry points accept, with the words their messages use.
 constexpr std::initializer_list<te_dtype> kHighPrecision = {TE_DTYPE_FLOAT32, TE_DTYPE_BFLOAT16,
@@ -54,7 +71,9 @@ constexpr const char* kHighPrecisionText = "float32, bfloat16 or float16";
 constexpr std::initializer_list<te_dtype> kFp8 = {TE_DTYPE_FLOAT8E4M3, TE_DTYPE_FLOAT8E5M2};
 constexpr const char* kFp8Text = "float8_e4m3 or float8_e5m2";
 
-// Validates the shape/dtype fields themselves (rank, non-negative dims).
+// Validates the descriptor fields themselves: rank, non-negative dims, known
+// dtype and device, and an element count, byte size and end address that fit
+// 64-bit arithmetic (no wrap-around); every Arg starts with it.
 void check_descriptor(const te_tensor* t, const char* name);
 
 // An optional FP32 scalar output (scale_inv, amax): nullptr when t is NULL,

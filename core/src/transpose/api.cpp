@@ -14,7 +14,7 @@ extern "C" te_status te_transpose(const te_tensor* input, te_tensor* output, te_
            dtype_name(input->dtype), " (packed FP4 data cannot be transposed element-wise)");
     const int64_t rows = leading_rows(*input), cols = last_dim(*input);
     Arg out(output, "output");
-    out.dtype(input->dtype).same_device(*input, "input");
+    out.output().dtype(input->dtype).same_device(*input, "input");
     if (output->ndim != 2 || output->shape[0] != cols || output->shape[1] != rows)
       fail(TE_ERROR_INVALID_ARGUMENT, "argument 'output' must have shape [", cols, ", ", rows,
            "], got ", shape_string(*output));

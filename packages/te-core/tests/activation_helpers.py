@@ -132,7 +132,8 @@ def staged_forward(kind: str, x, p, flush=False) -> np.ndarray:
         return _f32(ra.f(base, x, p), flush)
     a, b = ra.split(x)
     with np.errstate(over="ignore", invalid="ignore"):
-        return _f32(ra.f(base, a, p), flush) * _f32(ra.linear(kind, b, p))
+        fa, lin = _f32(ra.f(base, a, p), flush), _f32(ra.linear(kind, b, p))
+        return np.where(np.isinf(lin), ra.times_infinite_linear(1.0, fa, ra.f_sign(base, a, p), lin), fa * lin)
 
 
 def staged_backward(kind: str, grad, x, p, flush=False) -> np.ndarray:
@@ -143,7 +144,9 @@ def staged_backward(kind: str, grad, x, p, flush=False) -> np.ndarray:
         if kind not in ra.GATED:
             return g * _f32(ra.df(base, x, p), flush)
         a, b = ra.split(x)
-        da = (g * _f32(ra.df(base, a, p), flush)) * _f32(ra.linear(kind, b, p))
+        d, lin = _f32(ra.df(base, a, p), flush), _f32(ra.linear(kind, b, p))
+        # An infinite linear half gives the limit, not 0 * inf (numerics.md).
+        da = np.where(np.isinf(lin), ra.times_infinite_linear(g, d, ra.df_sign(base, a, p), lin), (g * d) * lin)
         fa = _f32(ra.f(base, a, p), flush)
         db = np.where(ra.linear_slope(kind, b, p) == 0, np.float32(0), g * fa)
     return np.concatenate([da, db], axis=-1)

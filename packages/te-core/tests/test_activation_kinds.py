@@ -65,3 +65,32 @@ def test_gated_flag_decides_the_output_width(kind):
     x = np.linspace(-3, 3, 2 * 8, dtype=np.float32).reshape(2, 8)
     y = act.activation_forward(x, kind)
     assert y.shape == ((2, 4) if kind in act.GATED_ACTIVATIONS else (2, 8))
+
+
+@pytest.mark.parametrize("kind", ["swiglu", "qgeglu", "glu", "geglu", "reglu", "sreglu"])
+@pytest.mark.parametrize("dtype", [np.float16, np.float32])
+def test_infinite_linear_half_gives_the_limit(kind, dtype):
+    """da = grad * f'(a) * lin(b) with lin(b) = +-inf is the limit (+-inf, or 0 for an
+    exactly zero factor), the same in the core and the float64 oracle (numerics.md)."""
+    import transformer_engine.core as tc
+
+    a_values = np.array([-20000, -500, -100, -30, -1, 0, 0.5, 30, 500, -np.inf, np.inf, np.nan])
+    grads = np.array([1.0, -2.0, 0.0])
+    a, g, sign = np.meshgrid(a_values, grads, [1.0, -1.0], indexing="ij")
+    a, g, b = a.reshape(-1, 1), g.reshape(-1, 1), (sign * np.inf).reshape(-1, 1)
+    x = np.concatenate([a, b], axis=-1).astype(dtype)
+    grad = g.astype(dtype)
+    got = tc.activation_backward(grad, x, kind).grad_input.astype(np.float64)[:, 0]
+    expected = ra.backward(grad, x, kind)[:, 0].astype(dtype).astype(np.float64)
+    assert np.array_equal(np.isnan(got), np.isnan(expected))
+    assert np.array_equal(got[~np.isnan(got)], expected[~np.isnan(expected)])
+    finite_inputs = np.isfinite(a[:, 0]) & (g[:, 0] != 0)
+    assert not np.isnan(got[finite_inputs]).any(), "0 * inf reached the result"
+    if kind in ("swiglu", "qgeglu", "glu", "geglu"):  # slopes that only underflow: never 0 * inf
+        assert np.all(np.isinf(got[finite_inputs]))
+    # The forward f(a) * lin(b) follows the same rule (grad = 1).
+    y = tc.activation_forward(x, kind).astype(np.float64)[:, 0]
+    y_expected = ra.forward(x, kind)[:, 0].astype(dtype).astype(np.float64)
+    assert np.array_equal(np.isnan(y), np.isnan(y_expected))
+    assert np.array_equal(y[~np.isnan(y)], y_expected[~np.isnan(y_expected)])
+    assert not np.isnan(y[np.isfinite(a[:, 0])]).any()

@@ -116,7 +116,7 @@ def test_delayed_update_validation():
         tc.delayed_scaling_update([h, np.zeros((5, 1), np.float32)], [np.ones(3, np.float32), np.ones(1, np.float32)])
     with pytest.raises(ValueError, match="argument 'margin' must be finite and >= 0"):
         tc.delayed_scaling_update([h], [np.ones(3, np.float32)], margin=-1)
-    with pytest.raises(ValueError, match="amax_compute_algo must be 'max' or 'most_recent'"):
+    with pytest.raises(ValueError, match="argument 'amax_compute_algo' must be 'max' or 'most_recent'"):
         tc.delayed_scaling_update([h], [np.ones(3, np.float32)], amax_compute_algo="mean")
     with pytest.raises(ValueError, match=r"argument 'amax_reduction_buffer' must have 3 element\(s\), got shape \[5\]"):
         tc.delayed_scaling_update([h], [np.ones(3, np.float32)], amax_reduction_buffer=np.ones(5, np.float32))

@@ -28,9 +28,9 @@ def test_last_dim_must_be_multiple_of_16():
 
 def test_bad_block_dim_and_layout():
     x = np.ones((4, 128), np.float32)
-    with pytest.raises(ValueError, match="block_dim must be 1 .* or 2 .*, got 3"):
+    with pytest.raises(ValueError, match="argument 'block_dim' must be 1 .* or 2 .*, got 3"):
         tc.quantize_fp8_block(x, block_dim=3)
-    with pytest.raises(ValueError, match="layout must be 'gemm_ready' or 'compact', got 'swizzled'"):
+    with pytest.raises(ValueError, match="argument 'layout' must be 'gemm_ready' or 'compact', got 'swizzled'"):
         tc.quantize_fp8_block(x, layout="swizzled")
     with pytest.raises(ValueError, match="argument 'block_dim' must be 1 .*, got 0"):
         tc.lib.fp8_block_quantize(desc(x), desc(fp8_out(4, 128)), desc(scales(1, 4)), None, None, 0)

@@ -362,7 +362,8 @@ def test_input_needs_two_dims():
 )
 def test_rows_must_be_divisible_by_32_for_columnwise_and_2d(kwargs, what):
     with pytest.raises(
-        ValueError, match=f"MXFP8 {what} blocks need the product of the leading dimensions divisible by 32, got 40"
+        ValueError,
+        match=f"MXFP8 {what} blocks need the product of the leading dimensions of '.*' divisible by 32, got 40",
     ):
         tc.quantize_mxfp8(np.ones((4, 10, 64), np.float32), **kwargs)
 
@@ -412,7 +413,8 @@ def test_dequantize_errors():
 def test_swizzle_errors():
     with pytest.raises(
         ValueError,
-        match=r"rowwise block scales must be padded to rows % 128 == 0 and columns % 4 == 0, got shape \[100, 4\]",
+        match=r"rowwise block scales must be padded to rows % 128 == 0 and columns % 4 == 0, "
+        r"got argument 'input' of shape \[100, 4\]",
     ):
         tc.swizzle_block_scales(e8m0(100, 4))
     with pytest.raises(
@@ -424,7 +426,9 @@ def test_swizzle_errors():
     with pytest.raises(TypeError, match="argument 'input' must be a one-byte type"):
         lib.swizzle_block_scales(desc(np.zeros((128, 4), np.float32)), desc(np.zeros((128, 4), np.float32)))
     s = e8m0(128, 4)
-    with pytest.raises(ValueError, match="arguments 'input' and 'output' must not overlap"):
+    with pytest.raises(
+        ValueError, match="argument 'output' is written by this call but shares memory with argument 'input'"
+    ):
         lib.swizzle_block_scales(desc(s), desc(s))
     with pytest.raises(TypeError, match="argument 'output' must be float8_e8m0, got byte"):
         lib.swizzle_block_scales(desc(s), desc(np.zeros((128, 4), np.uint8)))

@@ -85,7 +85,7 @@ def test_rng_state_must_be_two_int64(state, error, message):
 def test_sign_mask_must_fit_16_bits():
     with pytest.raises(ValueError, match="option 'rht_sign_mask' must fit in 16 bits, got 65536"):
         quantize(fp32(16, 32), rowwise_args(16, 32), rht_sign_mask=0x10000)
-    with pytest.raises(ValueError, match="rht_sign_mask must be a 16-bit mask"):
+    with pytest.raises(ValueError, match="argument 'rht_sign_mask' must be a 16-bit mask"):
         tc.quantize_nvfp4(fp32(16, 32), rht_sign_mask=-1)
 
 

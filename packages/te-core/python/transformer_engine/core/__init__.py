@@ -53,7 +53,7 @@ from .nvfp4 import (
     unpack_fp4,
 )
 from .rope import fused_rope_backward, fused_rope_forward
-from .scaling import delayed_scaling_update
+from .scaling import AmaxWarning, ScalingUpdate, delayed_scaling_update
 from .softmax import (
     scaled_aligned_causal_masked_softmax_backward,
     scaled_aligned_causal_masked_softmax_forward,
@@ -78,6 +78,7 @@ def built_with_cuda() -> bool:
 __all__ = [
     "ACTIVATIONS",
     "ActivationGrad",
+    "AmaxWarning",
     "ForwardColumnwise",
     "HighPrecisionOutput",
     "activation_backward",
@@ -125,6 +126,7 @@ __all__ = [
     "rht_sign_mask_from_seed",
     "rmsnorm_bwd",
     "rmsnorm_fwd",
+    "ScalingUpdate",
     "swizzle_block_scales",
     "te_dtype",
     "transpose",

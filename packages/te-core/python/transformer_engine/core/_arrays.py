@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ._checks import contiguous, fp32_scalar
 from ._native import lib
 from .dtypes import numpy_dtype, te_dtype
 
@@ -23,17 +24,13 @@ def empty(shape, dtype) -> np.ndarray:
 
 def as_high_precision(x, name: str) -> np.ndarray:
     """x as a C-contiguous FP32/BF16/FP16 array, or TypeError naming the argument."""
-    array = np.asarray(x)
+    array = contiguous(x, name)
     if array.dtype not in HIGH_PRECISION:
         raise TypeError(f"argument '{name}' must be float32, bfloat16 or float16, got {array.dtype}")
-    return np.ascontiguousarray(array)
+    return array
 
 
-def fp32_scalar(value, name: str) -> np.ndarray:
-    array = np.array(value, dtype=np.float32)
-    if array.size != 1:
-        raise ValueError(f"argument '{name}' must be a single number, got shape {array.shape}")
-    return array.reshape(())
+__all__ = ["HIGH_PRECISION", "as_high_precision", "desc", "empty", "fp32_scalar", "matrix_shape"]
 
 
 def matrix_shape(shape) -> tuple[int, int]:

@@ -14,6 +14,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ._arrays import as_high_precision, desc, empty, fp32_scalar, matrix_shape
+from ._checks import flag, integer, real
 from ._native import lib
 from .cast import Fp8Tensor
 from .dtypes import FP8_DTYPES, te_dtype
@@ -37,12 +38,17 @@ def activation_code(kind: str | int) -> int:
             return ACTIVATIONS.index(kind.lower())
         except ValueError:
             raise ValueError(f"unknown activation {kind!r}; expected one of {', '.join(ACTIVATIONS)}") from None
-    return int(kind)
+    code = integer(kind, "kind")
+    if not 0 <= code < len(ACTIVATIONS):
+        names = ", ".join(f"{i} ({n})" for i, n in enumerate(ACTIVATIONS))
+        raise ValueError(
+            f"argument 'kind' must be an activation name or code 0 to {len(ACTIVATIONS) - 1}: {names}; got {code}"
+        )
+    return code
 
 
 def is_gated(kind: str | int) -> bool:
-    """Whether a kind (name or code) is gated; False for a code outside the table,
-    which the core then rejects with its own message."""
+    """Whether a kind (name or code) is gated; a code outside the table is a ValueError."""
     return activation_code(kind) in _GATED_CODES
 
 
@@ -88,6 +94,7 @@ def _outputs(shape, out_dtype, scale, rowwise: bool, columnwise: bool, amax):
     """Allocates the outputs; returns (row, col, scale, scale_inv, amax) arrays or None."""
     code = te_dtype(out_dtype)
     fp8 = code in FP8_DTYPES
+    rowwise, columnwise = flag(rowwise, "rowwise"), flag(columnwise, "columnwise")
     if not (rowwise or columnwise):
         raise ValueError("at least one of 'rowwise' and 'columnwise' must be True")
     if columnwise and not fp8:
@@ -152,9 +159,9 @@ def activation_forward(
         _opt(scale),
         _opt(scale_inv),
         desc(amax),
-        float(limit),
-        float(alpha),
-        float(glu_linear_offset),
+        real(limit, "limit"),
+        real(alpha, "alpha"),
+        real(glu_linear_offset, "glu_linear_offset"),
     )
     return _result(row, col, scale, scale_inv, amax, amax_given)
 
@@ -197,9 +204,9 @@ def activation_backward(
     row, col, scale, scale_inv, amax = _outputs(
         x.shape, x.dtype if out_dtype is None else out_dtype, scale, rowwise, columnwise, amax
     )
-    bias = empty((x.shape[-1] if x.ndim else 1,), dbias_dtype) if dbias else None
+    bias = empty((x.shape[-1] if x.ndim else 1,), dbias_dtype) if flag(dbias, "dbias") else None
     args = [code, desc(grad), desc(x), _opt(row), _opt(col), _opt(scale), _opt(scale_inv), desc(amax), _opt(bias), None]
-    params = (float(limit), float(alpha), float(glu_linear_offset))
+    params = (real(limit, "limit"), real(alpha, "alpha"), real(glu_linear_offset, "glu_linear_offset"))
     fwd = None
     if fwd_columnwise is None:
         if fwd_scale is not None:

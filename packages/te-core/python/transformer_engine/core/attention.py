@@ -26,6 +26,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ._arrays import as_high_precision, desc
+from ._checks import contiguous, flag, fp32_array, integer, real
 from ._native import lib
 
 QKV_FORMATS = {"bshd": 0, "sbhd": 1, "thd": 2}
@@ -68,17 +69,17 @@ def _int32_vector(x, name):
     a = np.asarray(x)
     if a.dtype.kind not in "iu":
         raise TypeError(f"argument '{name}' must hold integers, got {a.dtype}")
-    return np.ascontiguousarray(a, dtype=np.int32)
+    return contiguous(a.astype(np.int32, copy=False), name)
 
 
-def _fp32(x):
-    return None if x is None else np.ascontiguousarray(x, dtype=np.float32)
+def _fp32(x, name):
+    return None if x is None else fp32_array(x, name)
 
 
 def _config(q, k, v, kw: dict) -> tuple[dict, list]:
     """The keyword arguments of lib.attention_* and the arrays they point into (kept alive)."""
     q = as_high_precision(q, "q")
-    k, v = np.ascontiguousarray(k), np.ascontiguousarray(v)
+    k, v = contiguous(k, "k"), contiguous(v, "v")
     window = kw["window_size"] if kw["window_size"] is not None else (-1, -1)
     if len(window) != 2:
         raise ValueError(f"argument 'window_size' must be (left, right), got {window!r}")
@@ -86,22 +87,22 @@ def _config(q, k, v, kw: dict) -> tuple[dict, list]:
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
     bias = kw["attn_bias"]
-    bias = None if bias is None else np.ascontiguousarray(bias)  # q's type: the core checks
+    bias = None if bias is None else contiguous(bias, "bias")  # q's type: the core checks
     mask = kw["attn_mask"]
-    mask = None if mask is None else np.ascontiguousarray(np.asarray(mask).astype(np.uint8))
+    mask = None if mask is None else contiguous(np.asarray(mask).astype(np.uint8), "attn_mask")
     rng = kw["rng_state"]
     if rng is not None:  # (seed, offset): 64-bit words, signed or not
         words = rng.reshape(-1).tolist() if isinstance(rng, np.ndarray) else list(rng)
-        rng = np.array([int(x) % 2**64 for x in words], dtype=np.uint64).view(np.int64)
+        rng = np.array([integer(x, "rng_state") % 2**64 for x in words], dtype=np.uint64).view(np.int64)
     arrays = {
         "bias": bias,
-        "alibi_slopes": _fp32(kw["alibi_slopes"]),
+        "alibi_slopes": _fp32(kw["alibi_slopes"], "alibi_slopes"),
         "cu_seqlens_q": _int32_vector(kw["cu_seqlens_q"], "cu_seqlens_q"),
         "cu_seqlens_kv": _int32_vector(kw["cu_seqlens_kv"], "cu_seqlens_kv"),
         "cu_seqlens_q_padded": _int32_vector(kw["cu_seqlens_q_padded"], "cu_seqlens_q_padded"),
         "cu_seqlens_kv_padded": _int32_vector(kw["cu_seqlens_kv_padded"], "cu_seqlens_kv_padded"),
         "attn_mask": mask,
-        "softmax_offset": _fp32(kw["softmax_offset"]),
+        "softmax_offset": _fp32(kw["softmax_offset"], "softmax_offset"),
         "rng_state": rng,
     }
     args = {name: (None if a is None else desc(a)) for name, a in arrays.items()}
@@ -110,13 +111,13 @@ def _config(q, k, v, kw: dict) -> tuple[dict, list]:
         mask_type=_code(ATTN_MASK_TYPES, kw["attn_mask_type"], "attn_mask_type"),
         bias_type=_code(ATTN_BIAS_TYPES, kw["attn_bias_type"], "attn_bias_type"),
         softmax_type=_code(SOFTMAX_TYPES, kw["softmax_type"], "softmax_type"),
-        scale=float(scale),
-        dropout=float(kw["dropout"]),
-        window_left=int(window[0]),
-        window_right=int(window[1]),
-        max_seqlen_q=int(kw["max_seqlen_q"] or 0),
-        max_seqlen_kv=int(kw["max_seqlen_kv"] or 0),
-        deterministic=bool(kw["deterministic"]),
+        scale=real(scale, "scale"),
+        dropout=real(kw["dropout"], "dropout"),
+        window_left=integer(window[0], "window_size[0]"),
+        window_right=integer(window[1], "window_size[1]"),
+        max_seqlen_q=integer(kw["max_seqlen_q"] or 0, "max_seqlen_q"),
+        max_seqlen_kv=integer(kw["max_seqlen_kv"] or 0, "max_seqlen_kv"),
+        deterministic=flag(kw["deterministic"], "deterministic"),
     )
     keep = [q, k, v, *arrays.values()]
     return args, keep
@@ -181,9 +182,9 @@ def attention_bwd(q, k, v, o, d_o, softmax_lse, **kwargs) -> AttentionGrad:
     kw = _options(kwargs)
     args, keep = _config(q, k, v, kw)
     q, k, v = keep[:3]
-    o = np.ascontiguousarray(o)
-    d_o = np.ascontiguousarray(d_o)
-    lse = np.ascontiguousarray(softmax_lse, dtype=np.float32)
+    o = contiguous(o, "o")
+    d_o = contiguous(d_o, "d_o")
+    lse = fp32_array(softmax_lse, "softmax_lse")
     dq, dk, dv = np.empty_like(q), np.empty_like(k), np.empty_like(v)
     bias = keep[3]
     dbias = None if bias is None else np.empty_like(bias)

@@ -13,6 +13,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ._arrays import as_high_precision, desc, empty, fp32_scalar, matrix_shape
+from ._checks import contiguous, flag, real
 from ._compat import renamed_keyword
 from ._native import lib
 from .dtypes import FP8_DTYPES, te_dtype
@@ -30,6 +31,7 @@ class Fp8Tensor(NamedTuple):
 
 
 def _outputs(x: np.ndarray, dtype, rowwise: bool, columnwise: bool):
+    rowwise, columnwise = flag(rowwise, "rowwise"), flag(columnwise, "columnwise")
     if not (rowwise or columnwise):
         raise ValueError("at least one of 'rowwise' and 'columnwise' must be True")
     code = _fp8_dtype(dtype)
@@ -76,8 +78,8 @@ def compute_scale_from_amax(amax, fp8_dtype="e4m3", *, force_pow_2_scales=False,
         desc(scale),
         desc(scale_inv),
         int(_fp8_dtype(fp8_dtype)),
-        bool(force_pow_2_scales),
-        float(amax_epsilon),
+        flag(force_pow_2_scales, "force_pow_2_scales"),
+        real(amax_epsilon, "amax_epsilon"),
     )
     return scale[()], scale_inv[()]
 
@@ -97,15 +99,15 @@ def quantize_fp8_current_scaling(
         desc(scale),
         desc(scale_inv),
         desc(amax),
-        bool(force_pow_2_scales),
-        float(amax_epsilon),
+        flag(force_pow_2_scales, "force_pow_2_scales"),
+        real(amax_epsilon, "amax_epsilon"),
     )
     return Fp8Tensor(row, col, scale, scale_inv, amax)
 
 
 def dequantize_fp8(q, scale_inv, out_dtype=np.float32) -> np.ndarray:
     """float32(q) * scale_inv, rounded to out_dtype."""
-    q = np.ascontiguousarray(q)
+    q = contiguous(q, "q")
     if te_dtype(q.dtype) not in FP8_DTYPES:
         raise TypeError(f"argument 'q' must be float8_e4m3fn or float8_e5m2, got {q.dtype}")
     scale_inv = fp32_scalar(scale_inv, "scale_inv")

@@ -57,17 +57,34 @@ def te_dtype(dtype) -> DType:
     try:
         return _NUMPY_TO_TE[np.dtype(dtype)]
     except (KeyError, TypeError):
-        raise TypeError(f"no core dtype for {dtype!r}") from None
+        names = ", ".join(str(d) for d in _NUMPY_TO_TE)
+        raise TypeError(
+            f"argument 'dtype' has no core dtype: {dtype!r}; expected 'e4m3', 'e5m2', a DType or one of {names}"
+        ) from None
 
 
 def numpy_dtype(dtype: DType) -> np.dtype:
     """The NumPy dtype that holds elements of a te_dtype."""
-    return _TE_TO_NUMPY[DType(dtype)]
+    if isinstance(dtype, (bool, np.bool_)) or not isinstance(dtype, (int, np.integer)):
+        raise TypeError(f"argument 'dtype' must be a DType (an int code), got {type(dtype).__name__} {dtype!r}")
+    try:
+        return _TE_TO_NUMPY[DType(int(dtype))]
+    except ValueError:
+        raise ValueError(f"argument 'dtype' must be a DType code 0 to {max(DType)}, got {int(dtype)}") from None
+    except KeyError:
+        held = ", ".join(d.name for d in _TE_TO_NUMPY)
+        raise ValueError(
+            f"argument 'dtype' {DType(int(dtype)).name} has no NumPy element type (packed FP4 travels as uint8 "
+            f"bytes); the ones that have: {held}"
+        ) from None
 
 
 def fp8_dtype(dtype) -> DType:
     """te_dtype of an FP8 format, raising TypeError for anything else."""
-    code = te_dtype(dtype)
+    try:
+        code = te_dtype(dtype)
+    except TypeError:
+        code = None
     if code not in FP8_DTYPES:
-        raise TypeError(f"fp8_dtype must be float8_e4m3fn or float8_e5m2, got {dtype!r}")
+        raise TypeError(f"argument fp8_dtype must be float8_e4m3fn or float8_e5m2 ('e4m3' or 'e5m2'), got {dtype!r}")
     return code

@@ -13,6 +13,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ._arrays import as_high_precision, desc, empty, matrix_shape
+from ._checks import contiguous, flag, fp32_array, integer, real
 from ._compat import renamed_keyword
 from ._native import lib
 from .dtypes import FP8_DTYPES, DType, te_dtype
@@ -23,21 +24,26 @@ LAYOUTS = {"gemm_ready": 0, "compact": 1}
 
 
 def _layout_code(layout: str) -> int:
-    if layout not in LAYOUTS:
-        raise ValueError(f"layout must be 'gemm_ready' or 'compact', got {layout!r}")
+    if not isinstance(layout, str) or layout not in LAYOUTS:
+        raise ValueError(f"argument 'layout' must be 'gemm_ready' or 'compact', got {layout!r}")
     return LAYOUTS[layout]
 
 
 def _block_dim(block_dim) -> int:
-    if block_dim not in (1, 2):
-        raise ValueError(f"block_dim must be 1 (1x128 blocks) or 2 (128x128 blocks), got {block_dim!r}")
-    return int(block_dim)
+    value = integer(block_dim, "block_dim")
+    if value not in (1, 2):
+        raise ValueError(f"argument 'block_dim' must be 1 (1x128 blocks) or 2 (128x128 blocks), got {block_dim!r}")
+    return value
 
 
 def fp8_block_scale_shape(shape, *, block_dim=1, layout="gemm_ready", columnwise=False) -> tuple[int, int]:
     """Shape of the FP32 scale_inv array of a tensor of `shape` (see te/fp8_block.h)."""
     rows, cols = matrix_shape(shape)
-    return tuple(lib.fp8_block_scale_shape(rows, cols, _block_dim(block_dim), _layout_code(layout), bool(columnwise)))
+    return tuple(
+        lib.fp8_block_scale_shape(
+            rows, cols, _block_dim(block_dim), _layout_code(layout), flag(columnwise, "columnwise")
+        )
+    )
 
 
 def _stored_shape(shape, layout: str, columnwise: bool) -> tuple:
@@ -70,7 +76,7 @@ class Fp8BlockTensor(NamedTuple):
             data, scales, block_dim=self.block_dim, layout=self.layout, columnwise=columnwise, out_dtype=out_dtype
         )
         if columnwise and self.layout == "gemm_ready":
-            out = np.ascontiguousarray(out.T)
+            out = contiguous(out.T, "out")
         return out.reshape(self.shape)
 
 
@@ -94,6 +100,7 @@ def quantize_fp8_block(
     x = as_high_precision(x, "x")
     block_dim, code = _block_dim(block_dim), _layout_code(layout)
     fmt = _fp8_dtype(fp8_dtype)
+    rowwise, columnwise = flag(rowwise, "rowwise"), flag(columnwise, "columnwise")
     if not (rowwise or columnwise):
         raise ValueError("at least one of 'rowwise' and 'columnwise' must be True")
     outputs = {}
@@ -109,14 +116,14 @@ def quantize_fp8_block(
         *(None if a is None else desc(a) for a in (*row, *col)),
         block_dim=block_dim,
         layout=code,
-        force_pow2_scales=bool(force_pow_2_scales),
-        amax_epsilon=float(amax_epsilon),
+        force_pow2_scales=flag(force_pow_2_scales, "force_pow_2_scales"),
+        amax_epsilon=real(amax_epsilon, "amax_epsilon"),
     )
     return Fp8BlockTensor(tuple(x.shape), block_dim, layout, fmt, *row, *col)
 
 
 def _fp8_array(a, name: str) -> np.ndarray:
-    a = np.ascontiguousarray(a)
+    a = contiguous(a, "a")
     if te_dtype(a.dtype) not in FP8_DTYPES:
         raise TypeError(f"argument '{name}' must be float8_e4m3fn or float8_e5m2, got {a.dtype}")
     return a
@@ -127,10 +134,15 @@ def dequantize_fp8_block(
 ) -> np.ndarray:
     """float32(q) * its block's scale_inv, rounded to out_dtype; the shape of `data` as stored."""
     data = _fp8_array(data, "data")
-    scale_inv = np.ascontiguousarray(scale_inv, dtype=np.float32)
+    scale_inv = fp32_array(scale_inv, "scale_inv")
     out = empty(data.shape, out_dtype)
     lib.fp8_block_dequantize(
-        desc(data), desc(scale_inv), desc(out), _block_dim(block_dim), _layout_code(layout), bool(columnwise)
+        desc(data),
+        desc(scale_inv),
+        desc(out),
+        _block_dim(block_dim),
+        _layout_code(layout),
+        flag(columnwise, "columnwise"),
     )
     return out
 
@@ -138,7 +150,7 @@ def dequantize_fp8_block(
 def transpose_fp8_block_2d(rowwise, rowwise_scale_inv, *, layout="gemm_ready"):
     """(columnwise, columnwise_scale_inv) of 2-D block data from the rowwise copy."""
     rowwise = _fp8_array(rowwise, "rowwise")
-    rowwise_scale_inv = np.ascontiguousarray(rowwise_scale_inv, dtype=np.float32)
+    rowwise_scale_inv = fp32_array(rowwise_scale_inv, "rowwise_scale_inv")
     code = _layout_code(layout)
     col = np.empty(_stored_shape(rowwise.shape, layout, True), rowwise.dtype)
     col_scales = np.empty(fp8_block_scale_shape(rowwise.shape, block_dim=2, layout=layout, columnwise=True), np.float32)

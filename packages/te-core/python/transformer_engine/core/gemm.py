@@ -17,6 +17,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ._arrays import HIGH_PRECISION, desc, empty, fp32_scalar, matrix_shape
+from ._checks import contiguous, flag, real
 from ._native import lib
 from .dtypes import FP8_DTYPES, te_dtype
 
@@ -45,7 +46,7 @@ def _array(x, name: str) -> np.ndarray:
         code = None
     if code is None or not (_is_high_precision(array.dtype) or code in FP8_DTYPES):
         raise TypeError(f"argument '{name}' must be {_INPUT_TEXT}, got {array.dtype}")
-    return np.ascontiguousarray(array)
+    return contiguous(array, name)
 
 
 def _optional_desc(array: np.ndarray | None):
@@ -88,6 +89,8 @@ def gemm(
     out_dtype. pre_gelu_out and bias_grad default to out_dtype (float32 when
     out_dtype is FP8).
     """
+    transa, transb = flag(transa, "transa"), flag(transb, "transb")
+    gelu, bias_grad = flag(gelu, "gelu"), flag(bias_grad, "bias_grad")
     a = _array(a, "a")
     b = _array(b, "b")
     out_dtype = _output_dtype(out_dtype, "out_dtype")
@@ -127,10 +130,10 @@ def gemm(
         bias=_optional_desc(bias_array),
         pre_gelu_out=_optional_desc(pre_gelu),
         bias_grad=_optional_desc(grad),
-        alpha=float(alpha),
-        beta=float(beta),
-        transa=bool(transa),
-        transb=bool(transb),
-        use_split_accumulator=bool(use_split_accumulator),
+        alpha=real(alpha, "alpha"),
+        beta=real(beta, "beta"),
+        transa=transa,
+        transb=transb,
+        use_split_accumulator=flag(use_split_accumulator, "use_split_accumulator"),
     )
     return GemmOutput(out, pre_gelu, grad, amax)

@@ -29,6 +29,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ._arrays import HIGH_PRECISION, desc, empty, fp32_scalar, matrix_shape
+from ._checks import contiguous, flag, real
 from ._native import lib
 from .cast import Fp8Tensor
 from .fp8_block import Fp8BlockTensor
@@ -114,8 +115,8 @@ class _Prepared(NamedTuple):
 def _operand_desc(op: BlockOperand, name: str, keep: list):
     if op.scaling not in SCALING:
         raise ValueError(f"{name}.scaling must be one of {', '.join(SCALING)}, got {op.scaling!r}")
-    data = np.ascontiguousarray(op.data)
-    scale = None if op.scale_inv is None else np.ascontiguousarray(op.scale_inv)
+    data = contiguous(op.data, "data")
+    scale = None if op.scale_inv is None else contiguous(op.scale_inv, "scale_inv")
     if op.scaling == "tensor" and scale is not None:
         scale = fp32_scalar(scale, f"{name}_scale_inv")
     amax = None if op.amax is None else fp32_scalar(op.amax, f"{name}_amax")
@@ -146,6 +147,8 @@ def _prepare(
     use_split_accumulator=True,
     force_emulation=False,
 ) -> _Prepared:
+    transa, transb = flag(transa, "transa"), flag(transb, "transb")
+    a_columnwise, b_columnwise = flag(a_columnwise, "a_columnwise"), flag(b_columnwise, "b_columnwise")
     a_op, b_op = operand(a, columnwise=a_columnwise), operand(b, columnwise=b_columnwise)
     for name, op in (("a", a_op), ("b", b_op)):
         if len(op.shape) < 2:
@@ -156,8 +159,8 @@ def _prepare(
     n = b_rows if transb else b_cols
     out = empty((m, n), out_dtype)
     keep = [out]
-    c_array = None if c is None else np.ascontiguousarray(c)
-    bias_array = None if bias is None else np.ascontiguousarray(bias)
+    c_array = None if c is None else contiguous(c, "c")
+    bias_array = None if bias is None else contiguous(bias, "bias")
     keep += [c_array, bias_array]
     params = lib.GemmBlockParams(
         _operand_desc(a_op, "a", keep),
@@ -165,12 +168,12 @@ def _prepare(
         desc(out),
         c=None if c_array is None else desc(c_array),
         bias=None if bias_array is None else desc(bias_array),
-        alpha=float(alpha),
-        beta=float(beta),
-        transa=bool(transa),
-        transb=bool(transb),
-        use_split_accumulator=bool(use_split_accumulator),
-        force_emulation=bool(force_emulation),
+        alpha=real(alpha, "alpha"),
+        beta=real(beta, "beta"),
+        transa=transa,
+        transb=transb,
+        use_split_accumulator=flag(use_split_accumulator, "use_split_accumulator"),
+        force_emulation=flag(force_emulation, "force_emulation"),
     )
     return _Prepared(params, out, keep)
 

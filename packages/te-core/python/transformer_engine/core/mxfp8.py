@@ -18,6 +18,7 @@ import ml_dtypes
 import numpy as np
 
 from ._arrays import as_high_precision, desc, empty, matrix_shape
+from ._checks import contiguous, flag
 from ._native import lib
 from .dtypes import FP8_DTYPES, te_dtype
 from .dtypes import fp8_dtype as _fp8_dtype
@@ -52,6 +53,7 @@ def quantize_mxfp8(
     x, fp8_dtype="e4m3", *, rowwise=True, columnwise=False, use_2d_blocks=False, swizzled_scales=False
 ) -> Mxfp8Tensor:
     """MXFP8-quantize x (rank >= 2, last dim % 32 == 0) in one pass."""
+    rowwise, columnwise = flag(rowwise, "rowwise"), flag(columnwise, "columnwise")
     if not (rowwise or columnwise):
         raise ValueError("at least one of 'rowwise' and 'columnwise' must be True")
     x = as_high_precision(x, "x")
@@ -64,20 +66,22 @@ def quantize_mxfp8(
     lib.quantize_mxfp8(
         desc(x),
         *(None if a is None else desc(a) for a in outputs),
-        bool(use_2d_blocks),
-        bool(swizzled_scales),
+        flag(use_2d_blocks, "use_2d_blocks"),
+        flag(swizzled_scales, "swizzled_scales"),
     )
-    return Mxfp8Tensor(*outputs, bool(swizzled_scales))
+    return Mxfp8Tensor(*outputs, flag(swizzled_scales, "swizzled_scales"))
 
 
 def dequantize_mxfp8(q, scale_inv, *, columnwise=False, swizzled_scales=False, out_dtype=np.float32) -> np.ndarray:
     """q * 2^(e - 127) per block, rounded to out_dtype (float32, bfloat16 or float16)."""
-    q = np.ascontiguousarray(q)
+    q = contiguous(q, "q")
     if te_dtype(q.dtype) not in FP8_DTYPES:
         raise TypeError(f"argument 'q' must be float8_e4m3fn or float8_e5m2, got {q.dtype}")
-    scale_inv = np.ascontiguousarray(scale_inv)
+    scale_inv = contiguous(scale_inv, "scale_inv")
     if scale_inv.dtype != E8M0:
         raise TypeError(f"argument 'scale_inv' must be float8_e8m0fnu, got {scale_inv.dtype}")
     out = empty(q.shape, out_dtype)
-    lib.dequantize_mxfp8(desc(q), desc(scale_inv), desc(out), bool(columnwise), bool(swizzled_scales))
+    lib.dequantize_mxfp8(
+        desc(q), desc(scale_inv), desc(out), flag(columnwise, "columnwise"), flag(swizzled_scales, "swizzled_scales")
+    )
     return out

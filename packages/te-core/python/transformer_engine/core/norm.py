@@ -24,6 +24,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ._arrays import as_high_precision, desc, empty, fp32_scalar
+from ._checks import contiguous, flag, real
 from ._compat import renamed_keyword
 from ._native import lib
 from .cast import quantize_fp8_current_scaling
@@ -72,8 +73,8 @@ def _forward(
             desc(x),
             desc(gamma),
             desc(beta),
-            float(eps),
-            bool(zero_centered_gamma),
+            real(eps, "eps"),
+            flag(zero_centered_gamma, "zero_centered_gamma"),
             desc(y),
             opt(scale_arr),
             opt(scale_inv),
@@ -85,8 +86,8 @@ def _forward(
         lib.rmsnorm_fwd(
             desc(x),
             desc(gamma),
-            float(eps),
-            bool(zero_centered_gamma),
+            real(eps, "eps"),
+            flag(zero_centered_gamma, "zero_centered_gamma"),
             desc(y),
             opt(scale_arr),
             opt(scale_inv),
@@ -143,9 +144,9 @@ def rmsnorm_fwd(
     )
 
 
-def _row_stat(a) -> np.ndarray:
+def _row_stat(a, name: str) -> np.ndarray:
     """mu / rsigma as given (the core checks they are FP32 with one value per row)."""
-    return np.ascontiguousarray(np.asarray(a))
+    return contiguous(a, name)
 
 
 def _workspace(size_query, x: np.ndarray):
@@ -158,7 +159,7 @@ def layernorm_bwd(dz, x, mu, rsigma, gamma, *, zero_centered_gamma=False):
     x = as_high_precision(x, "x")
     dz = as_high_precision(dz, "dz")
     gamma = as_high_precision(gamma, "gamma")
-    mu, rsigma = _row_stat(mu), _row_stat(rsigma)
+    mu, rsigma = _row_stat(mu, "mu"), _row_stat(rsigma, "rsigma")
     dx = np.empty(x.shape, x.dtype)
     dgamma = np.empty(gamma.shape, gamma.dtype)
     dbeta = np.empty(gamma.shape, gamma.dtype)
@@ -168,7 +169,7 @@ def layernorm_bwd(dz, x, mu, rsigma, gamma, *, zero_centered_gamma=False):
         desc(mu),
         desc(rsigma),
         desc(gamma),
-        bool(zero_centered_gamma),
+        flag(zero_centered_gamma, "zero_centered_gamma"),
         desc(dx),
         desc(dgamma),
         desc(dbeta),
@@ -182,7 +183,7 @@ def rmsnorm_bwd(dz, x, rsigma, gamma, *, zero_centered_gamma=False):
     x = as_high_precision(x, "x")
     dz = as_high_precision(dz, "dz")
     gamma = as_high_precision(gamma, "gamma")
-    rsigma = _row_stat(rsigma)
+    rsigma = _row_stat(rsigma, "rsigma")
     dx = np.empty(x.shape, x.dtype)
     dgamma = np.empty(gamma.shape, gamma.dtype)
     lib.rmsnorm_bwd(
@@ -190,7 +191,7 @@ def rmsnorm_bwd(dz, x, rsigma, gamma, *, zero_centered_gamma=False):
         desc(x),
         desc(rsigma),
         desc(gamma),
-        bool(zero_centered_gamma),
+        flag(zero_centered_gamma, "zero_centered_gamma"),
         desc(dx),
         desc(dgamma),
         _workspace(lib.rmsnorm_bwd_workspace_size, x),

@@ -21,6 +21,7 @@ import ml_dtypes
 import numpy as np
 
 from ._arrays import as_high_precision, desc, fp32_scalar, matrix_shape
+from ._checks import contiguous, flag, integer
 from ._native import lib
 from .dtypes import DType
 
@@ -60,9 +61,9 @@ def _scale_array(rows: int, cols: int) -> np.ndarray:
 
 
 def _check_mask(mask: int) -> int:
-    mask = int(mask)
+    mask = integer(mask, "rht_sign_mask")
     if not 0 <= mask <= 0xFFFF:
-        raise ValueError(f"rht_sign_mask must be a 16-bit mask (0..0xFFFF), got {mask:#x}")
+        raise ValueError(f"argument 'rht_sign_mask' must be a 16-bit mask (0..0xFFFF), got {mask:#x}")
     return mask
 
 
@@ -71,7 +72,9 @@ def compute_amax_nvfp4(x, *, random_hadamard=False, rht_sign_mask=RHT_SIGN_MASK)
     x = as_high_precision(x, "x")
     row = np.zeros((), np.float32)
     col = np.zeros((), np.float32)
-    lib.nvfp4_compute_amax(desc(x), desc(row), desc(col), bool(random_hadamard), _check_mask(rht_sign_mask))
+    lib.nvfp4_compute_amax(
+        desc(x), desc(row), desc(col), flag(random_hadamard, "random_hadamard"), _check_mask(rht_sign_mask)
+    )
     return row[()], col[()]
 
 
@@ -95,6 +98,7 @@ def quantize_nvfp4(
     use e.g. all-reduced values. Stochastic rounding draws from the Philox
     stream of (seed, offset); the RHT applies to the columnwise copy only.
     """
+    rowwise, columnwise = flag(rowwise, "rowwise"), flag(columnwise, "columnwise")
     if not (rowwise or columnwise):
         raise ValueError("at least one of 'rowwise' and 'columnwise' must be True")
     x = as_high_precision(x, "x")
@@ -113,7 +117,8 @@ def quantize_nvfp4(
     if columnwise:
         col_data = np.empty((cols, rows // 2), np.uint8)
         col_scale = _scale_array(cols, rows)
-    rng_state = np.array([seed, offset], dtype=np.uint64).view(np.int64)
+    words = [integer(seed, "seed", low=0, high=2**64 - 1), integer(offset, "offset", low=0, high=2**64 - 1)]
+    rng_state = np.array(words, dtype=np.uint64).view(np.int64)
 
     def data_desc(array):
         return None if array is None else _fp4_desc(array)
@@ -129,9 +134,9 @@ def quantize_nvfp4(
         desc(amax_col) if columnwise else None,
         data_desc(col_data),
         scale_desc(col_scale),
-        block_2d=bool(block_2d),
-        stochastic_rounding=bool(stochastic_rounding),
-        random_hadamard=bool(random_hadamard),
+        block_2d=flag(block_2d, "block_2d"),
+        stochastic_rounding=flag(stochastic_rounding, "stochastic_rounding"),
+        random_hadamard=flag(random_hadamard, "random_hadamard"),
         rht_sign_mask=mask,
         rng_state=desc(rng_state) if stochastic_rounding else None,
     )
@@ -140,8 +145,8 @@ def quantize_nvfp4(
 
 def dequantize_nvfp4(data, scale, amax, out_dtype=np.float32) -> np.ndarray:
     """Packed data [..., B/2] with its scale buffer and global amax -> [..., B]."""
-    data = np.ascontiguousarray(data)
-    scale = np.ascontiguousarray(scale)
+    data = contiguous(_fp4_bytes(data, "data"), "data")
+    scale = contiguous(scale, "scale")
     if scale.dtype != np.dtype(ml_dtypes.float8_e4m3fn):
         raise TypeError(f"argument 'scale' must be float8_e4m3fn, got {scale.dtype}")
     amax = fp32_scalar(amax, "amax")
@@ -152,8 +157,8 @@ def dequantize_nvfp4(data, scale, amax, out_dtype=np.float32) -> np.ndarray:
 
 def transpose_nvfp4_2d(rowwise, rowwise_scale):
     """(columnwise, columnwise_scale) of 2-D (16x16) quantized rowwise data."""
-    rowwise = np.ascontiguousarray(rowwise)
-    rowwise_scale = np.ascontiguousarray(rowwise_scale)
+    rowwise = contiguous(_fp4_bytes(rowwise, "rowwise"), "rowwise")
+    rowwise_scale = contiguous(rowwise_scale, "rowwise_scale")
     rows, cols = matrix_shape(rowwise.shape[:-1] + (2 * rowwise.shape[-1],))
     col_data = np.empty((cols, rows // 2), np.uint8)
     col_scale = _scale_array(cols, rows)
@@ -163,16 +168,32 @@ def transpose_nvfp4_2d(rowwise, rowwise_scale):
 
 def unpack_fp4(packed) -> np.ndarray:
     """uint8 [..., n] -> float4_e2m1fn [..., 2n] (element 2i from the low nibble)."""
-    packed = np.asarray(packed, np.uint8)
+    packed = _fp4_bytes(packed, "packed")
     codes = np.stack([packed & 0xF, packed >> 4], axis=-1).reshape(packed.shape[:-1] + (-1,))
     return codes.view(ml_dtypes.float4_e2m1fn)
+
+
+def _fp4_bytes(packed, name: str) -> np.ndarray:
+    array = np.asarray(packed)
+    if array.ndim == 0:
+        raise ValueError(f"argument '{name}' must have at least 1 dim (bytes along the last), got a 0-d array")
+    if array.dtype != np.uint8:
+        raise TypeError(f"argument '{name}' must be uint8 (two FP4 codes per byte), got {array.dtype}")
+    return array
 
 
 def pack_fp4(values) -> np.ndarray:
     """float4_e2m1fn (or codes) [..., 2n] -> uint8 [..., n]."""
     codes = np.asarray(values)
+    if codes.ndim == 0 or codes.shape[-1] % 2:
+        raise ValueError(
+            "argument 'values' must have at least 1 dim and an even last dim (two codes per byte), "
+            f"got shape {codes.shape}"
+        )
     if codes.dtype == np.dtype(ml_dtypes.float4_e2m1fn):
         codes = codes.view(np.uint8)
+    elif codes.dtype.kind not in "iu":
+        raise TypeError(f"argument 'values' must be float4_e2m1fn or integer codes 0..15, got {codes.dtype}")
     codes = codes.astype(np.uint8) & 0xF
     return (codes[..., 0::2] | (codes[..., 1::2] << 4)).astype(np.uint8)
 
@@ -182,6 +203,7 @@ def rht_sign_mask_from_seed(seed: int) -> int:
     Philox4x32-10 stream (seed, offset 0), i.e. of Philox(counter 0, key seed)."""
     m0, m1, w0, w1, full = 0xD2511F53, 0xCD9E8D57, 0x9E3779B9, 0xBB67AE85, 0xFFFFFFFF
     c = [0, 0, 0, 0]
+    seed = integer(seed, "seed", low=0, high=2**64 - 1)
     k = [seed & full, (seed >> 32) & full]
     for r in range(10):
         if r:

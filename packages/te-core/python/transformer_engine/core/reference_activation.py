@@ -138,6 +138,39 @@ def df(base: str, x, p) -> np.ndarray:
     raise ValueError(base)
 
 
+def df_sign(base: str, x, p) -> np.ndarray:
+    """Sign of the exact f'(x) where a float f'(x) underflows to 0 (te/activation.h):
+    0 for slopes that are exactly zero (relu, srelu at x <= 0, above the clamp, at
+    +-inf), 1 for the sigmoid, -1 in the negative tails of the swish and gelu kinds."""
+    x = np.asarray(x, np.float64)
+    if base in ("relu", "srelu"):
+        return np.zeros_like(x)
+    tail = np.where(np.isinf(x), 0.0, 1.0 if base == "sigmoid" else -1.0)
+    return np.where(x > p["limit"], 0.0, tail) if base == "clamped" else tail
+
+
+def f_sign(base: str, x, p) -> np.ndarray:
+    """Sign of the exact f(x) where a float f(x) is 0 (0 at x = +-inf and for exact zeros)."""
+    x = np.asarray(x, np.float64)
+    if base == "relu":
+        return np.zeros_like(x)
+    if base == "srelu":
+        return (x > 0).astype(np.float64)
+    if base == "sigmoid":
+        return np.where(np.isinf(x), 0.0, 1.0)
+    c = _clamp_above(x, p["limit"]) if base == "clamped" else x
+    return np.where(np.isinf(c), 0.0, np.sign(c))
+
+
+def times_infinite_linear(g, d, sign, lin) -> np.ndarray:
+    """g * f'(a) * lin(b) where lin(b) is +-inf: the limit (0 for an exactly zero
+    factor, else +-inf by the signs), NaN where g or f'(a) is NaN."""
+    slope = np.where(d != 0, d, sign)
+    zero = (g == 0) | (slope == 0)
+    limit = np.where(zero, 0.0, np.sign(g) * np.sign(slope) * lin)
+    return np.where(np.isnan(g) | np.isnan(d), np.nan, limit)
+
+
 def linear(kind: str, b, p) -> np.ndarray:
     b = np.asarray(b, np.float64)
     if kind != "clamped_swiglu":
@@ -173,8 +206,11 @@ def forward(x, kind: str, **overrides) -> np.ndarray:
     if kind not in GATED:
         return f(BASE[kind], x, p)
     a, b = split(x)
+    base, lin = BASE[kind], linear(kind, b, p)
+    fa = f(base, a, p)
     with np.errstate(invalid="ignore"):
-        return f(BASE[kind], a, p) * linear(kind, b, p)
+        # An infinite linear half gives the limit, not 0 * inf (numerics.md).
+        return np.where(np.isinf(lin), times_infinite_linear(1.0, fa, f_sign(base, a, p), lin), fa * lin)
 
 
 def backward(grad, x, kind: str, **overrides) -> np.ndarray:
@@ -187,7 +223,8 @@ def backward(grad, x, kind: str, **overrides) -> np.ndarray:
         if kind not in GATED:
             return g * df(base, x, p)
         a, b = split(x)
-        da = g * df(base, a, p) * linear(kind, b, p)
+        d, lin = df(base, a, p), linear(kind, b, p)
+        da = np.where(np.isinf(lin), times_infinite_linear(g, d, df_sign(base, a, p), lin), g * d * lin)
         db = np.where(linear_slope(kind, b, p) == 0, 0.0, g * f(base, a, p))
     return np.concatenate([da, db], axis=-1)
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._arrays import as_high_precision, desc
+from ._checks import contiguous, flag, integer
 from ._native import lib
 
 TENSOR_FORMATS = {"bshd": 0, "sbhd": 1, "thd": 2}
@@ -31,7 +32,7 @@ def _int32_vector(values, name: str):
     array = np.asarray(values)
     if array.dtype.kind not in "iu":
         raise TypeError(f"argument '{name}' must hold integers, got {array.dtype}")
-    return np.ascontiguousarray(array, dtype=np.int32)
+    return contiguous(array.astype(np.int32, copy=False), name)
 
 
 def _run(entry, t, name, freqs, tensor_format, start_positions, interleaved, cu_seqlens, cp_size, cp_rank):
@@ -39,7 +40,7 @@ def _run(entry, t, name, freqs, tensor_format, start_positions, interleaved, cu_
     freqs = np.asarray(freqs)
     if freqs.dtype != np.float32:
         raise TypeError(f"argument 'freqs' must be float32, got {freqs.dtype}")
-    freqs = np.ascontiguousarray(freqs)
+    freqs = contiguous(freqs, "freqs")
     cu = _int32_vector(cu_seqlens, "cu_seqlens")
     starts = _int32_vector(start_positions, "start_positions")
     out = np.empty_like(t)
@@ -50,9 +51,9 @@ def _run(entry, t, name, freqs, tensor_format, start_positions, interleaved, cu_
         opt(cu),
         opt(starts),
         _format_code(tensor_format),
-        bool(interleaved),
-        int(cp_size),
-        int(cp_rank),
+        flag(interleaved, "interleaved"),
+        integer(cp_size, "cp_size"),
+        integer(cp_rank, "cp_rank"),
         desc(out),
     )
     return out

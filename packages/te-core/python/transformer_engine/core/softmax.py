@@ -11,13 +11,14 @@ from __future__ import annotations
 import numpy as np
 
 from ._arrays import as_high_precision, desc
+from ._checks import contiguous, real
 from ._native import lib
 
 
 def _forward(entry, x, scale, *extra):
     x = as_high_precision(x, "x")
     y = np.empty_like(x)
-    entry(desc(x), *extra, float(scale), desc(y))
+    entry(desc(x), *extra, real(scale, "scale"), desc(y))
     return y
 
 
@@ -25,7 +26,7 @@ def _backward(entry, output_grads, softmax_results, scale):
     dy = as_high_precision(output_grads, "output_grads")
     y = as_high_precision(softmax_results, "softmax_results")
     dx = np.empty_like(y)
-    entry(desc(dy), desc(y), float(scale), desc(dx))
+    entry(desc(dy), desc(y), real(scale, "scale"), desc(dx))
     return dx
 
 
@@ -44,7 +45,7 @@ def scaled_masked_softmax_forward(x, mask, scale) -> np.ndarray:
     m = np.asarray(mask)
     if m.dtype != np.bool_ and m.dtype != np.uint8:
         raise TypeError(f"argument 'mask' must be bool or uint8, got {m.dtype}")
-    m = np.ascontiguousarray(m.astype(np.uint8, copy=False))
+    m = contiguous(m.astype(np.uint8, copy=False), "mask")
     return _forward(lib.scaled_masked_softmax_fwd, x, scale, desc(m))
 
 

@@ -12,13 +12,14 @@ from __future__ import annotations
 import numpy as np
 
 from ._arrays import desc
+from ._checks import contiguous, flag
 from ._native import lib
 
 _ONE_BYTE_KINDS = ("uint8", "float8_e8m0fnu", "float8_e4m3fn", "float8_e5m2")
 
 
 def _scales(scales, name: str) -> np.ndarray:
-    array = np.ascontiguousarray(scales)
+    array = contiguous(scales, "scales")
     if array.dtype.name not in _ONE_BYTE_KINDS:
         raise TypeError(
             f"argument '{name}' must hold one-byte block scales ({', '.join(_ONE_BYTE_KINDS)}), got {array.dtype}"
@@ -30,7 +31,7 @@ def swizzle_block_scales(scales, *, columnwise: bool = False) -> np.ndarray:
     """Compact padded scales -> the GEMM layout (same dtype and shape)."""
     scales = _scales(scales, "scales")
     out = np.empty_like(scales)
-    lib.swizzle_block_scales(desc(scales), desc(out), bool(columnwise))
+    lib.swizzle_block_scales(desc(scales), desc(out), flag(columnwise, "columnwise"))
     return out
 
 
@@ -38,5 +39,5 @@ def unswizzle_block_scales(scales, *, columnwise: bool = False) -> np.ndarray:
     """The GEMM layout -> compact padded scales (inverse of swizzle_block_scales)."""
     scales = _scales(scales, "scales")
     out = np.empty_like(scales)
-    lib.unswizzle_block_scales(desc(scales), desc(out), bool(columnwise))
+    lib.unswizzle_block_scales(desc(scales), desc(out), flag(columnwise, "columnwise"))
     return out

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
-from enum import Enum
+from enum import Enum, EnumMeta
 from typing import Any, NamedTuple
 
 BACKWARD_OVERRIDES = (None, "high_precision", "dequantized")
@@ -111,7 +111,16 @@ class FormatLimits(NamedTuple):
     max_bwd: float
 
 
-class Format(Enum):
+class _ListingEnumMeta(EnumMeta):
+    """An Enum whose unknown member names (Format.E4M4) fail with the valid names listed."""
+
+    def __getattr__(cls, name):
+        if name.startswith("_"):
+            raise AttributeError(name)
+        raise AttributeError(f"{cls.__name__} has no member {name!r}; valid names: {', '.join(cls.__members__)}")
+
+
+class Format(Enum, metaclass=_ListingEnumMeta):
     """Low-precision element formats of a recipe; ``.value`` gives their maxima.
 
     Members:
