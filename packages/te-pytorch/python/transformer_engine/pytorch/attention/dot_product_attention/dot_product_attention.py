@@ -243,80 +243,6 @@ class DotProductAttention(TransformerEngineBaseModule):
         ):  # (checked inline first: this runs on every call, and most calls pass none)
             self._not_yet_supported(locals())
         _reject_fp8_attention()
-        return self._forward(
-            query_layer,
-            key_layer,
-            value_layer,
-            attention_mask,
-            qkv_format,
-            cu_seqlens_q,
-            cu_seqlens_kv,
-            cu_seqlens_q_padded,
-            cu_seqlens_kv_padded,
-            max_seqlen_q,
-            max_seqlen_kv,
-            attn_mask_type,
-            window_size,
-            bottom_right_diagonal,
-            softcap,
-            checkpoint_core_attention,
-            core_attention_bias_type,
-            core_attention_bias,
-            alibi_slopes,
-            inference_params,
-            qkv_layer,
-            kv_layer,
-            qkv_interleave_dim,
-        )
-
-    @staticmethod
-    def _not_yet_supported(a: dict) -> None:
-        fp8_output, bf16_backward, num_splits = a["fp8_output"], a["bf16_backward"], a["num_splits"]
-        score_mod, score_mod_bprop = a["score_mod"], a["score_mod_bprop"]
-        score_mod_tensors, score_mod_bprop_tensors = a["score_mod_tensors"], a["score_mod_bprop_tensors"]
-        thd_attention_policies, thd_attention_policy_dispatch = (
-            a["thd_attention_policies"],
-            a["thd_attention_policy_dispatch"],
-        )
-        not_yet_supported(
-            _OWNER,
-            fp8_output=(fp8_output, False),
-            bf16_backward=(bf16_backward, False),
-            num_splits=(num_splits, 1),
-            score_mod=(score_mod, None),
-            score_mod_bprop=(score_mod_bprop, None),
-            score_mod_tensors=(score_mod_tensors, None),
-            score_mod_bprop_tensors=(score_mod_bprop_tensors, None),
-            thd_attention_policies=(thd_attention_policies, None),
-            thd_attention_policy_dispatch=(thd_attention_policy_dispatch, "auto"),
-        )
-
-    def _forward(
-        self,
-        query_layer,
-        key_layer,
-        value_layer,
-        attention_mask,
-        qkv_format,
-        cu_seqlens_q,
-        cu_seqlens_kv,
-        cu_seqlens_q_padded,
-        cu_seqlens_kv_padded,
-        max_seqlen_q,
-        max_seqlen_kv,
-        attn_mask_type,
-        window_size,
-        bottom_right_diagonal,
-        softcap,
-        checkpoint_core_attention,
-        core_attention_bias_type,
-        core_attention_bias,
-        alibi_slopes,
-        inference_params,
-        qkv_layer,
-        kv_layer,
-        qkv_interleave_dim,
-    ):
         # (fast_zero_fill, pad_between_seqs: padded rows are always zero; cu_seqlens_*_padded say where)
         q, k, v = _unpack(query_layer, key_layer, value_layer, qkv_layer, kv_layer, qkv_interleave_dim)
         qkv_format = self.qkv_format if qkv_format is None else qkv_format
@@ -379,6 +305,28 @@ class DotProductAttention(TransformerEngineBaseModule):
         if checkpoint_core_attention and torch.is_grad_enabled():
             return checkpoint(run, use_reentrant=False)
         return run()
+
+    @staticmethod
+    def _not_yet_supported(a: dict) -> None:
+        fp8_output, bf16_backward, num_splits = a["fp8_output"], a["bf16_backward"], a["num_splits"]
+        score_mod, score_mod_bprop = a["score_mod"], a["score_mod_bprop"]
+        score_mod_tensors, score_mod_bprop_tensors = a["score_mod_tensors"], a["score_mod_bprop_tensors"]
+        thd_attention_policies, thd_attention_policy_dispatch = (
+            a["thd_attention_policies"],
+            a["thd_attention_policy_dispatch"],
+        )
+        not_yet_supported(
+            _OWNER,
+            fp8_output=(fp8_output, False),
+            bf16_backward=(bf16_backward, False),
+            num_splits=(num_splits, 1),
+            score_mod=(score_mod, None),
+            score_mod_bprop=(score_mod_bprop, None),
+            score_mod_tensors=(score_mod_tensors, None),
+            score_mod_bprop_tensors=(score_mod_bprop_tensors, None),
+            thd_attention_policies=(thd_attention_policies, None),
+            thd_attention_policy_dispatch=(thd_attention_policy_dispatch, "auto"),
+        )
 
     def _softmax_offset(self, q):
         if self.softmax_type == "learnable":
