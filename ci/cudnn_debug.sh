@@ -22,6 +22,9 @@ TE_WITH_CUDA=ON TE_CUDA_ARCHS=90 TE_WITH_CUDNN=ON "$PY" -m pip install --no-buil
   -Ccmake.define.TE_CUDNN_INCLUDE_DIR="$CUDNN_INC" -Ccmake.define.TE_NVRTC_INCLUDE_DIR="$NVRTC_INC" \
   ./packages/te-core > "$OUT/cudnn_build.log" 2>&1 || { tail -40 "$OUT/cudnn_build.log"; exit 1; }
 echo "cuDNN build in $(( $(date +%s) - start )) s"
+LIB=$(ls build/cudnn-site/transformer_engine/core/libte_core.so)
+echo "exported symbols other than te_*: $(nm -D --defined-only "$LIB" | awk '{print $3}' | grep -vc '^te_')"
+ldd "$LIB" | grep -i "stdc\|cudnn\|cublas" || true
 cat > build/segv.c <<'C'
 #include <execinfo.h>
 #include <signal.h>
@@ -65,8 +68,19 @@ export PYTHONPATH="$PWD/build/cudnn-site:$PWD/packages/te-pytorch/python"
 export CUDNN_LOGLEVEL_DBG=2 CUDNN_LOGDEST_DBG="$OUT/cudnn_backend.log"
 export CUDNN_FRONTEND_LOG_INFO=1 CUDNN_FRONTEND_LOG_FILE="$OUT/cudnn_frontend.log"
 LD_PRELOAD="$PWD/build/segv.so" timeout 120 "$PY" build/cudnn_one_call.py > "$OUT/cudnn_run.log" 2>&1
-echo "rc $?"
+rc=$?
+echo "rc $rc"
 tail -40 "$OUT/cudnn_run.log"
+if [ "$rc" = 0 ]; then
+  # The one call survived: the cuDNN tests against the float64 oracle, then the timing.
+  unset CUDNN_LOGLEVEL_DBG CUDNN_LOGDEST_DBG CUDNN_FRONTEND_LOG_INFO CUDNN_FRONTEND_LOG_FILE
+  TE_TEST_CUDNN=1 timeout 300 "$PY" -m pytest -q -p no:cacheprovider -n 8 packages/te-core/tests/test_attention_cudnn.py \
+    > "$OUT/cudnn_tests.log" 2>&1
+  echo "cuDNN tests rc $?"; grep -E "^(FAILED|ERROR)" "$OUT/cudnn_tests.log" | head -20; tail -3 "$OUT/cudnn_tests.log"
+  timeout 120 "$PY" bench/bench_attention.py > "$OUT/cudnn_bench_attention.log" 2>&1; echo "bench rc $?"
+  grep -v -i warn "$OUT/cudnn_bench_attention.log" | tail -15
+  exit 0
+fi
 if command -v gdb > /dev/null; then
   timeout 120 gdb -batch -ex run -ex bt -ex "info sharedlibrary" --args "$PY" build/cudnn_one_call.py > "$OUT/cudnn_gdb.log" 2>&1
   grep -A30 "SIGSEGV\|^#0" "$OUT/cudnn_gdb.log" | head -50
