@@ -45,29 +45,10 @@ __attribute__((constructor)) static void install(void) {
 }
 C
 gcc -shared -fPIC -o build/segv.so build/segv.c
-cat > build/cudnn_one_call.py <<'PYEOF'
-import os, sys, faulthandler
-faulthandler.enable()
-import torch
-import transformer_engine.core as tc
-print("te-core from", tc.__file__, "cuDNN build:", getattr(tc, "built_with_cudnn", lambda: "?")(), flush=True)
-os.environ["NVTE_FLASH_ATTN"] = "0"
-import transformer_engine.pytorch as te
-for dtype in (torch.bfloat16,):
-    q = torch.randn(2, 128, 4, 64, device="cuda", dtype=dtype, requires_grad=True)
-    dpa = te.DotProductAttention(4, 64, qkv_format="bshd", attn_mask_type="causal")
-    print("calling forward", flush=True)
-    o = dpa(q, q, q)
-    torch.cuda.synchronize()
-    print("forward ok, backend", dpa.last_backend, flush=True)
-    o.sum().backward()
-    torch.cuda.synchronize()
-    print("backward ok", flush=True)
-PYEOF
 export PYTHONPATH="$PWD/build/cudnn-site:$PWD/packages/te-pytorch/python"
 export CUDNN_LOGLEVEL_DBG=2 CUDNN_LOGDEST_DBG="$OUT/cudnn_backend.log"
 export CUDNN_FRONTEND_LOG_INFO=1 CUDNN_FRONTEND_LOG_FILE="$OUT/cudnn_frontend.log"
-LD_PRELOAD="$PWD/build/segv.so" timeout 120 "$PY" build/cudnn_one_call.py > "$OUT/cudnn_run.log" 2>&1
+LD_PRELOAD="$PWD/build/segv.so" timeout 120 "$PY" ci/cudnn_one_call.py > "$OUT/cudnn_run.log" 2>&1
 rc=$?
 echo "rc $rc"
 tail -40 "$OUT/cudnn_run.log"
@@ -82,7 +63,7 @@ if [ "$rc" = 0 ]; then
   exit 0
 fi
 if command -v gdb > /dev/null; then
-  timeout 120 gdb -batch -ex run -ex bt -ex "info sharedlibrary" --args "$PY" build/cudnn_one_call.py > "$OUT/cudnn_gdb.log" 2>&1
+  timeout 120 gdb -batch -ex run -ex bt -ex "info sharedlibrary" --args "$PY" ci/cudnn_one_call.py > "$OUT/cudnn_gdb.log" 2>&1
   grep -A30 "SIGSEGV\|^#0" "$OUT/cudnn_gdb.log" | head -50
 else
   echo "(no gdb)"

@@ -4,7 +4,10 @@
 # short table is printed last. Logs go to $OUT (the device tool's output folder)
 # or build/gpu-out.
 #
-# TE_GPU_STAGES picks stages (default: all, in this order): build tests kernels bench.
+# TE_GPU_STAGES picks stages (default: all, in this order): build cudnn tests kernels bench.
+# TE_CUDNN_FRONTEND_INCLUDE_DIR (cudnn-frontend headers) builds cuDNN attention in; stage
+# cudnn then makes one guarded call and turns the cuDNN tests on (TE_TEST_CUDNN=1) or
+# the backend off (NVTE_FUSED_ATTN=0) for the rest of the run.
 # A machine that stays warm between two calls keeps the installed build, so a
 # long session can be split, e.g. "build tests" then "kernels bench".
 set -euo pipefail
@@ -15,7 +18,7 @@ export PYTHONUNBUFFERED=1
 # JAX (te-jax tests) must not take 75% of the GPU up front: torch tests share it.
 export XLA_PYTHON_CLIENT_PREALLOCATE=false
 PY="${PYTHON:-python3}"
-STAGES=" ${TE_GPU_STAGES:-build tests kernels bench} "
+STAGES=" ${TE_GPU_STAGES:-build cudnn tests kernels bench} "
 # te-pytorch is pure Python: used from the source tree (the machine has no
 # network to fetch its build backend); transformer_engine is a namespace package.
 export PYTHONPATH="$PWD/packages/te-pytorch/python${PYTHONPATH:+:$PYTHONPATH}"
@@ -30,12 +33,37 @@ nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1 || true
 if has_stage build; then
   echo "== build te-core with CUDA (sm_90)"
   start=$(date +%s)
-  TE_WITH_CUDA=ON TE_CUDA_ARCHS=90 "$PY" -m pip install --no-build-isolation --no-deps -v ./packages/te-core \
+  # cuDNN fused attention joins the build when the cudnn-frontend headers are given
+  # (TE_CUDNN_FRONTEND_INCLUDE_DIR; cudnn.h from the nvidia-cudnn wheel, nvrtc.h from nvcc's toolkit).
+  cudnn=()
+  if [ -n "${TE_CUDNN_FRONTEND_INCLUDE_DIR:-}" ]; then
+    site=$("$PY" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+    cudnn_h=$(ls "$site"/nvidia/cudnn/include/cudnn.h "$site"/nvidia/*/include/cudnn.h 2>/dev/null | head -1)
+    export TE_WITH_CUDNN=ON
+    cudnn=(-Ccmake.define.TE_CUDNN_FRONTEND_INCLUDE_DIR="$TE_CUDNN_FRONTEND_INCLUDE_DIR"
+      -Ccmake.define.TE_CUDNN_INCLUDE_DIR="$(dirname "$cudnn_h")"
+      -Ccmake.define.TE_NVRTC_INCLUDE_DIR="$(dirname "$(command -v nvcc)")/../include")
+  fi
+  TE_WITH_CUDA=ON TE_CUDA_ARCHS=90 "$PY" -m pip install --no-build-isolation --no-deps -v "${cudnn[@]}" ./packages/te-core \
     > "$OUT/build.log" 2>&1 || { tail -60 "$OUT/build.log"; exit 1; }
+  grep -o "cuDNN attention [A-Z]*" "$OUT/build.log" | tail -1
   # te-jax's XLA FFI handlers, against this jaxlib and the te-core just built.
   "$PY" -m pip install --no-build-isolation --no-deps -v ./packages/te-jax >> "$OUT/build.log" 2>&1 ||
     { tail -60 "$OUT/build.log"; exit 1; }
   echo "built in $(( $(date +%s) - start )) s"
+fi
+
+if has_stage cudnn; then
+  # One guarded cuDNN call first: if it dies, the tests run with NVTE_FUSED_ATTN=0
+  # (the core's own kernel) instead of crashing every attention case.
+  echo "== cuDNN smoke call"
+  if timeout 120 "$PY" ci/cudnn_one_call.py > "$OUT/cudnn_run.log" 2>&1; then
+    export TE_TEST_CUDNN=1
+    echo "cuDNN call passed: the tests include the cuDNN cases"
+  else
+    export NVTE_FUSED_ATTN=0
+    echo "cuDNN call failed (rc $?): tests run with NVTE_FUSED_ATTN=0"; tail -25 "$OUT/cudnn_run.log"
+  fi
 fi
 
 tests_rc=0
