@@ -73,11 +73,13 @@ if has_stage tests; then
   workers=()
   if "$PY" -c "import xdist" 2>/dev/null; then workers=(-n "${TE_PYTEST_WORKERS:-8}"); fi
   set +e
-  "$PY" -m pytest -q -p no:cacheprovider "${workers[@]}" --durations=15 packages/te-core/tests \
+  # -v: one line per test as it ends, so a run cut short by the device's time limit
+  # still names what failed (the summary comes only at the end).
+  "$PY" -m pytest -v -p no:cacheprovider "${workers[@]}" --durations=15 packages/te-core/tests \
     packages/te-pytorch/tests packages/te-jax/tests ${TE_GPU_PYTEST_ARGS:-} > "$OUT/tests.log" 2>&1
   tests_rc=$?
   set -e
-  grep -E "^(FAILED|ERROR)" "$OUT/tests.log" | head -40 || true
+  grep -E "(^| )(FAILED|ERROR) " "$OUT/tests.log" | sed 's/^\[gw[0-9]*\] \[ *[0-9]*%\] //' | sort -u | head -40 || true
   tail -3 "$OUT/tests.log"
 fi
 

@@ -45,8 +45,8 @@ U32 = 2.0**-24
 def _require_cuda():
     if not (torch.cuda.is_available() and te_core.built_with_cuda()):
         pytest.skip("needs a CUDA device and a te-core build with the CUDA backend")
-    # The cuDNN backend is opt-in (TE_WITH_CUDNN=ON; off by default until its crash on
-    # the H200 is fixed): without it every case runs the core's kernel, which
+    # The cuDNN backend is opt-in (TE_WITH_CUDNN=ON; off by default until these tests have
+    # passed on the H200): without it every case runs the core's kernel, which
     # the device tests of test_attention.py check. Set TE_TEST_CUDNN=1 with such a build.
     if os.environ.get("TE_TEST_CUDNN") != "1":
         pytest.skip("the cuDNN attention backend is opt-in: build with TE_WITH_CUDNN=ON and set TE_TEST_CUDNN=1")

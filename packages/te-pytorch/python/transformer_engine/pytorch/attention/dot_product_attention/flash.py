@@ -8,7 +8,7 @@ covers the plain cases only (no bias, vanilla softmax, no mask or causal,
 bshd/sbhd with GQA and dropout; thd on CUDA in FP16/BF16 without dropout and
 without cu_seqlens_*_padded), which are what most models run. Measured on the H200 (2026-12-02),
 te-core's own CUDA kernel is about 200x slower than SDPA on the Llama shape,
-and te-core's cuDNN path is opt-in until its crash is fixed: so on CUDA this
+and te-core's cuDNN path is opt-in until its tests pass on the H200: so on CUDA this
 backend comes first when it can run the call. On the CPU it runs only when
 NVTE_FLASH_ATTN=1 asks for it (te-core's CPU backend is the default there).
 """
