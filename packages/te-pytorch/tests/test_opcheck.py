@@ -17,6 +17,7 @@ import torch
 from transformer_engine.core.nvfp4 import RHT_SIGN_MASK
 from transformer_engine.pytorch import kernels
 from transformer_engine.pytorch.kernels._common import op_arguments
+from transformer_engine.pytorch.kernels.attention import AttentionConfig, AttentionTensors
 
 E4M3, E5M2 = 7, 8
 
@@ -119,13 +120,13 @@ def _attention_cases():
     bias = torch.randn(1, 4, 5, 5)
     none8 = (None,) * 8
     causal = (0, 2, 2, 0, 0.35, 0.0, -1, 0, 0, 0, False)
-    o, lse = kernels.attention_fwd(q, k, v, bias, *none8, *causal)
+    o, lse = kernels.attention_fwd(q, k, v, AttentionTensors(bias, *none8), AttentionConfig(*causal))
     cu = torch.tensor([0, 2, 7], dtype=torch.int32)
     tq, tk, tv = torch.randn(7, 4, 8), torch.randn(7, 2, 8), torch.randn(7, 2, 8)
     offset, rng = torch.randn(4), torch.tensor([5, 0], dtype=torch.int64)
     thd = (2, 1, 0, 2, 0.35, 0.2, -1, -1, 5, 5, False)
     packed = (None, None, cu, cu, None, None, None, offset, rng)
-    to, tlse = kernels.attention_fwd(tq, tk, tv, *packed, *thd)
+    to, tlse = kernels.attention_fwd(tq, tk, tv, AttentionTensors(*packed), AttentionConfig(*thd))
     return [
         ("attention_fwd", (q, k, v, bias, *none8, *causal), {}),
         ("attention_bwd", (q, k, v, o, torch.randn_like(o), lse, bias, *none8, *causal), {}),

@@ -151,10 +151,17 @@ def plan(cfg: AttnConfig, call) -> Plan | str:
     return Plan(q, k, v, bias, offset, extras, scalars, sbhd_queries)
 
 
+def _tensors(bias, offset, extras) -> ops.AttentionTensors:
+    """The op's optional tensors: bias and offset (autograd inputs of _FusedAttention)
+    with the plan's extras (alibi, cu_q, cu_kv, cu_qp, cu_kvp, mask, rng)."""
+    alibi, cu_q, cu_kv, cu_qp, cu_kvp, mask, rng = extras
+    return ops.AttentionTensors(bias, alibi, cu_q, cu_kv, cu_qp, cu_kvp, mask, offset, rng)
+
+
 class _FusedAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, bias, offset, extras, scalars):
-        o, lse = ops.attention_fwd(q, k, v, bias, *extras[:5], extras[5], offset, extras[6], *scalars)
+        o, lse = ops.attention_fwd(q, k, v, _tensors(bias, offset, extras), ops.AttentionConfig(*scalars))
         ctx.save_for_backward(q, k, v, o, lse, bias, offset)
         ctx.extras, ctx.scalars = extras, scalars
         return o
@@ -162,10 +169,8 @@ class _FusedAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, d_o):
         q, k, v, o, lse, bias, offset = ctx.saved_tensors
-        e = ctx.extras
-        dq, dk, dv, dbias, dalpha = ops.attention_bwd(
-            q, k, v, o, d_o, lse, bias, *e[:5], e[5], offset, e[6], *ctx.scalars
-        )
+        extra, cfg = _tensors(bias, offset, ctx.extras), ops.AttentionConfig(*ctx.scalars)
+        dq, dk, dv, dbias, dalpha = ops.attention_bwd(q, k, v, o, d_o, lse, extra, cfg)
         return dq, dk, dv, dbias, dalpha, None, None
 
 
