@@ -216,13 +216,6 @@ def test_fp8_autocast(fp8_recipe):
     assert torch.isfinite(xs.grad).all()
 
 
-def test_fp8_dpa_is_not_yet_supported():
-    layer = _layer()
-    with te.autocast(recipe=recipe.DelayedScaling(fp8_dpa=True)):
-        with pytest.raises(NotImplementedError, match="FP8 attention"):
-            layer(torch.randn(8, 2, H))
-
-
 def test_drop_path_and_dropout_modes():
     layer = _layer(drop_path_rate=0.5, hidden_dropout=0.3)
     x = torch.randn(8, 2, H)

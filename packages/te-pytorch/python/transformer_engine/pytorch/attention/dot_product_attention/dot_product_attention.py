@@ -3,10 +3,10 @@
 The reference's constructor and forward signatures. The call's settings are
 resolved once (AttnConfig) and handed to the backend select_backend picks:
 te-core's fused attention op when it supports the combination, else the
-unfused torch backend (backends.py). FP8 attention (DelayedScaling with
-fp8_dpa / fp8_mha) is not yet supported and raises: under te.autocast the
-attention runs in the inputs' precision while the surrounding Linear layers
-run in FP8.
+unfused torch backend (backends.py). FP8 attention (a DelayedScaling or
+Float8CurrentScaling recipe with fp8_dpa / fp8_mha) runs the FP8 numerics on
+the unfused backend (fp8.py); without it, under te.autocast the attention runs
+in the inputs' precision while the surrounding Linear layers run in FP8.
 
 Not yet supported (NotImplementedError naming the argument): tensor
 parallelism (a tp_group of more than one rank, tp_size > 1),
@@ -23,25 +23,11 @@ from torch.utils.checkpoint import checkpoint
 
 from ...module._args import check_module_args
 from ...module.base import TransformerEngineBaseModule, not_yet_supported, reject_tp_group
-from ...quantization import FP8GlobalStateManager
-from . import flash, fused, utils
+from . import flash, fp8, fused, utils
 from .backends import select_backend
 from .unfused import AttnConfig, UnfusedDotProductAttention
 
 _OWNER = "te.DotProductAttention"
-
-
-def _reject_fp8_attention() -> None:
-    s = FP8GlobalStateManager
-    if not (s.fp8_enabled or s.fp8_calibration) or s.fp8_recipe is None:
-        return
-    recipe = s.fp8_recipe
-    if getattr(recipe, "fp8_dpa", False) or getattr(recipe, "fp8_mha", False):
-        raise NotImplementedError(
-            f"{_OWNER}: FP8 attention (fp8_dpa=True / fp8_mha=True in the recipe) is not yet supported "
-            "by transformer_engine.pytorch; use a recipe with fp8_dpa=False and fp8_mha=False (the "
-            "Linear layers still run in FP8, the attention in the inputs' precision)"
-        )
 
 
 class DotProductAttention(TransformerEngineBaseModule):
@@ -81,7 +67,7 @@ class DotProductAttention(TransformerEngineBaseModule):
         return_max_logit: bool = False,
         name: str | None = None,
     ) -> None:
-        super().__init__(num_gemms=1)
+        super().__init__(num_gemms=fp8.NUM_GEMMS)  # (FP8 attention: the reference's 9 + 6 slots)
         not_yet_supported(_OWNER, sequence_parallel=(sequence_parallel, False), tp_size=(tp_size, 1))
         reject_tp_group(_OWNER, tp_group)
         sizes = {"num_attention_heads": num_attention_heads}
@@ -146,14 +132,6 @@ class DotProductAttention(TransformerEngineBaseModule):
             return_max_logit=return_max_logit,
         )
         self.last_backend = None  # which backend ran the last call ("fused" or "unfused")
-
-    def set_extra_state(self, state) -> None:
-        """FP8 attention state (the reference's core_attention._extra_state) is
-        not used yet: a checkpoint's entry loads and is ignored."""
-        del state
-
-    def get_extra_state(self):
-        return torch.empty(0, dtype=torch.uint8)
 
     def _config(
         self,
@@ -242,7 +220,6 @@ class DotProductAttention(TransformerEngineBaseModule):
             or thd_attention_policy_dispatch != "auto"
         ):  # (checked inline first: this runs on every call, and most calls pass none)
             self._not_yet_supported(locals())
-        _reject_fp8_attention()
         # (fast_zero_fill, pad_between_seqs: padded rows are always zero; cu_seqlens_*_padded say where)
         q, k, v = _unpack(query_layer, key_layer, value_layer, qkv_layer, kv_layer, qkv_interleave_dim)
         qkv_format = self.qkv_format if qkv_format is None else qkv_format
@@ -291,7 +268,11 @@ class DotProductAttention(TransformerEngineBaseModule):
             alibi_slopes=alibi_slopes,
             softmax_offset=self._softmax_offset(q),
         )
-        backend, plan = select_backend(cfg, dict(call, q=q, k=k, v=v))
+        if fp8.requested():
+            backend, plan = "unfused", None
+            call["fp8"] = self._fp8_hooks(q, k, v)
+        else:
+            backend, plan = select_backend(cfg, dict(call, q=q, k=k, v=v))
         self.__dict__["last_backend"] = backend  # (not nn.Module.__setattr__: a plain attribute, set per call)
         if backend == "flash":
             if cfg.qkv_format == "thd":
@@ -305,6 +286,16 @@ class DotProductAttention(TransformerEngineBaseModule):
         if checkpoint_core_attention and torch.is_grad_enabled():
             return checkpoint(run, use_reentrant=False)
         return run()
+
+    def _fp8_hooks(self, q, k, v) -> fp8.Hooks:
+        """The quantizers of an FP8 attention call (fp8_dpa / fp8_mha), from this
+        module's FP8 state (synced to the autocast's recipe)."""
+        fp8.check_recipe(_OWNER)
+        fp8.warn_once(_OWNER)
+        self.fp8_state_for_forward(q.device)
+        needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+        queue = self.backward_update_queue(needs_grad)
+        return fp8.Hooks(self.quantizers["scaling_fwd"], self.quantizers["scaling_bwd"], queue)
 
     @staticmethod
     def _not_yet_supported(a: dict) -> None:

@@ -141,7 +141,9 @@ class UnfusedDotProductAttention(torch.nn.Module):
         bias=None,
         alibi_slopes=None,
         softmax_offset=None,
+        fp8=None,
     ):
+        """fp8: the FP8 attention hooks (fp8.Hooks) of a recipe with fp8_dpa, or None."""
         from .utils import split_format
 
         q_fmt, kv_fmt = split_format(cfg.qkv_format)
@@ -160,6 +162,8 @@ class UnfusedDotProductAttention(torch.nn.Module):
         qh = _heads_first(qb).to(compute).view(b, hk, group * sq, d)
         kh = _heads_first(kb).to(compute)
         vh = _heads_first(vb).to(compute)
+        if fp8 is not None:
+            qh, kh, vh = fp8.inputs(qh, kh, vh)
         raw = torch.matmul(qh, kh.transpose(-1, -2)).view(b, h, sq, skv)
         if cfg.bias_type == "pre_scale_bias":
             raw = raw + bias.to(compute)
@@ -167,10 +171,16 @@ class UnfusedDotProductAttention(torch.nn.Module):
         if cfg.softcap > 0:
             s = cfg.softcap * torch.tanh(s / cfg.softcap)
         s = _add_bias(s, cfg, bias, alibi_slopes, shift, h, sq, skv)
+        if fp8 is not None:
+            s = fp8.score_grad(s)
         p = _softmax(s, vis, cfg, softmax_offset)
         if cfg.dropout > 0 and self.training:
             p = torch.nn.functional.dropout(p, cfg.dropout)
+        if fp8 is not None:
+            p = fp8.probs(p)
         o = torch.matmul(p.view(b, hk, group * sq, skv), vh).view(b, h, sq, dv)
+        if fp8 is not None:
+            o = fp8.output(o)
         o = o.to(qb.dtype).permute(0, 2, 1, 3)  # [b, sq, h, dv]
         out = pq.restore(o)
         out = out.reshape(*out.shape[:-2], h * dv)
