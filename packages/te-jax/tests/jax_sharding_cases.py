@@ -28,6 +28,8 @@ CASES = (
     + [f"layernorm_mlp-{layout}-{r}" for layout in ("sp_fsdp", "bf16") for r in RECIPES]
     + ["layernorm-sp-none", "activation-tp-none", "softmax-masked-none", "softmax-causal-none"]
     + ["attention-causal_gqa-none", "attention-padding_bias-none", "attention-thd-none", "attention-learnable-none"]
+    # MXFP8 (stateless, blocks local to a shard): the layouts whose shards hold whole 32-row blocks
+    + ["dense-col-mxfp8", "dense-row-mxfp8", "dense-col_sp-mxfp8"]
     + [f"flax_{m}-{r}" for m in ("DenseGeneral", "LayerNormDenseGeneral", "LayerNormMLP") for r in ("none", "delayed")]
     + ["flax_MultiHeadAttention-none", "flax_MultiHeadAttention-delayed", "flax_TransformerLayer-delayed"]
 )
@@ -77,7 +79,12 @@ def _arrays(seed: int):
 def _recipe(name):
     from transformer_engine.common import recipe
 
-    return {"none": None, "delayed": recipe.DelayedScaling(), "current": recipe.Float8CurrentScaling()}[name]
+    return {
+        "none": None,
+        "delayed": recipe.DelayedScaling(),
+        "current": recipe.Float8CurrentScaling(),
+        "mxfp8": recipe.MXFP8BlockScaling(),
+    }[name]
 
 
 def _mesh_resource(mesh_axes, sp: bool):
@@ -399,7 +406,10 @@ def main() -> None:
     jax.config.update("jax_platforms", "cpu")
     assert len(jax.devices()) == 8, jax.devices()
     results = {"_errors": _errors()}
+    only = set(sys.argv[1:])  # (names given: run only those, for a quick look)
     for name in CASES:
+        if only and name not in only:
+            continue
         try:
             results[name] = _run_flax(name) if name.startswith("flax_") else _run_op(name)
         except Exception as error:  # reported per case; the test names it

@@ -42,6 +42,7 @@ bool te_dtype_of(ffi::DataType type, te_dtype* out) {
     case ffi::DataType::BF16: *out = TE_DTYPE_BFLOAT16; return true;
     case ffi::DataType::F8E4M3FN: *out = TE_DTYPE_FLOAT8E4M3; return true;
     case ffi::DataType::F8E5M2: *out = TE_DTYPE_FLOAT8E5M2; return true;
+    case ffi::DataType::F8E8M0FNU: *out = TE_DTYPE_FLOAT8E8M0; return true;
     case ffi::DataType::U8: *out = TE_DTYPE_BYTE; return true;
     case ffi::DataType::S32: *out = TE_DTYPE_INT32; return true;
     case ffi::DataType::S64: *out = TE_DTYPE_INT64; return true;

@@ -8,7 +8,7 @@
 namespace nb = nanobind;
 
 // The handler symbols defined with TE_JAX_DEFINE_HANDLERS (cast.cpp, gemm.cpp,
-// norm.cpp, activation.cpp, attention.cpp, softmax.cpp).
+// norm.cpp, activation.cpp, attention.cpp, softmax.cpp, block.cpp).
 #define TE_JAX_HANDLERS(X)               \
   X(te_jax_quantize_fp8)                 \
   X(te_jax_quantize_fp8_current_scaling) \
@@ -25,7 +25,9 @@ namespace nb = nanobind;
   X(te_jax_attention_fwd)                \
   X(te_jax_attention_bwd)                \
   X(te_jax_softmax_fwd)                  \
-  X(te_jax_softmax_bwd)
+  X(te_jax_softmax_bwd)                  \
+  X(te_jax_quantize_mxfp8)               \
+  X(te_jax_gemm_block)
 
 #define TE_JAX_DECLARE(name)                                \
   extern "C" XLA_FFI_Error* name##_cpu(XLA_FFI_CallFrame*); \

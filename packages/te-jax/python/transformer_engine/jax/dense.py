@@ -13,7 +13,9 @@ operands (te_gemm, FP32 accumulation) and return x's type:
 Every GEMM is in te_gemm's "TN" form (transa=False, transb=True: both
 operands K-contiguous), which FP8 tensor cores take without a transpose:
 each tensor is quantized once into a rowwise copy and a columnwise
-(transposed) copy, and each GEMM picks the copy it needs.
+(transposed) copy, and each GEMM picks the copy it needs. Under MXFP8 the
+GEMMs are te_gemm_block's on the MXFP8 copies (blocks along each GEMM's K:
+te/gemm_block.h's Linear table; emulated on GPUs without MXFP8 tensor cores).
 
 Delayed-scaling state leaves a training step as the *gradient* of the
 quantizer set, the reference library's convention: the forward rule
@@ -37,10 +39,11 @@ import jax
 import jax.numpy as jnp
 
 from ._partition import active_mesh
-from .cpp_extensions import gemm
+from .cpp_extensions import gemm, gemm_block
 from .cpp_extensions._checks import HIGH_PRECISION, check_dtype
 from .quantize import QuantizerSet, noop_quantizer_set
-from .quantize.quantizer import ScaledTensor
+from .quantize.quantizer import BlockScaledTensor, ScaledTensor
+from .quantize.scaling_modes import ScalingMode
 
 
 def dense(
@@ -104,9 +107,18 @@ def fp8_forward(qx, x_quantizer, kernel, bias, quantizer_set, out_dtype):
     layernorm_mlp call it with copies that a fused norm or activation wrote.
     Returns (y, residuals of _dense_bwd)."""
     qk, k_quantizer = quantizer_set.kernel.quantize(kernel, rowwise=True, columnwise=True)
+    new_set = QuantizerSet(x_quantizer.update(), k_quantizer.update(), quantizer_set.dgrad)
+    if isinstance(qx, BlockScaledTensor):
+        # MXFP8 (te/gemm_block.h's Linear table with K stored [in, out]): Y = X K with
+        # X rowwise (blocks along in) and K columnwise (blocks down in), transb = 0.
+        y = gemm_block(
+            qx.rowwise, qx.rowwise_scale_inv, qk.columnwise, qk.columnwise_scale_inv, out_dtype=out_dtype, bias=bias
+        )
+        x_saved = BlockScaledTensor(None, None, qx.columnwise, qx.columnwise_scale_inv)
+        k_saved = BlockScaledTensor(qk.rowwise, qk.rowwise_scale_inv, None, None)
+        return y, (x_saved, k_saved, bias, new_set)
     # Y [M, out] = X [M, in] . K: B is K's columnwise copy, stored [out, in].
     y = _fp8_gemm(qx.rowwise, qx.scale_inv, qk.columnwise, qk.scale_inv, bias=bias, out_dtype=out_dtype)
-    new_set = QuantizerSet(x_quantizer.update(), k_quantizer.update(), quantizer_set.dgrad)
     # Saved for backward: the copies the two backward GEMMs read, in FP8.
     x_saved = ScaledTensor(None, qx.columnwise, qx.scale_inv)
     k_saved = ScaledTensor(qk.rowwise, None, qk.scale_inv)
@@ -130,6 +142,26 @@ def backward_gemms(dy, x_saved, k_saved, out_dtype=None):
     """(dX, dW) from the forward's residuals: high-precision GEMMs when dy is an
     array (x_saved and k_saved then are too), FP8 GEMMs when dy is dY's
     ScaledTensor (rowwise and columnwise) and the residuals are fp8_forward's."""
+    if isinstance(dy, BlockScaledTensor):
+        # dX = dY K^T: dY rowwise (blocks along out), K rowwise [in, out] with transb = 1;
+        # dW = X^T dY: X columnwise with transa = 1, dY columnwise (both blocks down the tokens).
+        dx = gemm_block(
+            dy.rowwise,
+            dy.rowwise_scale_inv,
+            k_saved.rowwise,
+            k_saved.rowwise_scale_inv,
+            transb=True,
+            out_dtype=out_dtype,
+        )
+        dw = gemm_block(
+            x_saved.columnwise,
+            x_saved.columnwise_scale_inv,
+            dy.columnwise,
+            dy.columnwise_scale_inv,
+            transa=True,
+            out_dtype=out_dtype,
+        )
+        return dx, dw
     if not isinstance(dy, ScaledTensor):
         return gemm(dy, k_saved, transb=True), gemm(x_saved, dy, transa=True)  # dY K^T, X^T dY
     # dX [M, in] = dY [M, out] . K^T: B is K's rowwise copy, stored [in, out].
@@ -180,9 +212,15 @@ def _check_arguments(x, kernel, bias, contracting_dims, quantizer_set) -> None:
         raise ValueError("argument 'quantizer_set' must have all of x, kernel and dgrad quantizers, or none")
     if not quantizer_set.is_noop:
         rows, in_features, out_features = math.prod(x.shape[:-1]), kernel.shape[0], math.prod(kernel.shape[1:])
-        if rows % 16 or in_features % 16 or out_features % 16:
+        # MXFP8: whole 32-element blocks in both directions of x, kernel and dY.
+        multiple, rule = (
+            (32, "MXFP8's 32-element blocks")
+            if quantizer_set.scaling_mode is ScalingMode.MXFP8_1D_SCALING
+            else (16, "te_gemm's rule")
+        )
+        if rows % multiple or in_features % multiple or out_features % multiple:
             raise ValueError(
-                "FP8 dense needs multiples of 16 (te_gemm's rule): argument 'x' has "
+                f"FP8 dense needs multiples of {multiple} ({rule}): argument 'x' has "
                 f"{rows} rows and {in_features} features, argument 'kernel' {out_features} outputs"
             )
 

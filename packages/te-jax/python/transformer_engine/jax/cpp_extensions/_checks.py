@@ -42,3 +42,16 @@ def matrix_t_shape(shape) -> tuple:
     for dim in shape[:-1]:
         rows *= dim
     return (shape[-1], rows)
+
+
+def gemm_epilogue(out_dtype, bias, n: int):
+    """(out_dtype, bias) of a GEMM with N = n outputs per row: out_dtype one of the
+    high-precision types, bias [n] or the (0,) placeholder of "no bias"."""
+    out_dtype = jnp.dtype(out_dtype)
+    if out_dtype not in [jnp.dtype(d) for d in HIGH_PRECISION]:
+        raise TypeError(f"argument 'out_dtype' must be float32, bfloat16 or float16, got {out_dtype.name}")
+    if bias is None:
+        return out_dtype, jnp.zeros((0,), out_dtype)
+    if bias.shape != (n,):
+        raise ValueError(f"argument 'bias' must have shape ({n},), got {tuple(bias.shape)}")
+    return out_dtype, bias

@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 
 from . import _registry  # noqa: F401 - registers the FFI targets
-from ._checks import FP8, HIGH_PRECISION, check_dtype, check_fp32_scalar, dtype_name
+from ._checks import FP8, HIGH_PRECISION, check_dtype, check_fp32_scalar, dtype_name, gemm_epilogue
 
 
 def _matrix_dims(x, trans: bool, name: str) -> tuple[int, int]:
@@ -71,13 +71,7 @@ def gemm(
     k_b, n = _b_dims(b, transb)
     if k != k_b:
         raise ValueError(f"inner dimensions differ: op(a) is [{m}, {k}] but op(b) is [{k_b}, {n}]")
-    out_dtype = jnp.dtype(out_dtype or (jnp.bfloat16 if a_fp8 else a.dtype))
-    if out_dtype not in [jnp.dtype(d) for d in HIGH_PRECISION]:
-        raise TypeError(f"argument 'out_dtype' must be float32, bfloat16 or float16, got {out_dtype.name}")
-    if bias is None:
-        bias = jnp.zeros((0,), out_dtype)
-    elif bias.shape != (n,):
-        raise ValueError(f"argument 'bias' must have shape ({n},), got {tuple(bias.shape)}")
+    out_dtype, bias = gemm_epilogue(out_dtype or (jnp.bfloat16 if a_fp8 else a.dtype), bias, n)
     out_shape = (*a.shape[:-1], n) if not transa and a.ndim > 2 else (m, n)
     results = (
         jax.ShapeDtypeStruct(out_shape, out_dtype),

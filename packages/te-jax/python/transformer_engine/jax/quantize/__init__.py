@@ -18,14 +18,23 @@ from .helper import (
     is_fp8_enabled,
     update_collections,
 )
-from .quantizer import CurrentScaleQuantizer, DelayedScaleQuantizer, Quantizer, ScaledTensor
+from .quantizer import (
+    BlockScaledTensor,
+    CurrentScaleQuantizer,
+    DelayedScaleQuantizer,
+    MXFP8Quantizer,
+    Quantizer,
+    ScaledTensor,
+)
 from .quantizer_set import QuantizerFactory, QuantizerSet, noop_quantizer_set
 from .scaling_modes import ScalingMode
 
 __all__ = [
     "NVTE_FP8_COLLECTION_NAME",
+    "BlockScaledTensor",
     "CurrentScaleQuantizer",
     "DelayedScaleQuantizer",
+    "MXFP8Quantizer",
     "Quantizer",
     "QuantizerFactory",
     "QuantizerSet",

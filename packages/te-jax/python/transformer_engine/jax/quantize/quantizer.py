@@ -8,6 +8,8 @@ state flows through jit and grad like any other array.
 
 CurrentScaleQuantizer: scale = fp8_max / max(amax(x), amax_epsilon), from the
     tensor itself at each cast (rounded down to a power of 2 with power_2_scale).
+MXFP8Quantizer: one power-of-two scale per block of 32 elements from the block
+    itself (te/mxfp8.h); no state. Its copies are a BlockScaledTensor.
 DelayedScaleQuantizer: scale comes from earlier steps. quantize() records
     max(amax_history[0], amax(x)) in amax_history[0]; update() then runs the
     recipe step (te/recipe.h): roll the history (the newest amax goes to the end,
@@ -179,7 +181,48 @@ class DelayedScaleQuantizer:
         return dataclasses.replace(self, scale=scale, amax_history=history.reshape(-1))
 
 
-for _cls in (CurrentScaleQuantizer, DelayedScaleQuantizer):
+class BlockScaledTensor(NamedTuple):
+    """A block-scaled tensor (MXFP8): the rowwise copy and its scales, the
+    columnwise copy and its scales (either pair may be None). MXFP8 data keeps
+    x's shape in both directions; only the blocks differ (1x32 along the last
+    dim, 32x1 down the columns of x viewed as [M, K])."""
+
+    rowwise: jax.Array | None
+    rowwise_scale_inv: jax.Array | None
+    columnwise: jax.Array | None
+    columnwise_scale_inv: jax.Array | None
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class MXFP8Quantizer:
+    """MXFP8BlockScaling: E8M0 scales per 32-element block, from the block's amax. No
+    state (update() returns it unchanged). use_2d_blocks: 32x32 tiles (the recipe's
+    enable_2d_quantization for weights): rowwise and columnwise data are then identical."""
+
+    scaling_mode: ClassVar[ScalingMode] = ScalingMode.MXFP8_1D_SCALING
+
+    q_dtype: jnp.dtype = _static(jnp.dtype(jnp.float8_e4m3fn))
+    use_2d_blocks: bool = _static(False)
+
+    def quantize(self, x, *, rowwise=True, columnwise=False) -> tuple[BlockScaledTensor, MXFP8Quantizer]:
+        """Returns (the MXFP8 copies of x viewed as [M, K], this quantizer unchanged).
+        The blocks are local: inside a partitioned op each shard quantizes its own
+        blocks, the same bytes as the whole tensor when shard edges fall on blocks."""
+        k = x.shape[-1]
+        row, row_si, col, col_si = _ext().quantize_mxfp8(
+            x.reshape(-1, k),
+            self.q_dtype,
+            rowwise=rowwise,
+            columnwise=columnwise,
+            use_2d_blocks=self.use_2d_blocks,
+        )
+        return BlockScaledTensor(row, row_si, col, col_si), self
+
+    def update(self) -> MXFP8Quantizer:
+        return self
+
+
+for _cls in (CurrentScaleQuantizer, DelayedScaleQuantizer, MXFP8Quantizer):
     jax.tree_util.register_dataclass(_cls)
 
-Quantizer = CurrentScaleQuantizer | DelayedScaleQuantizer
+Quantizer = CurrentScaleQuantizer | DelayedScaleQuantizer | MXFP8Quantizer

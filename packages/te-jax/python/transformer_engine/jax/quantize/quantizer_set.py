@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 from transformer_engine.common import recipe as recipe_lib
 
-from .quantizer import CurrentScaleQuantizer, DelayedScaleQuantizer, Quantizer
+from .quantizer import CurrentScaleQuantizer, DelayedScaleQuantizer, MXFP8Quantizer, Quantizer
 from .scaling_modes import ScalingMode
 
 
@@ -60,6 +60,8 @@ class QuantizerFactory:
             return DelayedScaleQuantizer(q_dtype=jnp.dtype(q_dtype), **kwargs)
         if scaling_mode is ScalingMode.CURRENT_TENSOR_SCALING:
             return CurrentScaleQuantizer(q_dtype=jnp.dtype(q_dtype), **kwargs)
+        if scaling_mode is ScalingMode.MXFP8_1D_SCALING:
+            return MXFP8Quantizer(q_dtype=jnp.dtype(q_dtype), **kwargs)
         raise ValueError(f"argument 'scaling_mode' must be a ScalingMode, got {scaling_mode!r}")
 
     @staticmethod
@@ -73,10 +75,14 @@ class QuantizerFactory:
         reduce_amax is not read: over a mesh every amax is max-reduced (docs/te_jax.md).
         Float8CurrentScaling: the same formats; power_2_scale and amax_epsilon
         from fp8_quant_fwd_inp / fwd_weight / bwd_grad.
+        MXFP8BlockScaling: MXFP8 quantizers, E4M3 (dgrad E5M2 under Format.HYBRID);
+        the kernel's with 32x32 blocks when enable_2d_quantization.
         """
         if recipe is None:
             return noop_quantizer_set
         check_recipe_supported(recipe, "QuantizerFactory.create_set")
+        if recipe.mxfp8():
+            return _mxfp8_set(recipe)
         return _delayed_set(recipe) if recipe.delayed() else _current_set(recipe)
 
 
@@ -93,15 +99,15 @@ def check_recipe_supported(recipe, caller: str) -> None:
                 "DelayedScaling in te-jax: amax_compute_algo must be 'max' or 'most_recent' and "
                 "scaling_factor_compute_algo None (callables are not supported)"
             )
-    elif recipe.float8_current_scaling():
+    elif recipe.float8_current_scaling() or recipe.mxfp8():
         if recipe.backward_override is not None:
             raise NotImplementedError(
-                f"Float8CurrentScaling in te-jax: backward_override must be None, got {recipe.backward_override!r}"
+                f"{type(recipe).__name__} in te-jax: backward_override must be None, got {recipe.backward_override!r}"
             )
     else:
         raise NotImplementedError(
             f"{caller}: {type(recipe).__name__} is not supported by te-jax yet (supported: DelayedScaling, "
-            "Float8CurrentScaling; MXFP8BlockScaling, NVFP4BlockScaling, Float8BlockScaling and custom recipes "
+            "Float8CurrentScaling, MXFP8BlockScaling; NVFP4BlockScaling, Float8BlockScaling and custom recipes "
             "are not yet available in te-jax)"
         )
 
@@ -129,4 +135,13 @@ def _current_set(recipe) -> QuantizerSet:
         make(_E4M3, recipe.fp8_quant_fwd_inp),
         make(_E4M3, recipe.fp8_quant_fwd_weight),
         make(_backward_dtype(recipe.fp8_format), recipe.fp8_quant_bwd_grad),
+    )
+
+
+def _mxfp8_set(recipe) -> QuantizerSet:
+    two_d = bool(getattr(recipe, "enable_2d_quantization", False))
+    return QuantizerSet(
+        MXFP8Quantizer(q_dtype=_E4M3),
+        MXFP8Quantizer(q_dtype=_E4M3, use_2d_blocks=two_d),
+        MXFP8Quantizer(q_dtype=_backward_dtype(recipe.fp8_format)),
     )

@@ -12,10 +12,17 @@ class ScalingMode(Enum):
     history of earlier steps (DelayedScaling).
     CURRENT_TENSOR_SCALING: one FP32 scale per tensor, computed from the
     tensor's own amax at each cast (Float8CurrentScaling).
+    MXFP8_1D_SCALING: one E8M0 (power-of-two) scale per block of 32 elements,
+    from the block's own amax (MXFP8BlockScaling).
 
-    Block modes (MXFP8_1D_SCALING, NVFP4_*) arrive with their quantizers.
+    NVFP4 and FP8-block modes arrive with their quantizers.
     """
 
     NO_SCALING = "no_scaling"
     DELAYED_TENSOR_SCALING = "delayed_tensor_scaling"
     CURRENT_TENSOR_SCALING = "current_tensor_scaling"
+    MXFP8_1D_SCALING = "mxfp8_1d_scaling"
+
+    def is_tensor_scaling(self) -> bool:
+        """One scale per tensor (delayed or current scaling)."""
+        return self in (ScalingMode.DELAYED_TENSOR_SCALING, ScalingMode.CURRENT_TENSOR_SCALING)

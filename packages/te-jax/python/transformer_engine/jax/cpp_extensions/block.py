@@ -1,0 +1,106 @@
+"""Block-scaled formats on JAX arrays through te-core (XLA FFI): MXFP8
+quantization (te/mxfp8.h) and the GEMM on block-scaled operands (te/gemm_block.h).
+
+MXFP8: FP8 data with one E8M0 scale (float8_e8m0fnu) per block of 32 elements
+of the tensor viewed as [M, K]: rowwise blocks run along K (1x32), columnwise
+blocks down the columns (32x1; the data keeps x's shape, it is not transposed).
+Scales are in te-core's compact layout: rowwise [roundup(M, 128), roundup(K/32, 4)],
+columnwise [roundup(M/32, 4), roundup(K, 128)], padding written as 0.
+
+gemm_block: out = op(A) @ op(B) (+ bias[n]), each element of op(A) and op(B)
+its dequantized value (te/gemm_block.h's table); MXFP8 takes any transa /
+transb, the flag saying which copy an operand is (see te/gemm_block.h, Layouts).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+import jax
+import jax.numpy as jnp
+
+from . import _registry  # noqa: F401 - registers the FFI targets
+from ._checks import HIGH_PRECISION, check_dtype, check_fp8_dtype, dtype_name, gemm_epilogue
+
+E8M0 = jnp.dtype(jnp.float8_e8m0fnu)
+SCALING_MXFP8 = 4  # te_scaling_mode TE_SCALING_MXFP8
+_PLACEHOLDER = jax.ShapeDtypeStruct((0,), jnp.uint8)
+
+
+def _roundup(n: int, m: int) -> int:
+    return (n + m - 1) // m * m
+
+
+def mxfp8_scale_shapes(shape) -> tuple[tuple[int, int], tuple[int, int]]:
+    """(rowwise, columnwise) scale shapes of an MXFP8 tensor of `shape` (compact layout)."""
+    m, k = math.prod(shape[:-1]), shape[-1]
+    return (_roundup(m, 128), _roundup(k // 32, 4)), (_roundup(m // 32, 4), _roundup(k, 128))
+
+
+def quantize_mxfp8(x, fp8_dtype=jnp.float8_e4m3fn, *, rowwise=True, columnwise=False, use_2d_blocks=False):
+    """MXFP8 copies of x (FP32/BF16/FP16, rank >= 2, last dim % 32 == 0; columnwise and
+    2-D blocks also need the leading dims' product % 32 == 0).
+
+    Returns (rowwise | None, rowwise_scale_inv | None, columnwise | None,
+    columnwise_scale_inv | None): data of x's shape in fp8_dtype, E8M0 scales.
+    """
+    check_dtype(x, "x", HIGH_PRECISION)
+    fp8_dtype = check_fp8_dtype(fp8_dtype)
+    if x.ndim < 2:
+        raise ValueError(f"argument 'x' must have at least 2 dimensions for MXFP8, got shape {tuple(x.shape)}")
+    m, k = math.prod(x.shape[:-1]), x.shape[-1]
+    if k % 32:
+        raise ValueError(f"argument 'x' must have a last dimension divisible by 32 for MXFP8, got {k}")
+    if (columnwise or use_2d_blocks) and m % 32:
+        raise ValueError(
+            f"argument 'x' must have leading dims whose product is divisible by 32 for MXFP8 columnwise data "
+            f"or 2-D blocks, got {m}"
+        )
+    if not (rowwise or columnwise):
+        raise ValueError("at least one of 'rowwise' and 'columnwise' must be True")
+    row_s, col_s = mxfp8_scale_shapes(x.shape)
+    data = jax.ShapeDtypeStruct(x.shape, fp8_dtype)
+    results = (
+        data if rowwise else _PLACEHOLDER,
+        jax.ShapeDtypeStruct(row_s, E8M0) if rowwise else _PLACEHOLDER,
+        data if columnwise else _PLACEHOLDER,
+        jax.ShapeDtypeStruct(col_s, E8M0) if columnwise else _PLACEHOLDER,
+    )
+    call = jax.ffi.ffi_call("te_jax_quantize_mxfp8", results, vmap_method="sequential")
+    row, row_si, col, col_si = call(x, use_2d_blocks=np.bool_(use_2d_blocks))
+    keep = lambda t, asked: t if asked else None  # noqa: E731
+    return keep(row, rowwise), keep(row_si, rowwise), keep(col, columnwise), keep(col_si, columnwise)
+
+
+def gemm_block(a, a_scale_inv, b, b_scale_inv, *, transa=False, transb=False, out_dtype=jnp.bfloat16, bias=None):
+    """op(A) @ op(B) (+ bias) on MXFP8 operands: A and B FP8 arrays with their E8M0
+    scales (quantize_mxfp8's copies; see te/gemm_block.h for which copy each flag
+    takes). Returns out [M, N] in out_dtype (float32, bfloat16 or float16)."""
+    for name, data, scale in (("a", a, a_scale_inv), ("b", b, b_scale_inv)):
+        check_fp8_dtype(data.dtype)
+        if jnp.dtype(scale.dtype) != E8M0:
+            raise TypeError(f"argument '{name}_scale_inv' must be float8_e8m0fnu, got {dtype_name(scale.dtype)}")
+        if data.ndim != 2:
+            raise ValueError(f"argument '{name}' must be 2-D [rows, cols], got shape {tuple(data.shape)}")
+    m, k = (a.shape[1], a.shape[0]) if transa else a.shape
+    k_b, n = (b.shape[1], b.shape[0]) if transb else b.shape
+    if k != k_b:
+        raise ValueError(f"inner dimensions differ: op(a) is [{m}, {k}] but op(b) is [{k_b}, {n}]")
+    out_dtype, bias = gemm_epilogue(out_dtype, bias, n)
+    none = jnp.zeros((0,), jnp.float32)  # (no global amax: NVFP4 only)
+    call = jax.ffi.ffi_call("te_jax_gemm_block", jax.ShapeDtypeStruct((m, n), out_dtype), vmap_method="sequential")
+    return call(
+        a,
+        a_scale_inv,
+        none,
+        b,
+        b_scale_inv,
+        none,
+        bias,
+        a_scaling=np.int32(SCALING_MXFP8),
+        b_scaling=np.int32(SCALING_MXFP8),
+        transa=np.bool_(transa),
+        transb=np.bool_(transb),
+    )

@@ -1,0 +1,116 @@
+// Block-scaled formats (te/mxfp8.h, te/gemm_block.h): MXFP8 quantization and
+// the GEMM on block-scaled operands. Each operand of te_jax_gemm_block is its
+// data, its scales and (NVFP4 only) its global amax; the scaling modes are
+// attributes, so one handler serves every format te_gemm_block takes.
+#include <vector>
+
+#include "common.h"
+#include "te/gemm_block.h"
+#include "te/mxfp8.h"
+
+namespace te_jax {
+namespace {
+
+using ffi::AnyBuffer;
+using ffi::Error;
+using ffi::Result;
+
+// rowwise / columnwise MXFP8 copies of x with their E8M0 scales (compact
+// layout); a placeholder result means "not asked".
+Error quantize_mxfp8(const Device& d, AnyBuffer x, Result<AnyBuffer> row, Result<AnyBuffer> row_si,
+                     Result<AnyBuffer> col, Result<AnyBuffer> col_si, bool use_2d_blocks) {
+  te_tensor tx, trow, trsi, tcol, tcsi;
+  te_tensor *prow, *prsi, *pcol, *pcsi;
+  if (Error e = describe_all(d, {{x, "x", &tx},
+                                 {*row, "rowwise", &trow, &prow},
+                                 {*row_si, "rowwise_scale_inv", &trsi, &prsi},
+                                 {*col, "columnwise", &tcol, &pcol},
+                                 {*col_si, "columnwise_scale_inv", &tcsi, &pcsi}});
+      e.failure())
+    return e;
+  return from_status(
+      te_mxfp8_quantize(&tx, prow, prsi, pcol, pcsi, use_2d_blocks ? 1 : 0, 0, d.stream));
+}
+
+#define TE_JAX_QUANTIZE_MXFP8_ARGS(b) \
+  b.Arg<AnyBuffer>()                  \
+      .Ret<AnyBuffer>()               \
+      .Ret<AnyBuffer>()               \
+      .Ret<AnyBuffer>()               \
+      .Ret<AnyBuffer>()               \
+      .Attr<bool>("use_2d_blocks")
+
+struct Operand {
+  te_tensor data, scale_inv, amax;
+  te_tensor *scale_inv_ptr = nullptr, *amax_ptr = nullptr;
+};
+
+Error describe_operand(const Device& d, const AnyBuffer& data, const AnyBuffer& scale_inv,
+                       const AnyBuffer& amax, const char* which, Operand* out) {
+  const std::string n(which);
+  const std::string si = n + "_scale_inv", am = n + "_amax";
+  return describe_all(d, {{data, which, &out->data},
+                          {scale_inv, si.c_str(), &out->scale_inv, &out->scale_inv_ptr},
+                          {amax, am.c_str(), &out->amax, &out->amax_ptr}});
+}
+
+te_gemm_operand gemm_operand(Operand& o, int32_t scaling) {
+  te_gemm_operand g{};
+  g.data = &o.data;
+  g.scaling = static_cast<te_scaling_mode>(scaling);
+  g.scale_inv = o.scale_inv_ptr;
+  g.amax = o.amax_ptr;
+  g.swizzled_scales = 0;
+  return g;
+}
+
+// D = op(A) op(B) (+ bias) on block-scaled operands (te_gemm_block).
+Error gemm_block(const Device& d, AnyBuffer a, AnyBuffer a_scale_inv, AnyBuffer a_amax, AnyBuffer b,
+                 AnyBuffer b_scale_inv, AnyBuffer b_amax, AnyBuffer bias, Result<AnyBuffer> out,
+                 int32_t a_scaling, int32_t b_scaling, bool transa, bool transb) {
+  Operand oa, ob;
+  te_tensor tbias, td, tws;
+  te_tensor *pbias, *pws;
+  if (Error e = describe_operand(d, a, a_scale_inv, a_amax, "a", &oa); e.failure()) return e;
+  if (Error e = describe_operand(d, b, b_scale_inv, b_amax, "b", &ob); e.failure()) return e;
+  if (Error e = describe_all(d, {{bias, "bias", &tbias, &pbias}, {*out, "out", &td}}); e.failure())
+    return e;
+  te_gemm_block_params p{};
+  p.a = gemm_operand(oa, a_scaling);
+  p.transa = transa ? 1 : 0;
+  p.b = gemm_operand(ob, b_scaling);
+  p.transb = transb ? 1 : 0;
+  p.d = &td;
+  p.bias = pbias;
+  p.alpha = 1.0f;
+  p.beta = 0.0f;
+  size_t bytes = 0;
+  if (te_status s = te_gemm_block_plan(&p, nullptr, &bytes); s != TE_SUCCESS) return from_status(s);
+  std::vector<unsigned char> host_workspace;
+  if (Error e = allocate_workspace(d, bytes, "te_gemm_block", &host_workspace, &tws, &pws);
+      e.failure())
+    return e;
+  return from_status(te_gemm_block(&p, pws, nullptr, d.stream));
+}
+
+#define TE_JAX_GEMM_BLOCK_ARGS(b) \
+  b.Arg<AnyBuffer>()              \
+      .Arg<AnyBuffer>()           \
+      .Arg<AnyBuffer>()           \
+      .Arg<AnyBuffer>()           \
+      .Arg<AnyBuffer>()           \
+      .Arg<AnyBuffer>()           \
+      .Arg<AnyBuffer>()           \
+      .Ret<AnyBuffer>()           \
+      .Attr<int32_t>("a_scaling") \
+      .Attr<int32_t>("b_scaling") \
+      .Attr<bool>("transa")       \
+      .Attr<bool>("transb")
+
+}  // namespace
+
+// (In te_jax, not the anonymous namespace: the handlers are extern "C" symbols.)
+TE_JAX_DEFINE_HANDLERS(te_jax_quantize_mxfp8, quantize_mxfp8, TE_JAX_QUANTIZE_MXFP8_ARGS);
+TE_JAX_DEFINE_HANDLERS(te_jax_gemm_block, gemm_block, TE_JAX_GEMM_BLOCK_ARGS);
+
+}  // namespace te_jax
