@@ -67,6 +67,14 @@ def hostile(rng, shape, dtype) -> np.ndarray:
         return flat.reshape(shape).astype(dtype)
 
 
+# The te-core NumPy API's / oracles' name of each JAX FP8 type.
+FP8_NAME = {"float8_e4m3fn": "e4m3", "float8_e5m2": "e5m2"}
+
+
+def fp8_name(dtype) -> str:
+    return FP8_NAME[np.dtype(dtype).name]
+
+
 def put(a, device):
     """A NumPy array (or scalar list) on a JAX device."""
     import jax
@@ -154,3 +162,37 @@ def fp8_dq_within(y64: np.ndarray, band: np.ndarray, scale, fmt: str) -> tuple[n
     lo = delayed_dq((y64 - band).astype(np.float32), scale, fmt)
     hi = delayed_dq((y64 + band).astype(np.float32), scale, fmt)
     return base, np.maximum(np.abs(hi - base), np.abs(base - lo))
+
+
+def dense_inputs(rng, x_shape, kernel_shape, dtype, x_range=1.0):
+    """(x, kernel, bias, dy) of a dense call: x and dy in dtype, kernel and bias FP32."""
+    x = (rng.standard_normal(x_shape) * x_range).astype(dtype)
+    kernel = rng.standard_normal(kernel_shape).astype(np.float32)
+    bias = rng.standard_normal(kernel_shape[1:]).astype(np.float32)
+    dy = rng.standard_normal((*x_shape[:-1], *kernel_shape[1:])).astype(dtype)
+    return x, kernel, bias, dy
+
+
+def dense_and_vjp(device, x, kernel, bias, dy, quantizer_set, jit: bool):
+    """(y, dx, dkernel, dbias) of transformer_engine.jax.dense.dense on `device`, eager or jitted."""
+    import jax
+
+    from transformer_engine.jax.dense import dense
+
+    def run(x, kernel, bias, dy):
+        y, vjp = jax.vjp(lambda x, k, b: dense(x, k, b, quantizer_set=quantizer_set), x, kernel, bias)
+        return (y, *vjp(dy))
+
+    return (jax.jit(run) if jit else run)(put(x, device), put(kernel, device), put(bias, device), put(dy, device))
+
+
+def assert_product(jax_device, got, a64, b64, fp8: bool, plus=None) -> None:
+    """got (any shape, viewed as [M, N]) == a64 @ b64 (+ plus[n]) within te_gemm's bound."""
+    got = np.asarray(got)
+    expected = a64 @ b64
+    tol = gemm_tolerance(jax_device, a64, b64, got.dtype, fp8)
+    if plus is not None:
+        expected = expected + plus
+        tol = tol + EPS[np.dtype(got.dtype)] * np.abs(expected)  # the bias epilogue's second rounding
+    err = np.abs(np.asarray(got).astype(np.float64).reshape(expected.shape) - expected)
+    assert (err <= tol).all(), f"max error {err.max()} (tolerance there {tol.flat[err.argmax()]})"

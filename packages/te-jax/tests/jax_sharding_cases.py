@@ -28,8 +28,8 @@ CASES = (
     + [f"layernorm_mlp-{layout}-{r}" for layout in ("sp_fsdp", "bf16") for r in RECIPES]
     + ["layernorm-sp-none", "activation-tp-none", "softmax-masked-none", "softmax-causal-none"]
     + ["attention-causal_gqa-none", "attention-padding_bias-none", "attention-thd-none", "attention-learnable-none"]
-    # MXFP8 (stateless, blocks local to a shard): the layouts whose shards hold whole 32-row blocks
-    + ["dense-col-mxfp8", "dense-row-mxfp8", "dense-col_sp-mxfp8"]
+    # MXFP8 and FP8 blocks (stateless, blocks local to a shard): layouts whose shards hold whole blocks
+    + ["dense-col-mxfp8", "dense-row-mxfp8", "dense-col_sp-mxfp8", "dense-col-fp8_block", "dense-row-fp8_block"]
     + [f"flax_{m}-{r}" for m in ("DenseGeneral", "LayerNormDenseGeneral", "LayerNormMLP") for r in ("none", "delayed")]
     + ["flax_MultiHeadAttention-none", "flax_MultiHeadAttention-delayed", "flax_TransformerLayer-delayed"]
 )
@@ -84,6 +84,7 @@ def _recipe(name):
         "delayed": recipe.DelayedScaling(),
         "current": recipe.Float8CurrentScaling(),
         "mxfp8": recipe.MXFP8BlockScaling(),
+        "fp8_block": recipe.Float8BlockScaling(),
     }[name]
 
 

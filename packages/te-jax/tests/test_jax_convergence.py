@@ -26,8 +26,13 @@ def _demo():
 
 @pytest.mark.parametrize(
     "fp8_recipe",
-    [recipe.DelayedScaling(amax_history_len=16), recipe.Float8CurrentScaling(), recipe.MXFP8BlockScaling()],
-    ids=["delayed", "current", "mxfp8"],
+    [
+        recipe.DelayedScaling(amax_history_len=16),
+        recipe.Float8CurrentScaling(),
+        recipe.MXFP8BlockScaling(),
+        recipe.Float8BlockScaling(),
+    ],
+    ids=["delayed", "current", "mxfp8", "fp8_block"],
 )
 @pytest.mark.parametrize("model", ["dense", "layernorm_mlp"])
 def test_fp8_training_tracks_high_precision(fp8_recipe, model):

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
-from jax_helpers import EPS, DelayedOracle, delayed_dq, gemm_tolerance
+from jax_helpers import EPS, DelayedOracle, assert_product, delayed_dq, dense_and_vjp, dense_inputs
 
 from transformer_engine.common import recipe
 from transformer_engine.core import reference as ref
@@ -50,43 +50,12 @@ def _current_dq(x: np.ndarray, fmt: str, pow2: bool = False) -> np.ndarray:
     return delayed_dq(x, scale, fmt)
 
 
-def _assert_product(jax_device, got, a64, b64, fp8: bool, plus=None) -> None:
-    """got (any shape, viewed as [M, N]) == a64 @ b64 (+ plus[n]) within te_gemm's bound."""
-    got = np.asarray(got)
-    expected = a64 @ b64
-    tol = gemm_tolerance(jax_device, a64, b64, got.dtype, fp8)
-    if plus is not None:
-        expected = expected + plus
-        tol = tol + EPS[np.dtype(got.dtype)] * np.abs(expected)  # the bias epilogue's second rounding
-    err = np.abs(_f64(got).reshape(expected.shape) - expected)
-    assert (err <= tol).all(), f"max error {err.max()} (tolerance there {tol.flat[err.argmax()]})"
-
-
 def _assert_bias_grad(got, dy: np.ndarray, x_dtype) -> None:
     """db = sum of dY over the rows: FP32 sums, then rounded to x's type (bias is cast to it)."""
     dy64 = _f64(dy).reshape(-1, np.size(got))
     expected = dy64.sum(axis=0)
     tol = dy64.shape[0] * 2.0**-24 * np.abs(dy64).sum(axis=0) + EPS[np.dtype(x_dtype)] * np.abs(expected)
     assert np.all(np.abs(_f64(got).reshape(-1) - expected) <= tol + 1e-30)
-
-
-def _dense_and_vjp(jax_device, x, kernel, bias, dy, quantizer_set, jit: bool):
-    """(y, dx, dkernel, dbias) of dense on jax_device, eager or under jax.jit."""
-
-    def run(x, kernel, bias, dy):
-        y, vjp = jax.vjp(lambda x, k, b: dense(x, k, b, quantizer_set=quantizer_set), x, kernel, bias)
-        return (y, *vjp(dy))
-
-    put = lambda a: jax.device_put(jnp.asarray(a), jax_device)  # noqa: E731
-    return (jax.jit(run) if jit else run)(put(x), put(kernel), put(bias), put(dy))
-
-
-def _inputs(rng, x_shape, kernel_shape, dtype, x_range=1.0):
-    x = (rng.standard_normal(x_shape) * x_range).astype(dtype)
-    kernel = rng.standard_normal(kernel_shape).astype(np.float32)
-    bias = rng.standard_normal(kernel_shape[1:]).astype(np.float32)
-    dy = rng.standard_normal((*x_shape[:-1], *kernel_shape[1:])).astype(dtype)
-    return x, kernel, bias, dy
 
 
 SHAPES = [((32, 64), (64, 48)), ((2, 24, 32), (32, 16)), ((2, 16, 64), (64, 2, 16))]
@@ -96,8 +65,8 @@ SHAPES = [((32, 64), (64, 48)), ((2, 24, 32), (32, 16)), ((2, 16, 64), (64, 2, 1
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
 @pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
 def test_noop_dense_matches_float64(jax_device, jax_rng, x_shape, kernel_shape, dtype, jit):
-    x, kernel, bias, dy = _inputs(jax_rng, x_shape, kernel_shape, dtype)
-    y, dx, dk, db = _dense_and_vjp(jax_device, x, kernel, bias, dy, noop_quantizer_set, jit)
+    x, kernel, bias, dy = dense_inputs(jax_rng, x_shape, kernel_shape, dtype)
+    y, dx, dk, db = dense_and_vjp(jax_device, x, kernel, bias, dy, noop_quantizer_set, jit)
     assert y.shape == (*x_shape[:-1], *kernel_shape[1:]) and y.dtype == dtype
     assert dx.shape == x.shape and dx.dtype == dtype
     assert dk.shape == kernel.shape and dk.dtype == np.float32 and db.dtype == np.float32
@@ -105,9 +74,9 @@ def test_noop_dense_matches_float64(jax_device, jax_rng, x_shape, kernel_shape, 
     k64 = _f64(kernel.astype(dtype)).reshape(kernel_shape[0], -1)
     x64 = _rows(x)
     dy64 = _f64(dy).reshape(x64.shape[0], -1)
-    _assert_product(jax_device, y, x64, k64, False, plus=_f64(bias.astype(dtype)).reshape(-1))
-    _assert_product(jax_device, dx, dy64, k64.T, False)
-    _assert_product(jax_device, np.asarray(dk).astype(dtype).reshape(k64.shape), x64.T, dy64, False)
+    assert_product(jax_device, y, x64, k64, False, plus=_f64(bias.astype(dtype)).reshape(-1))
+    assert_product(jax_device, dx, dy64, k64.T, False)
+    assert_product(jax_device, np.asarray(dk).astype(dtype).reshape(k64.shape), x64.T, dy64, False)
     _assert_bias_grad(db, dy, dtype)
 
 
@@ -120,17 +89,17 @@ def test_current_scaling_dense_matches_emulation(
     jax_device, jax_rng, x_shape, kernel_shape, dtype, fp8_format, pow2, jit
 ):
     qs = QuantizerFactory.create_set(recipe.Float8CurrentScaling(fp8_format=fp8_format, use_power_2_scales=pow2))
-    x, kernel, bias, dy = _inputs(jax_rng, x_shape, kernel_shape, dtype, x_range=30.0)
-    y, dx, dk, db = _dense_and_vjp(jax_device, x, kernel, bias, dy, qs, jit)
+    x, kernel, bias, dy = dense_inputs(jax_rng, x_shape, kernel_shape, dtype, x_range=30.0)
+    y, dx, dk, db = dense_and_vjp(jax_device, x, kernel, bias, dy, qs, jit)
     assert y.shape == (*x_shape[:-1], *kernel_shape[1:]) and y.dtype == dtype
     assert dx.shape == x.shape and dk.shape == kernel.shape and db.shape == bias.shape
     # Emulation: forward tensors E4M3, dY in the recipe's backward format; scales from each tensor's amax.
     x_dq = _current_dq(x, "e4m3", pow2).reshape(-1, x_shape[-1])
     k_dq = _current_dq(kernel.astype(dtype), "e4m3", pow2).reshape(kernel_shape[0], -1)
     dy_dq = _current_dq(dy, BWD_FORMAT[fp8_format], pow2).reshape(x_dq.shape[0], -1)
-    _assert_product(jax_device, y, x_dq, k_dq, True, plus=_f64(bias.astype(dtype)).reshape(-1))
-    _assert_product(jax_device, dx, dy_dq, k_dq.T, True)
-    _assert_product(jax_device, np.asarray(dk).astype(dtype).reshape(k_dq.shape), x_dq.T, dy_dq, True)
+    assert_product(jax_device, y, x_dq, k_dq, True, plus=_f64(bias.astype(dtype)).reshape(-1))
+    assert_product(jax_device, dx, dy_dq, k_dq.T, True)
+    assert_product(jax_device, np.asarray(dk).astype(dtype).reshape(k_dq.shape), x_dq.T, dy_dq, True)
     _assert_bias_grad(db, dy, dtype)
 
 
@@ -162,7 +131,7 @@ def test_delayed_scaling_state_evolves_over_jitted_steps(jax_device, jax_rng, al
     # underflows it), so every scale changes, also under "max", and a forward or
     # backward using a stale or a fresh scale would show.
     for x_range, k_range, dy_range in ((1000.0, 1e-3, 1e-3), (1e4, 2.0, 1.0), (1e5, 50.0, 1e5)):
-        x, kernel, bias, dy = _inputs(jax_rng, (2, 16, 32), (32, 48), np.float32, x_range)
+        x, kernel, bias, dy = dense_inputs(jax_rng, (2, 16, 32), (32, 48), np.float32, x_range)
         kernel, dy = kernel * np.float32(k_range), dy * np.float32(dy_range)
         old_scales = {name: o.scale.copy() for name, o in oracles.items()}
         ((dk, db), new_qs, dx), y = train_step((put(kernel), put(bias)), qs, put(x), put(dy))
@@ -170,9 +139,9 @@ def test_delayed_scaling_state_evolves_over_jitted_steps(jax_device, jax_rng, al
         k_dq = oracles["kernel"].quantize_and_update(kernel)
         dy_dq = oracles["dgrad"].quantize_and_update(dy).reshape(-1, 48)
         assert all(not np.array_equal(old_scales[name], o.scale) for name, o in oracles.items())
-        _assert_product(jax_device, y, x_dq, k_dq, True, plus=_f64(bias))
-        _assert_product(jax_device, dx, dy_dq, k_dq.T, True)
-        _assert_product(jax_device, dk, x_dq.T, dy_dq, True)
+        assert_product(jax_device, y, x_dq, k_dq, True, plus=_f64(bias))
+        assert_product(jax_device, dx, dy_dq, k_dq.T, True)
+        assert_product(jax_device, dk, x_dq.T, dy_dq, True)
         _assert_bias_grad(db, dy, np.float32)
         for name, oracle in oracles.items():
             oracle.assert_matches(getattr(new_qs, name).scale, getattr(new_qs, name).amax_history)

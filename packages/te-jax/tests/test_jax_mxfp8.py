@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
-from jax_helpers import EPS, gemm_tolerance
+from jax_helpers import assert_product, dense_and_vjp, dense_inputs, fp8_name, put
 
 from transformer_engine.common import recipe
 from transformer_engine.core import reference_mxfp8 as oracle
@@ -27,12 +27,6 @@ from transformer_engine.jax.quantize import MXFP8Quantizer, QuantizerFactory, Sc
 
 pytestmark = [pytest.mark.mxfp8, pytest.mark.gemm_block, pytest.mark.module]
 pytest_plugins = ["jax_fixtures"]  # the jax_device and jax_rng fixtures
-
-FMT = {jnp.dtype(jnp.float8_e4m3fn): "e4m3", jnp.dtype(jnp.float8_e5m2): "e5m2"}
-
-
-def _put(jax_device, a):
-    return jax.device_put(jnp.asarray(a), jax_device)
 
 
 def _bytes(a) -> np.ndarray:
@@ -56,9 +50,9 @@ def test_quantize_mxfp8_bytes_equal_the_oracle(jax_device, jax_rng, shape, dtype
     flat[:3] = [np.inf, -np.inf, np.nan]  # a block with infinities and a NaN
     flat[64:96] = 0  # an all-zero block
     row, row_s, col, col_s = quantize_mxfp8(
-        _put(jax_device, x), q_dtype, rowwise=True, columnwise=True, use_2d_blocks=use_2d_blocks
+        put(x, jax_device), q_dtype, rowwise=True, columnwise=True, use_2d_blocks=use_2d_blocks
     )
-    fmt = FMT[jnp.dtype(q_dtype)]
+    fmt = fp8_name(q_dtype)
     x2 = x.reshape(-1, shape[-1])
     for got, got_s, columnwise in ((row, row_s, False), (col, col_s, True)):
         want, want_s = oracle.quantize_mxfp8(x2, fmt, columnwise=columnwise, use_2d_blocks=use_2d_blocks)
@@ -94,17 +88,8 @@ def test_mxfp8_dense_matches_the_oracle(jax_device, jax_rng, x_shape, kernel_sha
     qs = QuantizerFactory.create_set(
         recipe.MXFP8BlockScaling(fp8_format=recipe.Format.HYBRID, enable_2d_quantization=two_d)
     )
-    x = (jax_rng.standard_normal(x_shape) * 8).astype(dtype)
-    kernel = jax_rng.standard_normal(kernel_shape).astype(np.float32)
-    bias = jax_rng.standard_normal(kernel_shape[1:]).astype(np.float32)
-    dy = jax_rng.standard_normal((*x_shape[:-1], *kernel_shape[1:])).astype(dtype)
-
-    def run(x, kernel, bias, dy):
-        y, vjp = jax.vjp(lambda x, k, b: dense(x, k, b, quantizer_set=qs), x, kernel, bias)
-        return (y, *vjp(dy))
-
-    put = lambda a: _put(jax_device, a)  # noqa: E731
-    y, dx, dk, db = (jax.jit(run) if jit else run)(put(x), put(kernel), put(bias), put(dy))
+    x, kernel, bias, dy = dense_inputs(jax_rng, x_shape, kernel_shape, dtype, x_range=8.0)
+    y, dx, dk, db = dense_and_vjp(jax_device, x, kernel, bias, dy, qs, jit)
     assert y.shape == dy.shape and y.dtype == dtype and dx.dtype == dtype and dk.dtype == np.float32
     k = kernel.astype(dtype).reshape(kernel_shape[0], -1)
     dy2 = dy.reshape(-1, k.shape[1])
@@ -114,17 +99,9 @@ def test_mxfp8_dense_matches_the_oracle(jax_device, jax_rng, x_shape, kernel_sha
     k_row = _dq(k, "e4m3", use_2d_blocks=two_d)
     dy_row, dy_col = _dq(dy2, "e5m2"), _dq(dy2, "e5m2", columnwise=True)
     b64 = bias.astype(dtype).astype(np.float64).reshape(-1)
-    for name, got, a64, b_64, plus in (
-        ("y", y, x_row, k_col, b64),
-        ("dx", dx, dy_row, k_row.T, None),
-        ("dk", np.asarray(dk).astype(dtype), x_col.T, dy_col, None),
-    ):
-        want = a64 @ b_64 + (0 if plus is None else plus)
-        tol = gemm_tolerance(jax_device, a64, b_64, np.dtype(dtype), False)
-        if plus is not None:
-            tol = tol + EPS[np.dtype(dtype)] * np.abs(want)
-        err = np.abs(np.asarray(got).astype(np.float64).reshape(want.shape) - want)
-        assert (err <= tol).all(), f"{name}: max error {err.max()} (tolerance there {tol.flat[err.argmax()]})"
+    assert_product(jax_device, y, x_row, k_col, False, plus=b64)  # y
+    assert_product(jax_device, dx, dy_row, k_row.T, False)  # dx
+    assert_product(jax_device, np.asarray(dk).astype(dtype), x_col.T, dy_col, False)  # dk
     np.testing.assert_allclose(np.asarray(db).reshape(-1), dy2.astype(np.float64).sum(0), rtol=1e-2, atol=1e-2)
 
 
@@ -143,10 +120,10 @@ def test_mxfp8_layernorm_dense_and_mlp_stay_near_high_precision(jax_device, jax_
     from transformer_engine.jax.layernorm_dense import layernorm_dense
     from transformer_engine.jax.layernorm_mlp import layernorm_mlp
 
-    x = _put(jax_device, jax_rng.standard_normal((64, 64)).astype(np.float32))
-    gamma, beta = _put(jax_device, np.ones(64, np.float32)), _put(jax_device, np.zeros(64, np.float32))
-    k1 = _put(jax_device, jax_rng.standard_normal((64, 128)).astype(np.float32) * 0.1)
-    k2 = _put(jax_device, jax_rng.standard_normal((128, 64)).astype(np.float32) * 0.1)
+    x = put(jax_rng.standard_normal((64, 64)).astype(np.float32), jax_device)
+    gamma, beta = put(np.ones(64, np.float32), jax_device), put(np.zeros(64, np.float32), jax_device)
+    k1 = put(jax_rng.standard_normal((64, 128)).astype(np.float32) * 0.1, jax_device)
+    k2 = put(jax_rng.standard_normal((128, 64)).astype(np.float32) * 0.1, jax_device)
     mx = lambda: QuantizerFactory.create_set(recipe.MXFP8BlockScaling())  # noqa: E731
     hp = lambda: QuantizerFactory.create_set(None)  # noqa: E731
 

@@ -133,8 +133,8 @@ def test_compiled_collectives(results, name):
     if layout == "attention-learnable":  # the offset is shared by the batch rows
         assert _has(result, "all-reduce", "f32[1,2,1,1]", 2), result["collectives"]
     amax = _has(result, "all-reduce", "f32[1]", 8)  # the amax max-reduction over the whole mesh
-    # (MXFP8's scales come from each 32-element block alone: nothing to reduce)
-    assert amax == (recipe not in ("none", "mxfp8")), result["collectives"]
+    # (block formats' scales come from each block alone: nothing to reduce)
+    assert amax == (recipe not in ("none", "mxfp8", "fp8_block")), result["collectives"]
 
 
 # The block each layout's main kernel runs on (its first operand, per device): the kernels are
@@ -162,7 +162,7 @@ BLOCKS = {
 @pytest.mark.parametrize("name", [pytest.param(n, marks=_marks(n)) for n in CASES if n.rsplit("-", 1)[0] in BLOCKS])
 def test_kernels_run_on_local_blocks(results, name):
     target, block = BLOCKS[name.rsplit("-", 1)[0]]
-    if name.endswith("-mxfp8") and target == "te_jax_gemm":
+    if name.endswith(("-mxfp8", "-fp8_block")) and target == "te_jax_gemm":
         target = "te_jax_gemm_block"  # (the block-scaled GEMM, on the same local blocks)
     shapes = {shape.split("[")[1].rstrip("]") for t, shape in results[name]["ffi_calls"] if t == target}
     assert block in shapes, (target, block, shapes)

@@ -1,10 +1,12 @@
-// Block-scaled formats (te/mxfp8.h, te/gemm_block.h): MXFP8 quantization and
-// the GEMM on block-scaled operands. Each operand of te_jax_gemm_block is its
-// data, its scales and (NVFP4 only) its global amax; the scaling modes are
-// attributes, so one handler serves every format te_gemm_block takes.
+// Block-scaled formats (te/mxfp8.h, te/fp8_block.h, te/gemm_block.h): MXFP8 and
+// FP8-block quantization and the GEMM on block-scaled operands. Each operand of
+// te_jax_gemm_block is its data, its scales and (NVFP4 only) its global amax;
+// the scaling modes are attributes, so one handler serves every format
+// te_gemm_block takes.
 #include <vector>
 
 #include "common.h"
+#include "te/fp8_block.h"
 #include "te/gemm_block.h"
 #include "te/mxfp8.h"
 
@@ -15,21 +17,30 @@ using ffi::AnyBuffer;
 using ffi::Error;
 using ffi::Result;
 
-// rowwise / columnwise MXFP8 copies of x with their E8M0 scales (compact
-// layout); a placeholder result means "not asked".
+// The input and the four outputs of a block quantization (rowwise data and
+// scales, columnwise data and scales); a placeholder result means "not asked".
+struct BlockCopies {
+  te_tensor x, row, row_si, col, col_si;
+  te_tensor *prow, *prow_si, *pcol, *pcol_si;
+};
+
+Error describe_copies(const Device& d, const AnyBuffer& x, Result<AnyBuffer>& row,
+                      Result<AnyBuffer>& row_si, Result<AnyBuffer>& col, Result<AnyBuffer>& col_si,
+                      BlockCopies* c) {
+  return describe_all(d, {{x, "x", &c->x},
+                          {*row, "rowwise", &c->row, &c->prow},
+                          {*row_si, "rowwise_scale_inv", &c->row_si, &c->prow_si},
+                          {*col, "columnwise", &c->col, &c->pcol},
+                          {*col_si, "columnwise_scale_inv", &c->col_si, &c->pcol_si}});
+}
+
+// MXFP8 copies of x with their E8M0 scales (compact layout).
 Error quantize_mxfp8(const Device& d, AnyBuffer x, Result<AnyBuffer> row, Result<AnyBuffer> row_si,
                      Result<AnyBuffer> col, Result<AnyBuffer> col_si, bool use_2d_blocks) {
-  te_tensor tx, trow, trsi, tcol, tcsi;
-  te_tensor *prow, *prsi, *pcol, *pcsi;
-  if (Error e = describe_all(d, {{x, "x", &tx},
-                                 {*row, "rowwise", &trow, &prow},
-                                 {*row_si, "rowwise_scale_inv", &trsi, &prsi},
-                                 {*col, "columnwise", &tcol, &pcol},
-                                 {*col_si, "columnwise_scale_inv", &tcsi, &pcsi}});
-      e.failure())
-    return e;
-  return from_status(
-      te_mxfp8_quantize(&tx, prow, prsi, pcol, pcsi, use_2d_blocks ? 1 : 0, 0, d.stream));
+  BlockCopies c;
+  if (Error e = describe_copies(d, x, row, row_si, col, col_si, &c); e.failure()) return e;
+  return from_status(te_mxfp8_quantize(&c.x, c.prow, c.prow_si, c.pcol, c.pcol_si,
+                                       use_2d_blocks ? 1 : 0, 0, d.stream));
 }
 
 #define TE_JAX_QUANTIZE_MXFP8_ARGS(b) \
@@ -39,6 +50,29 @@ Error quantize_mxfp8(const Device& d, AnyBuffer x, Result<AnyBuffer> row, Result
       .Ret<AnyBuffer>()               \
       .Ret<AnyBuffer>()               \
       .Attr<bool>("use_2d_blocks")
+
+// FP8 block scaling (te/fp8_block.h, GEMM-ready layout: columnwise data
+// transposed, scales padded): 1x128 / 128x1 blocks (block_dim 1) or 128x128
+// tiles (block_dim 2).
+Error quantize_fp8_block(const Device& d, AnyBuffer x, Result<AnyBuffer> row,
+                         Result<AnyBuffer> row_si, Result<AnyBuffer> col, Result<AnyBuffer> col_si,
+                         int32_t block_dim, bool force_pow2_scales, float amax_epsilon) {
+  BlockCopies c;
+  if (Error e = describe_copies(d, x, row, row_si, col, col_si, &c); e.failure()) return e;
+  return from_status(te_fp8_block_quantize(
+      &c.x, c.prow, c.prow_si, c.pcol, c.pcol_si, static_cast<te_fp8_block_dim>(block_dim),
+      TE_FP8_BLOCK_GEMM_READY, force_pow2_scales ? 1 : 0, amax_epsilon, d.stream));
+}
+
+#define TE_JAX_QUANTIZE_FP8_BLOCK_ARGS(b) \
+  b.Arg<AnyBuffer>()                      \
+      .Ret<AnyBuffer>()                   \
+      .Ret<AnyBuffer>()                   \
+      .Ret<AnyBuffer>()                   \
+      .Ret<AnyBuffer>()                   \
+      .Attr<int32_t>("block_dim")         \
+      .Attr<bool>("force_pow2_scales")    \
+      .Attr<float>("amax_epsilon")
 
 struct Operand {
   te_tensor data, scale_inv, amax;
@@ -111,6 +145,8 @@ Error gemm_block(const Device& d, AnyBuffer a, AnyBuffer a_scale_inv, AnyBuffer 
 
 // (In te_jax, not the anonymous namespace: the handlers are extern "C" symbols.)
 TE_JAX_DEFINE_HANDLERS(te_jax_quantize_mxfp8, quantize_mxfp8, TE_JAX_QUANTIZE_MXFP8_ARGS);
+TE_JAX_DEFINE_HANDLERS(te_jax_quantize_fp8_block, quantize_fp8_block,
+                       TE_JAX_QUANTIZE_FP8_BLOCK_ARGS);
 TE_JAX_DEFINE_HANDLERS(te_jax_gemm_block, gemm_block, TE_JAX_GEMM_BLOCK_ARGS);
 
 }  // namespace te_jax

@@ -27,6 +27,7 @@ namespace nb = nanobind;
   X(te_jax_softmax_fwd)                  \
   X(te_jax_softmax_bwd)                  \
   X(te_jax_quantize_mxfp8)               \
+  X(te_jax_quantize_fp8_block)           \
   X(te_jax_gemm_block)
 
 #define TE_JAX_DECLARE(name)                                \

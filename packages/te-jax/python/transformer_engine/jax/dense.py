@@ -13,9 +13,10 @@ operands (te_gemm, FP32 accumulation) and return x's type:
 Every GEMM is in te_gemm's "TN" form (transa=False, transb=True: both
 operands K-contiguous), which FP8 tensor cores take without a transpose:
 each tensor is quantized once into a rowwise copy and a columnwise
-(transposed) copy, and each GEMM picks the copy it needs. Under MXFP8 the
-GEMMs are te_gemm_block's on the MXFP8 copies (blocks along each GEMM's K:
-te/gemm_block.h's Linear table; emulated on GPUs without MXFP8 tensor cores).
+(transposed) copy, and each GEMM picks the copy it needs. Under MXFP8 and FP8
+block scaling the GEMMs are te_gemm_block's on the block-scaled copies (blocks
+along each GEMM's K: te/gemm_block.h's Linear table; emulated where the GPU has
+no kernel for the format).
 
 Delayed-scaling state leaves a training step as the *gradient* of the
 quantizer set, the reference library's convention: the forward rule
@@ -41,6 +42,7 @@ import jax.numpy as jnp
 from ._partition import active_mesh
 from .cpp_extensions import gemm, gemm_block
 from .cpp_extensions._checks import HIGH_PRECISION, check_dtype
+from .cpp_extensions.block import SCALING_MXFP8
 from .quantize import QuantizerSet, noop_quantizer_set
 from .quantize.quantizer import BlockScaledTensor, ScaledTensor
 from .quantize.scaling_modes import ScalingMode
@@ -109,14 +111,9 @@ def fp8_forward(qx, x_quantizer, kernel, bias, quantizer_set, out_dtype):
     qk, k_quantizer = quantizer_set.kernel.quantize(kernel, rowwise=True, columnwise=True)
     new_set = QuantizerSet(x_quantizer.update(), k_quantizer.update(), quantizer_set.dgrad)
     if isinstance(qx, BlockScaledTensor):
-        # MXFP8 (te/gemm_block.h's Linear table with K stored [in, out]): Y = X K with
-        # X rowwise (blocks along in) and K columnwise (blocks down in), transb = 0.
-        y = gemm_block(
-            qx.rowwise, qx.rowwise_scale_inv, qk.columnwise, qk.columnwise_scale_inv, out_dtype=out_dtype, bias=bias
-        )
-        x_saved = BlockScaledTensor(None, None, qx.columnwise, qx.columnwise_scale_inv)
-        k_saved = BlockScaledTensor(qk.rowwise, qk.rowwise_scale_inv, None, None)
-        return y, (x_saved, k_saved, bias, new_set)
+        # Y = X K: X's rowwise copy (blocks along in) and K's columnwise one (blocks down in).
+        y = _block_gemm(qx, True, qk, False, out_dtype, bias)
+        return y, (qx.only(rowwise=False), qk.only(rowwise=True), bias, new_set)
     # Y [M, out] = X [M, in] . K: B is K's columnwise copy, stored [out, in].
     y = _fp8_gemm(qx.rowwise, qx.scale_inv, qk.columnwise, qk.scale_inv, bias=bias, out_dtype=out_dtype)
     # Saved for backward: the copies the two backward GEMMs read, in FP8.
@@ -143,25 +140,9 @@ def backward_gemms(dy, x_saved, k_saved, out_dtype=None):
     array (x_saved and k_saved then are too), FP8 GEMMs when dy is dY's
     ScaledTensor (rowwise and columnwise) and the residuals are fp8_forward's."""
     if isinstance(dy, BlockScaledTensor):
-        # dX = dY K^T: dY rowwise (blocks along out), K rowwise [in, out] with transb = 1;
-        # dW = X^T dY: X columnwise with transa = 1, dY columnwise (both blocks down the tokens).
-        dx = gemm_block(
-            dy.rowwise,
-            dy.rowwise_scale_inv,
-            k_saved.rowwise,
-            k_saved.rowwise_scale_inv,
-            transb=True,
-            out_dtype=out_dtype,
-        )
-        dw = gemm_block(
-            x_saved.columnwise,
-            x_saved.columnwise_scale_inv,
-            dy.columnwise,
-            dy.columnwise_scale_inv,
-            transa=True,
-            out_dtype=out_dtype,
-        )
-        return dx, dw
+        # dX = dY K^T: dY's and K's rowwise copies (blocks along out); dW = X^T dY:
+        # X's and dY's columnwise copies (blocks down the tokens).
+        return _block_gemm(dy, True, k_saved, True, out_dtype), _block_gemm(x_saved, False, dy, False, out_dtype)
     if not isinstance(dy, ScaledTensor):
         return gemm(dy, k_saved, transb=True), gemm(x_saved, dy, transa=True)  # dY K^T, X^T dY
     # dX [M, in] = dY [M, out] . K^T: B is K's rowwise copy, stored [in, out].
@@ -172,6 +153,26 @@ def backward_gemms(dy, x_saved, k_saved, out_dtype=None):
 
 
 _dense.defvjp(_dense_fwd, _dense_bwd)
+
+
+def _block_gemm(a: BlockScaledTensor, a_rowwise: bool, b: BlockScaledTensor, b_rowwise: bool, out_dtype, bias=None):
+    """The GEMM of a dense layer on the given copies of two block-scaled tensors
+    (te/gemm_block.h's Linear table, kernels stored [in, out]): the product of A's
+    copy read as [M, K] and B's copy read as [K, N], each with its blocks along K.
+    MXFP8 copies keep their tensor's shape, so the flags say which copy each is
+    (transa: A's columnwise copy, stored [K, M]; transb: B's rowwise copy, stored
+    [N, K]); FP8-block columnwise copies are stored transposed, so every such GEMM
+    is TN (A stored [M, K], B stored [N, K])."""
+    a_data, a_si = (a.rowwise, a.rowwise_scale_inv) if a_rowwise else (a.columnwise, a.columnwise_scale_inv)
+    b_data, b_si = (b.rowwise, b.rowwise_scale_inv) if b_rowwise else (b.columnwise, b.columnwise_scale_inv)
+    if a.scaling == SCALING_MXFP8:
+        transa, transb = not a_rowwise, b_rowwise
+    else:
+        transa, transb = False, True
+    return gemm_block(
+        a_data, a_si, b_data, b_si, a_scaling=a.scaling, b_scaling=b.scaling, transa=transa, transb=transb,
+        out_dtype=out_dtype, bias=bias,
+    )  # fmt: skip
 
 
 def _fp8_gemm(a, a_scale_inv, b, b_scale_inv, *, out_dtype, bias=None):

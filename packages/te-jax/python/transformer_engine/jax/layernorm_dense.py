@@ -29,7 +29,7 @@ from ._partition import active_mesh
 from .dense import _check_arguments, _dense_bwd, _dense_fwd, fp8_forward
 from .layernorm import check_norm_arguments, norm_backward, norm_forward
 from .quantize import DelayedScaleQuantizer, QuantizerSet, noop_quantizer_set
-from .quantize.quantizer import MXFP8Quantizer, ScaledTensor, amax_reduction_active
+from .quantize.quantizer import ScaledTensor, amax_reduction_active
 
 
 def layernorm_dense(
@@ -98,8 +98,8 @@ def quantized_norm(x, gamma, beta, norm_type, zero_centered_gamma, epsilon, quan
             amax=quantizer.amax_history[:1],
         )
         quantizer = quantizer.record(out.amax)
-    elif amax_reduction_active() or isinstance(quantizer, MXFP8Quantizer):
-        # (MXFP8: the norm in FP32, then the block cast; no fused MXFP8 norm yet)
+    elif amax_reduction_active() or not quantizer.scaling_mode.is_tensor_scaling():
+        # (block formats: the norm in FP32, then the block cast; no fused block-scaled norm yet)
         # Partitioned: the FP32 norm, then the cast with the amax of every shard (the fused
         # current-scaling norm does the same with the local amax only).
         out = norm_forward(x, gamma, beta, norm_type, zero_centered_gamma, epsilon, out_dtype=jnp.float32)

@@ -1,5 +1,6 @@
 """Block-scaled formats on JAX arrays through te-core (XLA FFI): MXFP8
-quantization (te/mxfp8.h) and the GEMM on block-scaled operands (te/gemm_block.h).
+quantization (te/mxfp8.h), FP8-block quantization (te/fp8_block.h) and the GEMM
+on block-scaled operands (te/gemm_block.h).
 
 MXFP8: FP8 data with one E8M0 scale (float8_e8m0fnu) per block of 32 elements
 of the tensor viewed as [M, K]: rowwise blocks run along K (1x32), columnwise
@@ -25,7 +26,8 @@ from . import _registry  # noqa: F401 - registers the FFI targets
 from ._checks import HIGH_PRECISION, check_dtype, check_fp8_dtype, dtype_name, gemm_epilogue
 
 E8M0 = jnp.dtype(jnp.float8_e8m0fnu)
-SCALING_MXFP8 = 4  # te_scaling_mode TE_SCALING_MXFP8
+# te_scaling_mode codes (te/gemm_block.h) of the block formats
+SCALING_FP8_BLOCK_1D, SCALING_FP8_BLOCK_2D, SCALING_MXFP8 = 2, 3, 4
 _PLACEHOLDER = jax.ShapeDtypeStruct((0,), jnp.uint8)
 
 
@@ -74,14 +76,73 @@ def quantize_mxfp8(x, fp8_dtype=jnp.float8_e4m3fn, *, rowwise=True, columnwise=F
     return keep(row, rowwise), keep(row_si, rowwise), keep(col, columnwise), keep(col_si, columnwise)
 
 
-def gemm_block(a, a_scale_inv, b, b_scale_inv, *, transa=False, transb=False, out_dtype=jnp.bfloat16, bias=None):
-    """op(A) @ op(B) (+ bias) on MXFP8 operands: A and B FP8 arrays with their E8M0
-    scales (quantize_mxfp8's copies; see te/gemm_block.h for which copy each flag
-    takes). Returns out [M, N] in out_dtype (float32, bfloat16 or float16)."""
-    for name, data, scale in (("a", a, a_scale_inv), ("b", b, b_scale_inv)):
+def _blocks(rows: int, cols: int) -> int:
+    return -(-rows // 128), -(-cols // 128)
+
+
+def fp8_block_scale_shapes(shape, block_2d: bool) -> tuple[tuple[int, int], tuple[int, int]]:
+    """(rowwise, columnwise) FP32 scale shapes of an FP8-block tensor of `shape`
+    in te/fp8_block.h's GEMM-ready layout."""
+    m, k = math.prod(shape[:-1]), shape[-1]
+    bm, bk = _blocks(m, k)
+    if block_2d:
+        return (bm, _roundup(bk, 4)), (bk, _roundup(bm, 4))
+    return (bk, _roundup(m, 4)), (bm, _roundup(k, 4))
+
+
+def quantize_fp8_block(
+    x, fp8_dtype=jnp.float8_e4m3fn, *, rowwise=True, columnwise=False, block_2d=False, force_pow_2_scales=True,
+    amax_epsilon=0.0,
+):  # fmt: skip
+    """FP8-block copies of x viewed as [M, K] (FP32/BF16/FP16, K % 16 == 0): one FP32
+    scale per 1x128 block (columnwise: 128x1), or per 128x128 tile with block_2d; the
+    scale of a block is te/fp8_block.h's (fp8_max / max(amax, amax_epsilon), a power of
+    2 with force_pow_2_scales). GEMM-ready layout: the columnwise copy is transposed
+    ([K, M]), the scales padded. Returns (rowwise | None, rowwise_scale_inv | None,
+    columnwise | None, columnwise_scale_inv | None)."""
+    check_dtype(x, "x", HIGH_PRECISION)
+    fp8_dtype = check_fp8_dtype(fp8_dtype)
+    if x.ndim < 1 or x.shape[-1] % 16:
+        raise ValueError(f"argument 'x' must have a last dimension divisible by 16 for FP8 blocks, got {x.shape}")
+    if not (rowwise or columnwise):
+        raise ValueError("at least one of 'rowwise' and 'columnwise' must be True")
+    if not np.isfinite(amax_epsilon) or amax_epsilon < 0:
+        raise ValueError(f"argument 'amax_epsilon' must be finite and >= 0, got {amax_epsilon}")
+    m, k = math.prod(x.shape[:-1]), x.shape[-1]
+    row_s, col_s = fp8_block_scale_shapes(x.shape, block_2d)
+    results = (
+        jax.ShapeDtypeStruct((m, k), fp8_dtype) if rowwise else _PLACEHOLDER,
+        jax.ShapeDtypeStruct(row_s, jnp.float32) if rowwise else _PLACEHOLDER,
+        jax.ShapeDtypeStruct((k, m), fp8_dtype) if columnwise else _PLACEHOLDER,
+        jax.ShapeDtypeStruct(col_s, jnp.float32) if columnwise else _PLACEHOLDER,
+    )
+    call = jax.ffi.ffi_call("te_jax_quantize_fp8_block", results, vmap_method="sequential")
+    row, row_si, col, col_si = call(
+        x.reshape(m, k),
+        block_dim=np.int32(2 if block_2d else 1),
+        force_pow2_scales=np.bool_(force_pow_2_scales),
+        amax_epsilon=np.float32(amax_epsilon),
+    )
+    keep = lambda t, asked: t if asked else None  # noqa: E731
+    return keep(row, rowwise), keep(row_si, rowwise), keep(col, columnwise), keep(col_si, columnwise)
+
+
+_SCALE_DTYPE = {SCALING_FP8_BLOCK_1D: jnp.dtype(jnp.float32), SCALING_FP8_BLOCK_2D: jnp.dtype(jnp.float32)}
+
+
+def gemm_block(
+    a, a_scale_inv, b, b_scale_inv, *, a_scaling=SCALING_MXFP8, b_scaling=SCALING_MXFP8, transa=False, transb=False,
+    out_dtype=jnp.bfloat16, bias=None,
+):  # fmt: skip
+    """op(A) @ op(B) (+ bias) on block-scaled operands: A and B FP8 arrays with their
+    scales and te_scaling_mode codes (MXFP8: E8M0 scales, any transa / transb; FP8
+    block 1-D / 2-D: FP32 scales, transa = 0 and transb = 1; see te/gemm_block.h for
+    which copy each takes). Returns out [M, N] in out_dtype (float32, bfloat16 or float16)."""
+    for name, data, scale, scaling in (("a", a, a_scale_inv, a_scaling), ("b", b, b_scale_inv, b_scaling)):
         check_fp8_dtype(data.dtype)
-        if jnp.dtype(scale.dtype) != E8M0:
-            raise TypeError(f"argument '{name}_scale_inv' must be float8_e8m0fnu, got {dtype_name(scale.dtype)}")
+        want = _SCALE_DTYPE.get(scaling, E8M0)
+        if jnp.dtype(scale.dtype) != want:
+            raise TypeError(f"argument '{name}_scale_inv' must be {want.name}, got {dtype_name(scale.dtype)}")
         if data.ndim != 2:
             raise ValueError(f"argument '{name}' must be 2-D [rows, cols], got shape {tuple(data.shape)}")
     m, k = (a.shape[1], a.shape[0]) if transa else a.shape
@@ -99,8 +160,8 @@ def gemm_block(a, a_scale_inv, b, b_scale_inv, *, transa=False, transb=False, ou
         b_scale_inv,
         none,
         bias,
-        a_scaling=np.int32(SCALING_MXFP8),
-        b_scaling=np.int32(SCALING_MXFP8),
+        a_scaling=np.int32(a_scaling),
+        b_scaling=np.int32(b_scaling),
         transa=np.bool_(transa),
         transb=np.bool_(transb),
     )

@@ -10,6 +10,8 @@ CurrentScaleQuantizer: scale = fp8_max / max(amax(x), amax_epsilon), from the
     tensor itself at each cast (rounded down to a power of 2 with power_2_scale).
 MXFP8Quantizer: one power-of-two scale per block of 32 elements from the block
     itself (te/mxfp8.h); no state. Its copies are a BlockScaledTensor.
+Float8BlockQuantizer: one FP32 scale per 1x128 block or 128x128 tile from the
+    block itself (te/fp8_block.h); no state. A BlockScaledTensor too.
 DelayedScaleQuantizer: scale comes from earlier steps. quantize() records
     max(amax_history[0], amax(x)) in amax_history[0]; update() then runs the
     recipe step (te/recipe.h): roll the history (the newest amax goes to the end,
@@ -181,16 +183,26 @@ class DelayedScaleQuantizer:
         return dataclasses.replace(self, scale=scale, amax_history=history.reshape(-1))
 
 
-class BlockScaledTensor(NamedTuple):
-    """A block-scaled tensor (MXFP8): the rowwise copy and its scales, the
-    columnwise copy and its scales (either pair may be None). MXFP8 data keeps
-    x's shape in both directions; only the blocks differ (1x32 along the last
-    dim, 32x1 down the columns of x viewed as [M, K])."""
+@dataclasses.dataclass(frozen=True)
+class BlockScaledTensor:
+    """A block-scaled tensor viewed as [M, K]: the rowwise copy and its scales, the
+    columnwise copy and its scales (either pair may be None); `scaling` (static) is
+    the te_scaling_mode code the GEMMs read them with. MXFP8 (4): both copies keep
+    the [M, K] shape, only the blocks differ (1x32 / 32x1), E8M0 scales. FP8 block
+    1-D (2) / 2-D (3): the columnwise copy is transposed ([K, M]), FP32 scales in
+    te/fp8_block.h's GEMM-ready layout."""
 
-    rowwise: jax.Array | None
-    rowwise_scale_inv: jax.Array | None
-    columnwise: jax.Array | None
-    columnwise_scale_inv: jax.Array | None
+    rowwise: jax.Array | None = None
+    rowwise_scale_inv: jax.Array | None = None
+    columnwise: jax.Array | None = None
+    columnwise_scale_inv: jax.Array | None = None
+    scaling: int = _static(4)
+
+    def only(self, rowwise: bool) -> BlockScaledTensor:
+        """This tensor with one copy kept (what a backward GEMM reads)."""
+        if rowwise:
+            return dataclasses.replace(self, columnwise=None, columnwise_scale_inv=None)
+        return dataclasses.replace(self, rowwise=None, rowwise_scale_inv=None)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -216,13 +228,44 @@ class MXFP8Quantizer:
             columnwise=columnwise,
             use_2d_blocks=self.use_2d_blocks,
         )
-        return BlockScaledTensor(row, row_si, col, col_si), self
+        return BlockScaledTensor(row, row_si, col, col_si, scaling=4), self
 
     def update(self) -> MXFP8Quantizer:
         return self
 
 
-for _cls in (CurrentScaleQuantizer, DelayedScaleQuantizer, MXFP8Quantizer):
+@dataclasses.dataclass(frozen=True, eq=False)
+class Float8BlockQuantizer:
+    """Float8BlockScaling: one FP32 scale per 1x128 block (128x1 columnwise), or per
+    128x128 tile with block_2d (the recipe's ``*_block_scaling_dim`` == 2: weights by
+    default), from the block's amax (te/fp8_block.h); power_2_scale and amax_epsilon
+    from the recipe's QParams. No state."""
+
+    scaling_mode: ClassVar[ScalingMode] = ScalingMode.FP8_BLOCK_SCALING
+
+    q_dtype: jnp.dtype = _static(jnp.dtype(jnp.float8_e4m3fn))
+    block_2d: bool = _static(False)
+    power_2_scale: bool = _static(True)
+    amax_epsilon: float = _static(0.0)
+
+    def quantize(self, x, *, rowwise=True, columnwise=False) -> tuple[BlockScaledTensor, Float8BlockQuantizer]:
+        """Returns (the FP8-block copies of x viewed as [M, K], this quantizer unchanged)."""
+        row, row_si, col, col_si = _ext().quantize_fp8_block(
+            x.reshape(-1, x.shape[-1]),
+            self.q_dtype,
+            rowwise=rowwise,
+            columnwise=columnwise,
+            block_2d=self.block_2d,
+            force_pow_2_scales=self.power_2_scale,
+            amax_epsilon=self.amax_epsilon,
+        )
+        return BlockScaledTensor(row, row_si, col, col_si, scaling=3 if self.block_2d else 2), self
+
+    def update(self) -> Float8BlockQuantizer:
+        return self
+
+
+for _cls in (CurrentScaleQuantizer, DelayedScaleQuantizer, MXFP8Quantizer, Float8BlockQuantizer, BlockScaledTensor):
     jax.tree_util.register_dataclass(_cls)
 
-Quantizer = CurrentScaleQuantizer | DelayedScaleQuantizer | MXFP8Quantizer
+Quantizer = CurrentScaleQuantizer | DelayedScaleQuantizer | MXFP8Quantizer | Float8BlockQuantizer

@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 from transformer_engine.common import recipe as recipe_lib
 
-from .quantizer import CurrentScaleQuantizer, DelayedScaleQuantizer, MXFP8Quantizer, Quantizer
+from .quantizer import CurrentScaleQuantizer, DelayedScaleQuantizer, Float8BlockQuantizer, MXFP8Quantizer, Quantizer
 from .scaling_modes import ScalingMode
 
 
@@ -62,6 +62,8 @@ class QuantizerFactory:
             return CurrentScaleQuantizer(q_dtype=jnp.dtype(q_dtype), **kwargs)
         if scaling_mode is ScalingMode.MXFP8_1D_SCALING:
             return MXFP8Quantizer(q_dtype=jnp.dtype(q_dtype), **kwargs)
+        if scaling_mode is ScalingMode.FP8_BLOCK_SCALING:
+            return Float8BlockQuantizer(q_dtype=jnp.dtype(q_dtype), **kwargs)
         raise ValueError(f"argument 'scaling_mode' must be a ScalingMode, got {scaling_mode!r}")
 
     @staticmethod
@@ -77,12 +79,17 @@ class QuantizerFactory:
         from fp8_quant_fwd_inp / fwd_weight / bwd_grad.
         MXFP8BlockScaling: MXFP8 quantizers, E4M3 (dgrad E5M2 under Format.HYBRID);
         the kernel's with 32x32 blocks when enable_2d_quantization.
+        Float8BlockScaling: FP8-block quantizers (``x_block_scaling_dim``,
+        ``w_block_scaling_dim``, ``grad_block_scaling_dim`` 1 or 2; power_2_scale and
+        amax_epsilon from the three QParams).
         """
         if recipe is None:
             return noop_quantizer_set
         check_recipe_supported(recipe, "QuantizerFactory.create_set")
         if recipe.mxfp8():
             return _mxfp8_set(recipe)
+        if recipe.float8_block_scaling():
+            return _fp8_block_set(recipe)
         return _delayed_set(recipe) if recipe.delayed() else _current_set(recipe)
 
 
@@ -99,7 +106,7 @@ def check_recipe_supported(recipe, caller: str) -> None:
                 "DelayedScaling in te-jax: amax_compute_algo must be 'max' or 'most_recent' and "
                 "scaling_factor_compute_algo None (callables are not supported)"
             )
-    elif recipe.float8_current_scaling() or recipe.mxfp8():
+    elif recipe.float8_current_scaling() or recipe.mxfp8() or recipe.float8_block_scaling():
         if recipe.backward_override is not None:
             raise NotImplementedError(
                 f"{type(recipe).__name__} in te-jax: backward_override must be None, got {recipe.backward_override!r}"
@@ -107,7 +114,7 @@ def check_recipe_supported(recipe, caller: str) -> None:
     else:
         raise NotImplementedError(
             f"{caller}: {type(recipe).__name__} is not supported by te-jax yet (supported: DelayedScaling, "
-            "Float8CurrentScaling, MXFP8BlockScaling; NVFP4BlockScaling, Float8BlockScaling and custom recipes "
+            "Float8CurrentScaling, MXFP8BlockScaling, Float8BlockScaling; NVFP4BlockScaling and custom recipes "
             "are not yet available in te-jax)"
         )
 
@@ -144,4 +151,20 @@ def _mxfp8_set(recipe) -> QuantizerSet:
         MXFP8Quantizer(q_dtype=_E4M3),
         MXFP8Quantizer(q_dtype=_E4M3, use_2d_blocks=two_d),
         MXFP8Quantizer(q_dtype=_backward_dtype(recipe.fp8_format)),
+    )
+
+
+def _fp8_block_set(recipe) -> QuantizerSet:
+    def make(q_dtype, dim, qparams):
+        return Float8BlockQuantizer(
+            q_dtype=q_dtype,
+            block_2d=dim == 2,
+            power_2_scale=qparams.power_2_scale,
+            amax_epsilon=float(qparams.amax_epsilon),
+        )
+
+    return QuantizerSet(
+        make(_E4M3, recipe.x_block_scaling_dim, recipe.fp8_quant_fwd_inp),
+        make(_E4M3, recipe.w_block_scaling_dim, recipe.fp8_quant_fwd_weight),
+        make(_backward_dtype(recipe.fp8_format), recipe.grad_block_scaling_dim, recipe.fp8_quant_bwd_grad),
     )

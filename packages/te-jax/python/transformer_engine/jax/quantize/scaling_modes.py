@@ -14,14 +14,18 @@ class ScalingMode(Enum):
     tensor's own amax at each cast (Float8CurrentScaling).
     MXFP8_1D_SCALING: one E8M0 (power-of-two) scale per block of 32 elements,
     from the block's own amax (MXFP8BlockScaling).
+    FP8_BLOCK_SCALING: one FP32 scale per 1x128 block or 128x128 tile, from the
+    block's own amax (Float8BlockScaling; te-jax's name: the reference's JAX has
+    no such mode).
 
-    NVFP4 and FP8-block modes arrive with their quantizers.
+    NVFP4 modes arrive with their quantizers.
     """
 
     NO_SCALING = "no_scaling"
     DELAYED_TENSOR_SCALING = "delayed_tensor_scaling"
     CURRENT_TENSOR_SCALING = "current_tensor_scaling"
     MXFP8_1D_SCALING = "mxfp8_1d_scaling"
+    FP8_BLOCK_SCALING = "fp8_block_scaling"
 
     def is_tensor_scaling(self) -> bool:
         """One scale per tensor (delayed or current scaling)."""
