@@ -171,6 +171,10 @@ compiling = torch.compiler.is_compiling
 #   makes Group(**name) of it: defaults filled, unknown keywords refused. That
 #   costs an eager call 0.3 to 1 us (CPU, gemm with 1 to 6 of them given).
 #
+# An op that is another one with some arguments fixed, or one implementation
+# under two names, takes that signature (signature_without) and passes its
+# arguments on (*args, **kwargs).
+#
 # Return annotations: `Tensor` (always produced), `Tensor | None` (an output
 # that may not be asked for) and anything else (Python-side information of the
 # eager call, such as the block GEMM's path: not an op output). Ops cannot
@@ -392,13 +396,17 @@ class _Definition:
         return impl(*args, **kwargs)
 
 
-def signature_without(public, *names: str, returns=inspect.Parameter.empty) -> inspect.Signature:
-    """The signature of te_op's `public` function less the parameters `names`
-    (and with the return annotation `returns` if given): the schema of an op
-    that is another one with some arguments fixed (RMSNorm: LayerNorm without
-    beta), for te_op(signature=...)."""
-    sig = inspect.signature(public.__wrapped__, eval_str=True)
-    sig = sig.replace(parameters=[p for p in sig.parameters.values() if p.name not in names])
+def signature_without(fn, *names: str, rename=None, returns=inspect.Parameter.empty) -> inspect.Signature:
+    """The signature of `fn` (te_op's public function, or an annotated
+    function that an op's implementation calls) less the parameters `names`,
+    with parameters renamed (rename: {old: new}) and the return annotation
+    `returns` if given: the schema of an op that is another one with some
+    arguments fixed (RMSNorm: LayerNorm without beta) or one implementation
+    under two names (RoPE forward and backward), for te_op(signature=...)."""
+    rename = rename or {}
+    sig = inspect.signature(fn, eval_str=True)
+    params = [p.replace(name=rename.get(p.name, p.name)) for p in sig.parameters.values() if p.name not in names]
+    sig = sig.replace(parameters=params)
     return sig if returns is inspect.Parameter.empty else sig.replace(return_annotation=returns)
 
 
