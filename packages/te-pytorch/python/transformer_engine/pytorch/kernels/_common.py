@@ -116,6 +116,32 @@ def contiguous(t: torch.Tensor) -> torch.Tensor:
     return t if t.is_contiguous() else t.contiguous()
 
 
+def empty_outputs(specs, like: torch.Tensor) -> tuple:
+    """Fresh tensors on like's device for shape-rule entries (shape, dtype),
+    None for None (an output not asked for): the fake kernels' outputs, and the
+    quantizers' from the same rules."""
+    return tuple(_make(s, like) for s in specs)
+
+
+def run_quantizer(fn, x: torch.Tensor, specs, codes, *flags) -> tuple:
+    """fn(x, outputs..., *flags, stream) of a te-core block quantizer (MXFP8,
+    FP8 block scaling): the outputs are fresh tensors of the shape-rule entries
+    `specs` (None: not asked for) with the dtype codes `codes`. Returns them."""
+    x = contiguous(x)
+    outs = empty_outputs(specs, x)
+    fn(hp_desc(x, "x"), *(None if t is None else desc(t, c) for t, c in zip(outs, codes)), *flags, stream_of(x))
+    return outs
+
+
+def run_dequantizer(fn, data, data_code: int, scale_inv, scale_code: int, out_dtype, *flags) -> torch.Tensor:
+    """fn(data, scale_inv, out, *flags, stream) of a te-core dequantizer into a
+    fresh out_dtype tensor of data's shape; returns it."""
+    data, scale_inv = contiguous(data), contiguous(scale_inv)
+    out = torch.empty(data.shape, dtype=out_dtype, device=data.device)
+    fn(desc(data, data_code), desc(scale_inv, scale_code), hp_desc(out, "out_dtype"), *flags, stream_of(data))
+    return out
+
+
 # (device index, stream) -> (buffer, its descriptor, its bytes). A buffer that is
 # outgrown is kept alive in _RETIRED, never freed: a CUDA graph captured
 # earlier may still point at it, and freed memory would be handed to other
@@ -451,7 +477,7 @@ def te_op(name: str, *, mutates_args: tuple[str, ...] = (), shapes=None, signatu
                 return None
             specs = shapes(types.SimpleNamespace(**d.impl_arguments(args, kwargs)))
             like = d.like_of(args, kwargs)
-            made = _make(specs, like) if isinstance(kinds, str) else tuple(_make(s, like) for s in specs)
+            made = _make(specs, like) if isinstance(kinds, str) else empty_outputs(specs, like)
             return _to_op(made, kinds, like)
 
         body.__signature__ = d.op_sig
