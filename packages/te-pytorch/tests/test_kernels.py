@@ -8,6 +8,8 @@ torch.library.opcheck (schema, fake kernels, tracing).
 
 from __future__ import annotations
 
+import inspect
+
 import numpy as np
 import pytest
 import torch
@@ -25,6 +27,7 @@ from transformer_engine.core import reference
 from transformer_engine.core.testing.shapes import SHAPES
 from transformer_engine.core.testing.tolerances import unit_roundoff
 from transformer_engine.pytorch import kernels
+from transformer_engine.pytorch.kernels.gemm import GemmOptions
 
 pytest_plugins = ["pt_fixtures"]
 pytestmark = [
@@ -243,7 +246,7 @@ def test_registered_ops_match_direct_calls():
     assert all(torch.equal(a, b) for a, b in zip(direct, op))
     assert torch.equal(
         kernels.gemm(x, w, transb=True)[0],
-        torch.ops.te.gemm(x, w, -1, None, -1, None, False, True, torch.float32, None, False, False, True, 1.0)[0],
+        torch.ops.te.gemm(x, w, torch.float32, None, False, 1.0, -1, None, -1, None, False, True, False, True)[0],
     )
 
 
@@ -259,6 +262,20 @@ def test_errors_name_the_argument():
         kernels.gemm(x.double(), x, transb=True)
     with pytest.raises(TypeError, match="argument 'data' must hold FP8 bytes"):
         kernels.dequantize_fp8(x, torch.ones(1), 7)
+
+
+def test_shared_keywords_are_listed_and_checked():
+    """gemm's and gemm_accumulate's common keywords (GemmOptions, a te_op keyword
+    group) are keyword-only parameters of both signatures; an unknown one is refused."""
+    for fn in (kernels.gemm, kernels.gemm_accumulate):
+        params = inspect.signature(fn).parameters
+        assert [params[f].default for f in GemmOptions._fields] == list(GemmOptions())
+        assert all(params[f].kind is inspect.Parameter.KEYWORD_ONLY for f in GemmOptions._fields)
+    x = torch.randn(16, 16)
+    with pytest.raises(TypeError, match="transB"):
+        kernels.gemm(x, x, transB=True)
+    with pytest.raises(TypeError, match="gelu"):
+        kernels.gemm_accumulate(x, x, torch.zeros(16, 16), gelu=True)
 
 
 @pytest.mark.gpu

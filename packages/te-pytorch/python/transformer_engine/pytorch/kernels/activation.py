@@ -23,6 +23,8 @@ limit / alpha / glu_linear_offset are clamped_swiglu's parameters.
 
 from __future__ import annotations
 
+from typing import NamedTuple, Unpack
+
 import torch
 from torch import Tensor
 
@@ -64,27 +66,46 @@ def _out_shape(x: torch.Tensor, code: int) -> tuple:
     return (*x.shape[:-1], x.shape[-1] // 2)
 
 
-def _outputs(shape, like, out_dtype, fp8_dtype, scale, rowwise, columnwise):
-    """(row, col, scale_inv, descriptors of all four FP8 slots)."""
+class ActivationOptions(NamedTuple):
+    """The keyword arguments of every activation op (a keyword group of
+    _common.te_op): the output's format (out_dtype, default x's; or FP8 bytes
+    when fp8_dtype >= 0, with the delayed-scaling `scale`, `amax`
+    max-accumulated if given, rowwise and/or columnwise copies) and
+    clamped_swiglu's parameters."""
+
+    out_dtype: torch.dtype | None = None
+    fp8_dtype: int = -1
+    scale: Tensor | None = None
+    amax: Tensor | None = None
+    rowwise: bool = True
+    columnwise: bool = False
+    limit: float = DEFAULT_PARAMS["limit"]
+    alpha: float = DEFAULT_PARAMS["alpha"]
+    glu_linear_offset: float = DEFAULT_PARAMS["glu_linear_offset"]
+
+
+def _outputs(shape, like, o: ActivationOptions):
+    """(row, col, scale_inv, descriptors of all four FP8 slots) of an output of `shape` in o's format."""
+    fp8_dtype = o.fp8_dtype
     if fp8_dtype >= 0:
         _check_fp8(fp8_dtype)
-        if scale is None:
+        if o.scale is None:
             raise ValueError("argument 'scale' is required for an FP8 output (delayed scaling)")
-        if not (rowwise or columnwise):
+        if not (o.rowwise or o.columnwise):
             raise ValueError("at least one of 'rowwise' and 'columnwise' must be True")
-        row = torch.empty(shape, dtype=torch.uint8, device=like.device) if rowwise else None
-        col = torch.empty(matrix_t_shape(shape), dtype=torch.uint8, device=like.device) if columnwise else None
+        row = torch.empty(shape, dtype=torch.uint8, device=like.device) if o.rowwise else None
+        col = torch.empty(matrix_t_shape(shape), dtype=torch.uint8, device=like.device) if o.columnwise else None
         scale_inv = torch.empty((1,), dtype=torch.float32, device=like.device)
         descs = (
             None if row is None else desc(row, fp8_dtype),
             None if col is None else desc(col, fp8_dtype),
-            desc(scale, FLOAT32),
+            desc(o.scale, FLOAT32),
             desc(scale_inv, FLOAT32),
         )
         return row, col, scale_inv, descs
-    if columnwise:
+    if o.columnwise:
         raise ValueError("a columnwise output needs an FP8 output (fp8_dtype >= 0)")
-    row = torch.empty(shape, dtype=out_dtype, device=like.device)
+    row = torch.empty(shape, dtype=like.dtype if o.out_dtype is None else o.out_dtype, device=like.device)
     return row, None, None, (hp_desc(row, "out_dtype"), None, None, None)
 
 
@@ -112,34 +133,22 @@ _Grads = tuple[Tensor | None, Tensor | None, Tensor | None, Tensor | None]
 
 
 @te_op("activation_fwd", mutates_args=("amax",), shapes=_fwd_shapes)
-def activation_fwd(
-    x: Tensor,
-    kind: str,
-    *,
-    out_dtype: torch.dtype | None = None,
-    fp8_dtype: int = -1,
-    scale: Tensor | None = None,
-    amax: Tensor | None = None,
-    rowwise: bool = True,
-    columnwise: bool = False,
-    limit: float = DEFAULT_PARAMS["limit"],
-    alpha: float = DEFAULT_PARAMS["alpha"],
-    glu_linear_offset: float = DEFAULT_PARAMS["glu_linear_offset"],
-) -> _Outputs:
-    """y = f(x) (plain kinds) or f(a) * lin(b) (gated: last dim halved).
+def activation_fwd(x: Tensor, kind: str, **options: Unpack[ActivationOptions]) -> _Outputs:
+    """y = f(x) (plain kinds) or f(a) * lin(b) (gated: last dim halved); the
+    keyword arguments are ActivationOptions' fields.
 
     Returns (rowwise | None, columnwise | None, scale_inv | None): rowwise has
     out_dtype (default x's), or is uint8 FP8 bytes when fp8_dtype >= 0 (then
     `scale` is required, `amax`, if given, is max-accumulated, and the
     columnwise [K, M] copy can be asked for).
     """
+    o = ActivationOptions(**options)
     code = _code(kind)
     x = contiguous(x)
     x_desc = hp_desc(x, "x")
-    out_dtype = x.dtype if out_dtype is None else out_dtype
-    row, col, scale_inv, descs = _outputs(_out_shape(x, code), x, out_dtype, fp8_dtype, scale, rowwise, columnwise)
-    amax_desc = None if amax is None else desc(amax, FLOAT32)
-    lib.activation_fwd(code, x_desc, *descs, amax_desc, limit, alpha, glu_linear_offset, stream_of(x))
+    row, col, scale_inv, descs = _outputs(_out_shape(x, code), x, o)
+    amax_desc = None if o.amax is None else desc(o.amax, FLOAT32)
+    lib.activation_fwd(code, x_desc, *descs, amax_desc, o.limit, o.alpha, o.glu_linear_offset, stream_of(x))
     return row, col, scale_inv
 
 
@@ -157,16 +166,8 @@ def activation_bwd_fwd_columnwise(
     fwd_fp8_dtype: int,
     fwd_scale: Tensor,
     fwd_values_dtype: torch.dtype = torch.float32,
-    out_dtype: torch.dtype | None = None,
-    fp8_dtype: int = -1,
-    scale: Tensor | None = None,
-    amax: Tensor | None = None,
-    rowwise: bool = True,
-    columnwise: bool = False,
     dbias: bool = False,
-    limit: float = DEFAULT_PARAMS["limit"],
-    alpha: float = DEFAULT_PARAMS["alpha"],
-    glu_linear_offset: float = DEFAULT_PARAMS["glu_linear_offset"],
+    **options: Unpack[ActivationOptions],
 ) -> tuple[Tensor | None, Tensor | None, Tensor | None, Tensor | None, Tensor, Tensor]:
     """`activation_bwd` that also writes, in the same pass, the forward output
     y = f(x) quantized to FP8 columnwise ([H, M]) with `fwd_scale`: the bytes of
@@ -178,6 +179,7 @@ def activation_bwd_fwd_columnwise(
     Returns (rowwise | None, columnwise | None, scale_inv | None, dbias | None,
     fwd_columnwise, fwd_scale_inv).
     """
+    o = ActivationOptions(**options)
     plain = fwd_fp8_dtype is _NO_FORWARD_COPY
     if not plain and (fwd_fp8_dtype is None or fwd_fp8_dtype < 0 or fwd_scale is None):
         raise ValueError("the forward columnwise copy needs an FP8 'fwd_fp8_dtype' and 'fwd_scale'")
@@ -188,8 +190,7 @@ def activation_bwd_fwd_columnwise(
         raise ValueError(
             f"argument 'dy' must have the forward output's shape {_out_shape(x, code)}, got {tuple(dy.shape)}"
         )
-    out_dtype = x.dtype if out_dtype is None else out_dtype
-    row, col, scale_inv, descs = _outputs(x.shape, x, out_dtype, fp8_dtype, scale, rowwise, columnwise)
+    row, col, scale_inv, descs = _outputs(x.shape, x, o)
     bias = torch.empty((x.shape[-1],), dtype=torch.float32, device=x.device) if dbias else None
     stream = stream_of(x)
     ws = workspace(lib.activation_bwd_workspace_size(x_desc, dbias), x, stream) if (dbias and x.is_cuda) else None
@@ -198,16 +199,17 @@ def activation_bwd_fwd_columnwise(
         dy_desc,
         x_desc,
         *descs,
-        None if amax is None else desc(amax, FLOAT32),
+        None if o.amax is None else desc(o.amax, FLOAT32),
         None if bias is None else desc(bias, FLOAT32),
         ws,
     )
-    params = (limit, alpha, glu_linear_offset)
+    params = (o.limit, o.alpha, o.glu_linear_offset)
     if plain:
         lib.activation_bwd(*args, *params, stream)
         return row, col, scale_inv, bias
     out_shape = _out_shape(x, code)
-    _, fwd_col, fwd_scale_inv, fwd_descs = _outputs(out_shape, x, None, fwd_fp8_dtype, fwd_scale, False, True)
+    fwd_format = ActivationOptions(fp8_dtype=fwd_fp8_dtype, scale=fwd_scale, rowwise=False, columnwise=True)
+    _, fwd_col, fwd_scale_inv, fwd_descs = _outputs(out_shape, x, fwd_format)
     values = TORCH_TO_CODE.get(fwd_values_dtype)
     if values is None:
         raise TypeError(f"argument 'fwd_values_dtype' must be float32, bfloat16 or float16, got {fwd_values_dtype}")

@@ -33,6 +33,7 @@ from ._common import (
     desc,
     hp_desc,
     matrix_t_shape,
+    run_dequantizer,
     scalar_desc,
     stream_of,
     te_op,
@@ -226,7 +227,4 @@ def dequantize_fp8(data: Tensor, scale_inv: Tensor, fp8_dtype: int, out_dtype: t
     _check_fp8(fp8_dtype)
     if data.dtype != torch.uint8:
         raise TypeError(f"argument 'data' must hold FP8 bytes as torch.uint8, got {data.dtype}")
-    data = contiguous(data)
-    out = torch.empty(data.shape, dtype=out_dtype, device=data.device)
-    lib.dequantize_fp8(desc(data, fp8_dtype), desc(scale_inv, FLOAT32), hp_desc(out, "out_dtype"), stream_of(data))
-    return out
+    return run_dequantizer(lib.dequantize_fp8, data, fp8_dtype, scale_inv, FLOAT32, out_dtype)

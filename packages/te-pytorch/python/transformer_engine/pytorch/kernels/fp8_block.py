@@ -16,7 +16,7 @@ from torch import Tensor
 
 from transformer_engine.core import lib
 
-from ._common import FLOAT32, contiguous, desc, hp_desc, matrix_t_shape, stream_of, te_op
+from ._common import FLOAT32, matrix_t_shape, run_dequantizer, run_quantizer, te_op
 from .cast import _check_fp8
 
 GEMM_READY = 0
@@ -54,20 +54,10 @@ def quantize_fp8_block(
     _check_block_dim(block_dim)
     if not (rowwise or columnwise):
         raise ValueError("at least one of 'rowwise' and 'columnwise' must be True")
-    x = contiguous(x)
     specs = _outputs(x.shape, rowwise, columnwise, block_dim)
-    outs = tuple(None if s is None else torch.empty(s[0], dtype=s[1], device=x.device) for s in specs)
     codes = (fp8_dtype, FLOAT32, fp8_dtype, FLOAT32)
-    lib.fp8_block_quantize(
-        hp_desc(x, "x"),
-        *(None if t is None else desc(t, c) for t, c in zip(outs, codes)),
-        block_dim,
-        GEMM_READY,
-        force_pow2_scales,
-        amax_epsilon,
-        stream_of(x),
-    )
-    return outs
+    flags = (block_dim, GEMM_READY, force_pow2_scales, amax_epsilon)
+    return run_quantizer(lib.fp8_block_quantize, x, specs, codes, *flags)
 
 
 @te_op("dequantize_fp8_block", shapes=lambda a: (a.data.shape, a.out_dtype))
@@ -82,15 +72,5 @@ def dequantize_fp8_block(
     """float32(q) * its block's scale_inv, rounded to out_dtype; data's stored shape ([K, M] when columnwise)."""
     _check_fp8(fp8_dtype)
     _check_block_dim(block_dim)
-    data, scale_inv = contiguous(data), contiguous(scale_inv)
-    out = torch.empty(data.shape, dtype=out_dtype, device=data.device)
-    lib.fp8_block_dequantize(
-        desc(data, fp8_dtype),
-        desc(scale_inv, FLOAT32),
-        hp_desc(out, "out_dtype"),
-        block_dim,
-        GEMM_READY,
-        columnwise,
-        stream_of(data),
-    )
-    return out
+    flags = (block_dim, GEMM_READY, columnwise)
+    return run_dequantizer(lib.fp8_block_dequantize, data, fp8_dtype, scale_inv, FLOAT32, out_dtype, *flags)

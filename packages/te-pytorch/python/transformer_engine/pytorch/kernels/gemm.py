@@ -26,6 +26,8 @@ columns of D are cut off; the result is the unpadded GEMM's.
 
 from __future__ import annotations
 
+from typing import NamedTuple, Unpack
+
 import torch
 from torch import Tensor
 
@@ -119,11 +121,26 @@ def _up(x: int) -> int:
     return -(-x // _FP8_MULTIPLE) * _FP8_MULTIPLE
 
 
-def _run_padded(a, b, d, operands, bias, pre_gelu, bias_grad, alpha, beta, use_split_accumulator, mnk):
+class GemmOptions(NamedTuple):
+    """The keyword arguments gemm and gemm_accumulate share (a keyword group of
+    _common.te_op): the operands' FP8 codes (-1: high precision) and scale_invs,
+    their layout, whether to return the bias gradient, cuBLASLt's split accumulator."""
+
+    a_dtype: int = -1
+    a_scale_inv: Tensor | None = None
+    b_dtype: int = -1
+    b_scale_inv: Tensor | None = None
+    transa: bool = False
+    transb: bool = False
+    bias_grad: bool = False
+    use_split_accumulator: bool = True
+
+
+def _run_padded(a, b, d, o: GemmOptions, bias, pre_gelu, bias_grad, alpha, beta, mnk):
     """_run on operands zero-padded to multiples of 16; writes the unpadded result into d (and pre_gelu, bias_grad)."""
     m, n, k = mnk
     mp, np_, kp = _up(m), _up(n), _up(k)
-    transa, transb = operands[4], operands[5]
+    transa, transb = o.transa, o.transb
     a2 = a.reshape(-1, a.shape[-1])
     b2 = b.reshape(-1, b.shape[-1])
     a2 = _pad_to(a2, kp, mp) if transa else _pad_to(a2, mp, kp)
@@ -133,7 +150,7 @@ def _run_padded(a, b, d, operands, bias, pre_gelu, bias_grad, alpha, beta, use_s
     bias_p = None if bias is None else _pad_to(bias.reshape(1, n), 1, np_).reshape(np_)
     pre_p = None if pre_gelu is None else pre_gelu.new_empty(mp, np_)
     grad_p = None if bias_grad is None else bias_grad.new_empty(mp)
-    _run(a2, b2, dp, operands, bias_p, pre_p, grad_p, alpha, beta, use_split_accumulator)
+    _run(a2, b2, dp, o, bias_p, pre_p, grad_p, alpha, beta)
     d2.copy_(dp[:m, :n])
     if pre_gelu is not None:
         pre_gelu.copy_(pre_p[:m, :n])
@@ -141,24 +158,24 @@ def _run_padded(a, b, d, operands, bias, pre_gelu, bias_grad, alpha, beta, use_s
         bias_grad.copy_(grad_p[:m])
 
 
-def _needs_padding(a, b, operands):
+def _needs_padding(a, b, o: GemmOptions):
     """(m, n, k) when an FP8 GEMM's sizes break te_gemm's multiple-of-16 rule, else None."""
-    if operands[0] not in FP8_CODES and operands[2] not in FP8_CODES:
+    if o.a_dtype not in FP8_CODES and o.b_dtype not in FP8_CODES:
         return None
-    _, m, n = _out_shape(a, b, operands[4], operands[5])
-    k = a.numel() // a.shape[-1] if operands[4] else a.shape[-1]
+    _, m, n = _out_shape(a, b, o.transa, o.transb)
+    k = a.numel() // a.shape[-1] if o.transa else a.shape[-1]
     if m % _FP8_MULTIPLE or n % _FP8_MULTIPLE or k % _FP8_MULTIPLE:
         return m, n, k
     return None
 
 
-def _run(a, b, d, operands, bias, pre_gelu, bias_grad, alpha, beta, use_split_accumulator):
-    """te_gemm into d; operands = (a_dtype, a_scale_inv, b_dtype, b_scale_inv, transa, transb)."""
-    a_dtype, a_scale_inv, b_dtype, b_scale_inv, transa, transb = operands
+def _run(a, b, d, o: GemmOptions, bias, pre_gelu, bias_grad, alpha, beta):
+    """te_gemm into d (and pre_gelu, bias_grad: None or tensors to write)."""
+    a_dtype, a_scale_inv, b_dtype, b_scale_inv, transa, transb, _, use_split_accumulator = o
     if a_dtype >= 0 or b_dtype >= 0:  # (FP8: the size rule; high precision skips the call)
-        mnk = _needs_padding(a, b, operands)
+        mnk = _needs_padding(a, b, o)
         if mnk is not None:
-            _run_padded(a, b, d, operands, bias, pre_gelu, bias_grad, alpha, beta, use_split_accumulator, mnk)
+            _run_padded(a, b, d, o, bias, pre_gelu, bias_grad, alpha, beta, mnk)
             return
     if not a.is_contiguous():
         a = a.contiguous()
@@ -213,34 +230,28 @@ def gemm(
     a: Tensor,
     b: Tensor,
     *,
-    a_dtype: int = -1,
-    a_scale_inv: Tensor | None = None,
-    b_dtype: int = -1,
-    b_scale_inv: Tensor | None = None,
-    transa: bool = False,
-    transb: bool = False,
     out_dtype: torch.dtype = torch.float32,
     bias: Tensor | None = None,
     gelu: bool = False,
-    bias_grad: bool = False,
-    use_split_accumulator: bool = True,
     alpha: float = 1.0,
+    **options: Unpack[GemmOptions],
 ) -> tuple[Tensor, Tensor | None, Tensor | None]:
-    """D = alpha * op(a) @ op(b) (+ bias) (GELU), see the module docstring.
+    """D = alpha * op(a) @ op(b) (+ bias) (GELU), see the module docstring;
+    the other keyword arguments are GemmOptions' fields.
 
     Returns (D, pre_gelu_out | None, bias_grad | None); the last two have
     out_dtype. FP8 operands: uint8 bytes, their code in a_dtype/b_dtype and
     their scale_inv.
     """
     check_out_dtype(out_dtype)
-    shape, m, n = _out_shape(a, b, transa, transb)
+    o = GemmOptions(**options)
+    shape, m, n = _out_shape(a, b, o.transa, o.transb)
     # (sizes as separate ints: torch parses them faster than a tuple; see cast._prepared_outputs)
     device = a.device
     d = torch.empty(*shape, dtype=out_dtype, device=device)
     pre = torch.empty(m, n, dtype=out_dtype, device=device) if gelu else None
-    grad = torch.empty(m, dtype=out_dtype, device=device) if bias_grad else None
-    operands = (a_dtype, a_scale_inv, b_dtype, b_scale_inv, transa, transb)
-    _run(a, b, d, operands, bias, pre, grad, alpha, 0.0, use_split_accumulator)
+    grad = torch.empty(m, dtype=out_dtype, device=device) if o.bias_grad else None
+    _run(a, b, d, o, bias, pre, grad, alpha, 0.0)
     return d, pre, grad
 
 
@@ -251,22 +262,16 @@ def gemm_accumulate(
     out: Tensor,
     *,
     beta: float = 1.0,
-    a_dtype: int = -1,
-    a_scale_inv: Tensor | None = None,
-    b_dtype: int = -1,
-    b_scale_inv: Tensor | None = None,
-    transa: bool = False,
-    transb: bool = False,
-    bias_grad: bool = False,
-    use_split_accumulator: bool = True,
+    **options: Unpack[GemmOptions],
 ) -> Tensor | None:
-    """out = op(a) @ op(b) + beta * out, in place (beta = 0 overwrites).
+    """out = op(a) @ op(b) + beta * out, in place (beta = 0 overwrites); the
+    other keyword arguments are GemmOptions' fields, as in `gemm`.
 
     Returns bias_grad (out's dtype) or None.
     """
-    _, m, n = _out_shape(a, b, transa, transb)
+    o = GemmOptions(**options)
+    _, m, n = _out_shape(a, b, o.transa, o.transb)
     check_accumulate_out(out, m, n)
-    grad = torch.empty(m, dtype=out.dtype, device=a.device) if bias_grad else None
-    operands = (a_dtype, a_scale_inv, b_dtype, b_scale_inv, transa, transb)
-    _run(a, b, out, operands, None, None, grad, 1.0, beta, use_split_accumulator)
+    grad = torch.empty(m, dtype=out.dtype, device=a.device) if o.bias_grad else None
+    _run(a, b, out, o, None, None, grad, 1.0, beta)
     return grad

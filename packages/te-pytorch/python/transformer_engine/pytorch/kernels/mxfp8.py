@@ -19,7 +19,7 @@ from torch import Tensor
 from transformer_engine.core import DType, lib
 from transformer_engine.core.mxfp8 import mxfp8_scale_shape
 
-from ._common import contiguous, desc, hp_desc, stream_of, te_op
+from ._common import run_dequantizer, run_quantizer, te_op
 from .cast import _check_fp8
 
 E8M0 = int(DType.kFloat8E8M0)
@@ -46,18 +46,9 @@ def quantize_mxfp8(
     _check_fp8(fp8_dtype)
     if not (rowwise or columnwise):
         raise ValueError("at least one of 'rowwise' and 'columnwise' must be True")
-    x = contiguous(x)
     specs = _outputs(x.shape, rowwise, columnwise)
-    outs = tuple(None if s is None else torch.empty(s[0], dtype=torch.uint8, device=x.device) for s in specs)
     codes = (fp8_dtype, E8M0, fp8_dtype, E8M0)
-    lib.quantize_mxfp8(
-        hp_desc(x, "x"),
-        *(None if t is None else desc(t, c) for t, c in zip(outs, codes)),
-        use_2d_blocks,
-        swizzled_scales,
-        stream_of(x),
-    )
-    return outs
+    return run_quantizer(lib.quantize_mxfp8, x, specs, codes, use_2d_blocks, swizzled_scales)
 
 
 @te_op("dequantize_mxfp8", shapes=lambda a: (a.data.shape, a.out_dtype))
@@ -71,14 +62,5 @@ def dequantize_mxfp8(
 ) -> Tensor:
     """q * 2^(e - 127) per block, rounded to out_dtype; data's shape."""
     _check_fp8(fp8_dtype)
-    data, scale_inv = contiguous(data), contiguous(scale_inv)
-    out = torch.empty(data.shape, dtype=out_dtype, device=data.device)
-    lib.dequantize_mxfp8(
-        desc(data, fp8_dtype),
-        desc(scale_inv, E8M0),
-        hp_desc(out, "out_dtype"),
-        columnwise,
-        swizzled_scales,
-        stream_of(data),
-    )
-    return out
+    flags = (columnwise, swizzled_scales)
+    return run_dequantizer(lib.dequantize_mxfp8, data, fp8_dtype, scale_inv, E8M0, out_dtype, *flags)

@@ -20,7 +20,7 @@ from torch import Tensor
 from transformer_engine.core import DType, lib
 from transformer_engine.core.nvfp4 import scale_shape
 
-from ._common import contiguous, desc, hp_desc, matrix_t_shape, scalar_desc, stream_of, te_op
+from ._common import contiguous, desc, empty_outputs, hp_desc, matrix_t_shape, scalar_desc, stream_of, te_op
 
 FP4, E4M3, INT64 = int(DType.kFloat4E2M1), int(DType.kFloat8E4M3), int(DType.kInt64)
 
@@ -73,10 +73,7 @@ def quantize_nvfp4(
     if stochastic_rounding and (rng_state is None or rng_state.dtype != torch.int64 or rng_state.numel() != 2):
         raise ValueError("stochastic_rounding needs 'rng_state': an int64 tensor of 2 elements (seed, offset)")
     x = contiguous(x)
-    specs = _outputs(x.shape, rowwise, columnwise)
-    row, row_s, col, col_s, amaxes = (
-        None if s is None else torch.empty(s[0], dtype=s[1], device=x.device) for s in specs
-    )
+    row, row_s, col, col_s, amaxes = empty_outputs(_outputs(x.shape, rowwise, columnwise), x)
     stream = stream_of(x)
     rht = random_hadamard and columnwise
     if amax is None:

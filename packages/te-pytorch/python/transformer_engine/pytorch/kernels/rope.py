@@ -10,7 +10,7 @@ from torch import Tensor
 
 from transformer_engine.core import lib
 
-from ._common import FLOAT32, contiguous, desc, hp_desc, stream_of, te_op
+from ._common import FLOAT32, contiguous, desc, hp_desc, signature_without, stream_of, te_op
 
 TENSOR_FORMAT = {"bshd": 0, "sbhd": 1, "thd": 2}  # (te_qkv_format's numbers)
 INT32 = 2  # te_dtype code of cu_seqlens / start_positions
@@ -25,7 +25,20 @@ def _int32(t: Tensor | None, name: str) -> Tensor | None:
     return contiguous(t.to(torch.int32))
 
 
-def _run(fn, x, freqs, cu_seqlens, start_positions, tensor_format, interleaved, cp_size, cp_rank, name):
+def _run(
+    fn,
+    name,
+    x: Tensor,
+    freqs: Tensor,
+    cu_seqlens: Tensor | None,
+    start_positions: Tensor | None,
+    tensor_format: int,
+    interleaved: bool,
+    cp_size: int = 1,
+    cp_rank: int = 0,
+) -> Tensor:
+    """fn (lib.rope_fwd or lib.rope_bwd) on x, the op's argument `name`: the
+    implementation of both ops (the rest of this signature is theirs)."""
     x = contiguous(x)
     if freqs.dtype != torch.float32:
         raise TypeError(f"rope: argument 'freqs' must be float32, got {freqs.dtype}")
@@ -48,33 +61,18 @@ def _run(fn, x, freqs, cu_seqlens, start_positions, tensor_format, interleaved, 
     return out
 
 
-@te_op("rope_fwd", shapes=lambda a: (a.t.shape, a.t.dtype))
-def rope_fwd(
-    t: Tensor,
-    freqs: Tensor,
-    cu_seqlens: Tensor | None,
-    start_positions: Tensor | None,
-    tensor_format: int,
-    interleaved: bool,
-    cp_size: int = 1,
-    cp_rank: int = 0,
-) -> Tensor:
-    """t rotated by freqs (FP32 [S, 1, 1, d2]); tensor_format 0 bshd, 1 sbhd, 2 thd."""
-    return _run(lib.rope_fwd, t, freqs, cu_seqlens, start_positions, tensor_format, interleaved, cp_size, cp_rank, "t")
+def _op(name: str, x_name: str, doc: str):
+    """The op `name`: _run with te-core's function of that name and _run's
+    signature, its tensor argument called x_name."""
+
+    def impl(x, *args, **kwargs):
+        return _run(getattr(lib, name), x_name, x, *args, **kwargs)
+
+    impl.__name__ = impl.__qualname__ = name
+    impl.__doc__ = doc
+    signature = signature_without(_run, "fn", "name", rename={"x": x_name})
+    return te_op(name, shapes=lambda a: (getattr(a, x_name).shape, getattr(a, x_name).dtype), signature=signature)(impl)
 
 
-@te_op("rope_bwd", shapes=lambda a: (a.d_out.shape, a.d_out.dtype))
-def rope_bwd(
-    d_out: Tensor,
-    freqs: Tensor,
-    cu_seqlens: Tensor | None,
-    start_positions: Tensor | None,
-    tensor_format: int,
-    interleaved: bool,
-    cp_size: int = 1,
-    cp_rank: int = 0,
-) -> Tensor:
-    """The gradient of rope_fwd with respect to t."""
-    return _run(
-        lib.rope_bwd, d_out, freqs, cu_seqlens, start_positions, tensor_format, interleaved, cp_size, cp_rank, "d_out"
-    )
+rope_fwd = _op("rope_fwd", "t", "t rotated by freqs (FP32 [S, 1, 1, d2]); tensor_format 0 bshd, 1 sbhd, 2 thd.")
+rope_bwd = _op("rope_bwd", "d_out", "The gradient of rope_fwd with respect to t (rope_fwd's other arguments).")
