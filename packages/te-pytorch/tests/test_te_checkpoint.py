@@ -267,3 +267,55 @@ def test_layernorm_mlp_checkpoint_is_identical_and_saves_less(device, kind):
     # (zero-element placeholders hold no memory)
     kept = [t for t in saved if t.numel() and t.data_ptr() not in params and t.data_ptr() != x.data_ptr()]
     assert kept == [], [tuple(t.shape) for t in kept]
+
+
+class _ClientCheckpoint(torch.autograd.Function):
+    """A client's own reentrant checkpoint (Megatron-Core's CheckpointFunction): the
+    forward runs without grad inside activation_recompute_forward(True, False); the
+    backward recomputes under the forward's recipe inside activation_recompute_forward(
+    True, True) and back-propagates through the recomputed graph."""
+
+    @staticmethod
+    def forward(ctx, run, fp8_recipe, x):
+        ctx.run, ctx.fp8_recipe = run, fp8_recipe
+        ctx.save_for_backward(x)
+        with torch.no_grad(), te_dist.activation_recompute_forward(activation_recompute=True, recompute_phase=False):
+            assert te_dist.is_fp8_activation_recompute_enabled()
+            return run(x)
+
+    @staticmethod
+    def backward(ctx, dy):
+        (x,) = ctx.saved_tensors
+        x = x.detach().requires_grad_(True)
+        with torch.enable_grad(), te.autocast(recipe=ctx.fp8_recipe):
+            with te_dist.activation_recompute_forward(activation_recompute=True, recompute_phase=True):
+                assert te_dist.in_fp8_activation_recompute_phase()
+                y = ctx.run(x)
+        torch.autograd.backward(y, dy)
+        return None, None, x.grad
+
+
+@pytest.mark.parametrize("kind", ["delayed", "current"])
+def test_activation_recompute_forward_as_a_client_checkpoint_uses_it(kind):
+    """Outputs, gradients and the delayed-scaling state after several steps equal the
+    run that saves its activations, with two checkpointed blocks per step (their
+    recomputes pair with their forwards in order)."""
+    hidden, steps = 32, 3
+    torch.manual_seed(3)
+    eager = Model(hidden, 2, "cpu")
+    client = copy.deepcopy(eager)
+    fp8_recipe = RECIPES[kind]()
+
+    def forward(x):
+        for block in client.blocks:
+            x = _ClientCheckpoint.apply(block, fp8_recipe, x)
+        return x
+
+    client.forward = forward
+    inputs = [torch.randn(4, 8, hidden) for _ in range(steps)]
+    reference = _train(eager, kind, steps, inputs)
+    result = _train(client, kind, steps, inputs)
+    _assert_same(reference, result)
+    assert len(te_dist._AWAITING_RECOMPUTE) == 0  # every recorded forward met its recompute
+    with te_dist.activation_recompute_forward(activation_recompute=True):  # (no FP8: the block runs unchanged)
+        assert not te_dist.is_fp8_activation_recompute_enabled()

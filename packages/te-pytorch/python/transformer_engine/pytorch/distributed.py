@@ -36,6 +36,7 @@ get_rng_state_tracker are saved and restored too, so dropout masks match.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import warnings
 
@@ -80,9 +81,9 @@ class _RecomputeQueue(_UpdateQueue):
     update; a state the original forward used gets that forward's scale back
     until the recompute ends, and its staging amax row is kept as it was."""
 
-    def __init__(self, saved: dict[int, tuple]) -> None:
+    def __init__(self, saved) -> None:
         super().__init__()
-        self.saved = saved
+        self.saved = saved  # id(state) -> (state, scale): a dict, or _AwaitingScales
         self.swapped: dict[int, tuple] = {}
 
     def add(self, state, group) -> None:
@@ -98,6 +99,98 @@ class _RecomputeQueue(_UpdateQueue):
             state.scale.copy_(scale)
             state.amax_history[0].copy_(staging)
         self.swapped = {}
+
+
+@contextlib.contextmanager
+def _recording_forward():
+    """The original forward of a checkpointed function: yields a dict that holds,
+    after the block, the scale each delayed-scaling state quantized with."""
+    s = FP8GlobalStateManager
+    real = s.forward_queue
+    recording = _RecordingQueue(real)
+    s.forward_queue = recording
+    s.checkpoint_forward_depth += 1
+    scales: dict[int, tuple] = {}
+    try:
+        yield scales
+    finally:
+        s.checkpoint_forward_depth -= 1
+        s.forward_queue = real
+        scales.update(recording.scales)
+
+
+@contextlib.contextmanager
+def _recomputing(scales):
+    """The recompute of a forward that _recording_forward recorded (see the module
+    docstring): its scales back for the block, no second forward update, and a
+    backward queue of its own."""
+    s = FP8GlobalStateManager
+    outer = (s.forward_queue, s.backward_queue)
+    queue = _RecomputeQueue(scales)
+    s.forward_queue, s.backward_queue = queue, _UpdateQueue()
+    _PHASE["recompute"] += 1
+    try:
+        yield
+    finally:
+        _PHASE["recompute"] -= 1
+        queue.restore()
+        s.forward_queue, s.backward_queue = outer
+
+
+class _AwaitingScales:
+    """The scales activation_recompute_forward recorded, per delayed-scaling state,
+    oldest first: a module's recomputes run in the order of its forwards (one step's
+    layers recompute in reverse, the microbatches of a pipeline schedule in order),
+    the pairing the reference keeps per module. Read like _RecomputeQueue's dict:
+    get() hands out (and forgets) a state's oldest recorded scale."""
+
+    def __init__(self) -> None:
+        self.by_state: dict[int, collections.deque] = {}
+
+    def push(self, scales: dict[int, tuple]) -> None:
+        for key, entry in scales.items():
+            self.by_state.setdefault(key, collections.deque()).append(entry)
+
+    def get(self, key: int):
+        waiting = self.by_state.get(key)
+        if not waiting:
+            return None
+        entry = waiting.popleft()
+        if not waiting:
+            del self.by_state[key]
+        return entry
+
+    def __len__(self) -> int:
+        return sum(len(d) for d in self.by_state.values())
+
+
+_AWAITING_RECOMPUTE = _AwaitingScales()
+
+
+@contextlib.contextmanager
+def activation_recompute_forward(activation_recompute: bool = False, recompute_phase: bool = False):
+    """The reference's context for activation recomputation written outside
+    te.checkpoint (Megatron-Core's CheckpointFunction and CheckpointWithoutOutput).
+
+    With activation_recompute=True under FP8 (te.autocast enabled): with
+    recompute_phase=False the block is a checkpointed function's original forward
+    (is_fp8_activation_recompute_enabled() is True inside; the scales it quantizes
+    with are recorded); with recompute_phase=True it is that forward's recompute
+    in backward (in_fp8_activation_recompute_phase() is True inside), which
+    quantizes with the scale each module's oldest unmatched recorded forward used,
+    queues no second forward update and runs its modules' backward update itself,
+    exactly as te.checkpoint does. Otherwise the block runs unchanged. The caller runs the
+    recompute under the forward's te.autocast settings (Megatron-Core does)."""
+    if not (activation_recompute and FP8GlobalStateManager.fp8_enabled):
+        yield
+        return
+    if not recompute_phase:
+        with _recording_forward() as scales:
+            yield
+        _AWAITING_RECOMPUTE.push(scales)
+        return
+    with _recomputing(_AWAITING_RECOMPUTE):
+        yield
 
 
 class _Checkpointed:
@@ -122,32 +215,18 @@ class _Checkpointed:
     def _forward(self, args, kwargs):
         if self.rng_tracker is not None:
             self.rng_states = self.rng_tracker.get_states()
-        s = FP8GlobalStateManager
-        real = s.forward_queue
-        recording = _RecordingQueue(real)
-        s.forward_queue = recording
-        s.checkpoint_forward_depth += 1
-        try:
+        with _recording_forward() as self.scales:
             return self.function(*args, **kwargs)
-        finally:
-            s.checkpoint_forward_depth -= 1
-            s.forward_queue = real
-            self.scales = recording.scales
 
     def _recompute(self, args, kwargs):
         s = FP8GlobalStateManager
-        outer = (s.fp8_enabled, s.fp8_calibration, s.fp8_recipe, s.fp8_group, s.forward_queue, s.backward_queue)
-        queue = _RecomputeQueue(self.scales)
+        outer = (s.fp8_enabled, s.fp8_calibration, s.fp8_recipe, s.fp8_group)
         s.fp8_enabled, s.fp8_calibration, s.fp8_recipe, s.fp8_group = self.fp8
-        s.forward_queue, s.backward_queue = queue, _UpdateQueue()
-        _PHASE["recompute"] += 1
         try:
-            with self._rng():
+            with _recomputing(self.scales), self._rng():
                 return self.function(*args, **kwargs)
         finally:
-            _PHASE["recompute"] -= 1
-            queue.restore()
-            s.fp8_enabled, s.fp8_calibration, s.fp8_recipe, s.fp8_group, s.forward_queue, s.backward_queue = outer
+            s.fp8_enabled, s.fp8_calibration, s.fp8_recipe, s.fp8_group = outer
 
     @contextlib.contextmanager
     def _rng(self):
