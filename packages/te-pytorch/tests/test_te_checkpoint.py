@@ -319,3 +319,17 @@ def test_activation_recompute_forward_as_a_client_checkpoint_uses_it(kind):
     assert len(te_dist._AWAITING_RECOMPUTE) == 0  # every recorded forward met its recompute
     with te_dist.activation_recompute_forward(activation_recompute=True):  # (no FP8: the block runs unchanged)
         assert not te_dist.is_fp8_activation_recompute_enabled()
+
+
+def test_recompute_phase_is_per_thread():
+    """The recompute flag is the recomputing thread's, as the autocast state is."""
+    import threading
+
+    seen = []
+    with te.autocast(recipe=recipe.Float8CurrentScaling()):
+        with te_dist.activation_recompute_forward(activation_recompute=True, recompute_phase=True):
+            assert te_dist.in_fp8_activation_recompute_phase()
+            other = threading.Thread(target=lambda: seen.append(te_dist.in_fp8_activation_recompute_phase()))
+            other.start()
+            other.join()
+    assert seen == [False] and not te_dist.in_fp8_activation_recompute_phase()

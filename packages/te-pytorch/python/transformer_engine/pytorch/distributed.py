@@ -38,14 +38,13 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import threading
 import warnings
 
 import torch
 import torch.utils.checkpoint
 
 from .quantization import FP8GlobalStateManager, _UpdateQueue
-
-_PHASE = {"recompute": 0}
 
 
 def is_fp8_activation_recompute_enabled() -> bool:
@@ -55,7 +54,7 @@ def is_fp8_activation_recompute_enabled() -> bool:
 
 def in_fp8_activation_recompute_phase() -> bool:
     """True while te.checkpoint recomputes a function's forward (in backward)."""
-    return _PHASE["recompute"] > 0
+    return FP8GlobalStateManager.recompute_depth > 0
 
 
 class _RecordingQueue:
@@ -128,11 +127,11 @@ def _recomputing(scales):
     outer = (s.forward_queue, s.backward_queue)
     queue = _RecomputeQueue(scales)
     s.forward_queue, s.backward_queue = queue, _UpdateQueue()
-    _PHASE["recompute"] += 1
+    s.recompute_depth += 1
     try:
         yield
     finally:
-        _PHASE["recompute"] -= 1
+        s.recompute_depth -= 1
         queue.restore()
         s.forward_queue, s.backward_queue = outer
 
@@ -146,22 +145,28 @@ class _AwaitingScales:
 
     def __init__(self) -> None:
         self.by_state: dict[int, collections.deque] = {}
+        # Shared by every thread: backward (and so the recompute) may run on another
+        # thread than the forward (autograd's device threads).
+        self.lock = threading.Lock()
 
     def push(self, scales: dict[int, tuple]) -> None:
-        for key, entry in scales.items():
-            self.by_state.setdefault(key, collections.deque()).append(entry)
+        with self.lock:
+            for key, entry in scales.items():
+                self.by_state.setdefault(key, collections.deque()).append(entry)
 
     def get(self, key: int):
-        waiting = self.by_state.get(key)
-        if not waiting:
-            return None
-        entry = waiting.popleft()
-        if not waiting:
-            del self.by_state[key]
-        return entry
+        with self.lock:
+            waiting = self.by_state.get(key)
+            if not waiting:
+                return None
+            entry = waiting.popleft()
+            if not waiting:
+                del self.by_state[key]
+            return entry
 
     def __len__(self) -> int:
-        return sum(len(d) for d in self.by_state.values())
+        with self.lock:
+            return sum(len(d) for d in self.by_state.values())
 
 
 _AWAITING_RECOMPUTE = _AwaitingScales()

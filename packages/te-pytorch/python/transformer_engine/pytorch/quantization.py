@@ -212,6 +212,8 @@ class _FP8GlobalState(threading.local):
         # > 0 while te.checkpoint runs a function's original forward: reentrant
         # checkpointing runs it without grad, but it is a training step.
         self.checkpoint_forward_depth = 0
+        # > 0 while a checkpointed forward is recomputed in this thread (in backward).
+        self.recompute_depth = 0
         self.forward_queue = _UpdateQueue()
         self.backward_queue = _UpdateQueue()
 
