@@ -30,6 +30,7 @@ CASES = (
     + ["attention-causal_gqa-none", "attention-padding_bias-none", "attention-thd-none", "attention-learnable-none"]
     # MXFP8 and FP8 blocks (stateless, blocks local to a shard): layouts whose shards hold whole blocks
     + ["dense-col-mxfp8", "dense-row-mxfp8", "dense-col_sp-mxfp8", "dense-col-fp8_block", "dense-row-fp8_block"]
+    + ["dense-col-nvfp4", "dense-row-nvfp4"]
     + [f"flax_{m}-{r}" for m in ("DenseGeneral", "LayerNormDenseGeneral", "LayerNormMLP") for r in ("none", "delayed")]
     + ["flax_MultiHeadAttention-none", "flax_MultiHeadAttention-delayed", "flax_TransformerLayer-delayed"]
 )
@@ -85,6 +86,8 @@ def _recipe(name):
         "current": recipe.Float8CurrentScaling(),
         "mxfp8": recipe.MXFP8BlockScaling(),
         "fp8_block": recipe.Float8BlockScaling(),
+        # (stochastic rounding draws per shard: equal to one device only without it)
+        "nvfp4": recipe.NVFP4BlockScaling(disable_stochastic_rounding=True),
     }[name]
 
 

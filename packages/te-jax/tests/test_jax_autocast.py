@@ -62,17 +62,17 @@ def test_fp8_autocast_is_a_deprecated_alias():
 
 @pytest.mark.parametrize(
     "unsupported",
-    [recipe.NVFP4BlockScaling],
-    ids=lambda c: c.__name__,
+    [lambda: recipe.CustomRecipe(qfactory=lambda role: None)],
+    ids=["CustomRecipe"],
 )
 def test_unsupported_recipes_raise_when_enabled(unsupported):
     fp8_recipe = unsupported()
     with pytest.raises(NotImplementedError) as error, te_jax.autocast(enabled=True, recipe=fp8_recipe):
         pass
     message = str(error.value)
-    assert message.startswith(f"autocast: {unsupported.__name__} is not supported by te-jax yet")
+    assert message.startswith(f"autocast: {type(fp8_recipe).__name__} is not supported by te-jax yet")
     assert "supported: DelayedScaling, Float8CurrentScaling, MXFP8BlockScaling, Float8BlockScaling" in message
-    assert "NVFP4BlockScaling" in message and "not yet available" in message
+    assert "NVFP4BlockScaling; custom recipes" in message and "not yet available" in message
     assert get_fp8_recipe() is None  # a refused context changes nothing
     with te_jax.autocast(enabled=False, recipe=fp8_recipe):  # disabled: the recipe is never used
         assert get_fp8_recipe() is None

@@ -31,8 +31,9 @@ def _demo():
         recipe.Float8CurrentScaling(),
         recipe.MXFP8BlockScaling(),
         recipe.Float8BlockScaling(),
+        recipe.NVFP4BlockScaling(),
     ],
-    ids=["delayed", "current", "mxfp8", "fp8_block"],
+    ids=["delayed", "current", "mxfp8", "fp8_block", "nvfp4"],
 )
 @pytest.mark.parametrize("model", ["dense", "layernorm_mlp"])
 def test_fp8_training_tracks_high_precision(fp8_recipe, model):

@@ -208,8 +208,8 @@ def test_bad_arguments_name_the_argument_and_rule():
 def test_bad_recipes_for_quantizer_sets():
     with pytest.raises(TypeError, match="argument 'recipe' must be None or a transformer_engine.common.recipe"):
         QuantizerFactory.create_set("delayed")
-    with pytest.raises(NotImplementedError, match="NVFP4BlockScaling is not supported by te-jax yet"):
-        QuantizerFactory.create_set(recipe.NVFP4BlockScaling())
+    with pytest.raises(NotImplementedError, match="CustomRecipe is not supported by te-jax yet"):
+        QuantizerFactory.create_set(recipe.CustomRecipe(qfactory=lambda role: None))
     with pytest.raises(NotImplementedError, match="callables are not supported"):
         QuantizerFactory.create_set(recipe.DelayedScaling(amax_compute_algo=lambda history: history[0]))
     with pytest.raises(ValueError, match="argument 'scaling_mode' must be a ScalingMode"):

@@ -162,8 +162,11 @@ BLOCKS = {
 @pytest.mark.parametrize("name", [pytest.param(n, marks=_marks(n)) for n in CASES if n.rsplit("-", 1)[0] in BLOCKS])
 def test_kernels_run_on_local_blocks(results, name):
     target, block = BLOCKS[name.rsplit("-", 1)[0]]
-    if name.endswith(("-mxfp8", "-fp8_block")) and target == "te_jax_gemm":
+    if name.endswith(("-mxfp8", "-fp8_block", "-nvfp4")) and target == "te_jax_gemm":
         target = "te_jax_gemm_block"  # (the block-scaled GEMM, on the same local blocks)
+        if name.endswith("-nvfp4"):  # (NVFP4 data is packed, two elements per byte)
+            *lead, last = block.split(",")
+            block = ",".join([*lead, str(int(last) // 2)])
     shapes = {shape.split("[")[1].rstrip("]") for t, shape in results[name]["ffi_calls"] if t == target}
     assert block in shapes, (target, block, shapes)
 

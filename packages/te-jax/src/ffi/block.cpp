@@ -9,6 +9,7 @@
 #include "te/fp8_block.h"
 #include "te/gemm_block.h"
 #include "te/mxfp8.h"
+#include "te/nvfp4.h"
 
 namespace te_jax {
 namespace {
@@ -74,6 +75,82 @@ Error quantize_fp8_block(const Device& d, AnyBuffer x, Result<AnyBuffer> row,
       .Attr<bool>("force_pow2_scales")    \
       .Attr<float>("amax_epsilon")
 
+// NVFP4 data travels as packed bytes (uint8 [..., n], two E2M1 values each): the
+// core's FP4 tensor of the same bytes is [..., 2n].
+void as_fp4(te_tensor* t) {
+  t->dtype = TE_DTYPE_FLOAT4E2M1;
+  if (t->ndim > 0) t->shape[t->ndim - 1] *= 2;
+}
+
+// The global amaxes of NVFP4's two directions (te_nvfp4_compute_amax).
+Error nvfp4_amax(const Device& d, AnyBuffer x, Result<AnyBuffer> amax_row,
+                 Result<AnyBuffer> amax_col, bool random_hadamard, int32_t rht_sign_mask) {
+  te_tensor tx, tr, tc;
+  if (Error e = describe_all(
+          d,
+          {{x, "x", &tx}, {*amax_row, "amax_rowwise", &tr}, {*amax_col, "amax_columnwise", &tc}});
+      e.failure())
+    return e;
+  te_nvfp4_options o{};
+  o.random_hadamard = random_hadamard ? 1 : 0;
+  o.rht_sign_mask = static_cast<uint32_t>(rht_sign_mask);
+  return from_status(te_nvfp4_compute_amax(&tx, &tr, &tc, &o, d.stream));
+}
+
+#define TE_JAX_NVFP4_AMAX_ARGS(b)    \
+  b.Arg<AnyBuffer>()                 \
+      .Ret<AnyBuffer>()              \
+      .Ret<AnyBuffer>()              \
+      .Attr<bool>("random_hadamard") \
+      .Attr<int32_t>("rht_sign_mask")
+
+// NVFP4 copies of x with the given global amaxes; rng_state is the (seed,
+// offset) pair as four int32 words (JAX without x64 has no int64 arrays),
+// read as the core's INT64 [2].
+Error nvfp4_quantize(const Device& d, AnyBuffer x, AnyBuffer amax_row, AnyBuffer amax_col,
+                     AnyBuffer rng, Result<AnyBuffer> row, Result<AnyBuffer> row_scale,
+                     Result<AnyBuffer> col, Result<AnyBuffer> col_scale, bool block_2d,
+                     bool stochastic_rounding, bool random_hadamard, int32_t rht_sign_mask) {
+  BlockCopies c;
+  te_tensor tar, tac, trng;
+  te_tensor *par, *pac, *prng;
+  if (Error e = describe_copies(d, x, row, row_scale, col, col_scale, &c); e.failure()) return e;
+  if (Error e = describe_all(d, {{amax_row, "amax_rowwise", &tar, &par},
+                                 {amax_col, "amax_columnwise", &tac, &pac},
+                                 {rng, "rng_state", &trng, &prng}});
+      e.failure())
+    return e;
+  if (c.prow != nullptr) as_fp4(c.prow);
+  if (c.pcol != nullptr) as_fp4(c.pcol);
+  if (prng != nullptr) {
+    trng.dtype = TE_DTYPE_INT64;
+    trng.ndim = 1;
+    trng.shape[0] = 2;
+  }
+  te_nvfp4_options o{};
+  o.block_2d = block_2d ? 1 : 0;
+  o.stochastic_rounding = stochastic_rounding ? 1 : 0;
+  o.random_hadamard = random_hadamard ? 1 : 0;
+  o.rht_sign_mask = static_cast<uint32_t>(rht_sign_mask);
+  o.rng_state = prng;
+  return from_status(
+      te_nvfp4_quantize(&c.x, par, c.prow, c.prow_si, pac, c.pcol, c.pcol_si, &o, d.stream));
+}
+
+#define TE_JAX_NVFP4_QUANTIZE_ARGS(b)    \
+  b.Arg<AnyBuffer>()                     \
+      .Arg<AnyBuffer>()                  \
+      .Arg<AnyBuffer>()                  \
+      .Arg<AnyBuffer>()                  \
+      .Ret<AnyBuffer>()                  \
+      .Ret<AnyBuffer>()                  \
+      .Ret<AnyBuffer>()                  \
+      .Ret<AnyBuffer>()                  \
+      .Attr<bool>("block_2d")            \
+      .Attr<bool>("stochastic_rounding") \
+      .Attr<bool>("random_hadamard")     \
+      .Attr<int32_t>("rht_sign_mask")
+
 struct Operand {
   te_tensor data, scale_inv, amax;
   te_tensor *scale_inv_ptr = nullptr, *amax_ptr = nullptr;
@@ -89,6 +166,7 @@ Error describe_operand(const Device& d, const AnyBuffer& data, const AnyBuffer& 
 }
 
 te_gemm_operand gemm_operand(Operand& o, int32_t scaling) {
+  if (scaling == TE_SCALING_NVFP4) as_fp4(&o.data);
   te_gemm_operand g{};
   g.data = &o.data;
   g.scaling = static_cast<te_scaling_mode>(scaling);
@@ -147,6 +225,8 @@ Error gemm_block(const Device& d, AnyBuffer a, AnyBuffer a_scale_inv, AnyBuffer 
 TE_JAX_DEFINE_HANDLERS(te_jax_quantize_mxfp8, quantize_mxfp8, TE_JAX_QUANTIZE_MXFP8_ARGS);
 TE_JAX_DEFINE_HANDLERS(te_jax_quantize_fp8_block, quantize_fp8_block,
                        TE_JAX_QUANTIZE_FP8_BLOCK_ARGS);
+TE_JAX_DEFINE_HANDLERS(te_jax_nvfp4_amax, nvfp4_amax, TE_JAX_NVFP4_AMAX_ARGS);
+TE_JAX_DEFINE_HANDLERS(te_jax_nvfp4_quantize, nvfp4_quantize, TE_JAX_NVFP4_QUANTIZE_ARGS);
 TE_JAX_DEFINE_HANDLERS(te_jax_gemm_block, gemm_block, TE_JAX_GEMM_BLOCK_ARGS);
 
 }  // namespace te_jax

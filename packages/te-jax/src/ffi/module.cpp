@@ -28,6 +28,8 @@ namespace nb = nanobind;
   X(te_jax_softmax_bwd)                  \
   X(te_jax_quantize_mxfp8)               \
   X(te_jax_quantize_fp8_block)           \
+  X(te_jax_nvfp4_amax)                   \
+  X(te_jax_nvfp4_quantize)               \
   X(te_jax_gemm_block)
 
 #define TE_JAX_DECLARE(name)                                \

@@ -169,9 +169,11 @@ def _block_gemm(a: BlockScaledTensor, a_rowwise: bool, b: BlockScaledTensor, b_r
         transa, transb = not a_rowwise, b_rowwise
     else:
         transa, transb = False, True
+    a_amax = a.rowwise_amax if a_rowwise else a.columnwise_amax  # (NVFP4; None otherwise)
+    b_amax = b.rowwise_amax if b_rowwise else b.columnwise_amax
     return gemm_block(
         a_data, a_si, b_data, b_si, a_scaling=a.scaling, b_scaling=b.scaling, transa=transa, transb=transb,
-        out_dtype=out_dtype, bias=bias,
+        out_dtype=out_dtype, bias=bias, a_amax=a_amax, b_amax=b_amax,
     )  # fmt: skip
 
 

@@ -6,7 +6,7 @@ modules; like the reference library's cpp_extensions, usable directly.
 
 from .activation import ActivationOutput, activation_bwd, activation_fwd
 from .attention import AttentionForward, AttentionGrad, attention_bwd, attention_fwd, make_rng_state
-from .block import gemm_block, quantize_fp8_block, quantize_mxfp8
+from .block import gemm_block, nvfp4_amax, quantize_fp8_block, quantize_mxfp8, quantize_nvfp4
 from .cast import compute_amax, delayed_scaling_update, dequantize_fp8, quantize_fp8, quantize_fp8_current_scaling
 from .gemm import gemm
 from .norm import NormForward, layernorm_bwd, layernorm_fwd, rmsnorm_bwd, rmsnorm_fwd
@@ -36,10 +36,12 @@ __all__ = [
     "layernorm_bwd",
     "layernorm_fwd",
     "make_rng_state",
+    "nvfp4_amax",
     "quantize_fp8",
     "quantize_fp8_block",
     "quantize_fp8_current_scaling",
     "quantize_mxfp8",
+    "quantize_nvfp4",
     "rmsnorm_bwd",
     "rmsnorm_fwd",
     "scaled_masked_softmax_bwd",

@@ -27,7 +27,9 @@ from ._checks import HIGH_PRECISION, check_dtype, check_fp8_dtype, dtype_name, g
 
 E8M0 = jnp.dtype(jnp.float8_e8m0fnu)
 # te_scaling_mode codes (te/gemm_block.h) of the block formats
-SCALING_FP8_BLOCK_1D, SCALING_FP8_BLOCK_2D, SCALING_MXFP8 = 2, 3, 4
+SCALING_FP8_BLOCK_1D, SCALING_FP8_BLOCK_2D, SCALING_MXFP8, SCALING_NVFP4 = 2, 3, 4, 5
+E4M3 = jnp.dtype(jnp.float8_e4m3fn)
+_AMAX = jax.ShapeDtypeStruct((1,), jnp.float32)
 _PLACEHOLDER = jax.ShapeDtypeStruct((0,), jnp.uint8)
 
 
@@ -127,26 +129,108 @@ def quantize_fp8_block(
     return keep(row, rowwise), keep(row_si, rowwise), keep(col, columnwise), keep(col_si, columnwise)
 
 
-_SCALE_DTYPE = {SCALING_FP8_BLOCK_1D: jnp.dtype(jnp.float32), SCALING_FP8_BLOCK_2D: jnp.dtype(jnp.float32)}
+def nvfp4_amax(x, *, random_hadamard=False, rht_sign_mask=0):
+    """(amax_rowwise, amax_columnwise), float32 (1,) each, of x viewed as [M, K]
+    (te_nvfp4_compute_amax): max |x|, and max |RHT(x)| with random_hadamard (then
+    M % 16 == 0)."""
+    check_dtype(x, "x", HIGH_PRECISION)
+    call = jax.ffi.ffi_call("te_jax_nvfp4_amax", (_AMAX, _AMAX), vmap_method="sequential")
+    return call(
+        x.reshape(-1, x.shape[-1]), random_hadamard=np.bool_(random_hadamard), rht_sign_mask=np.int32(rht_sign_mask)
+    )
+
+
+def nvfp4_scale_shape(rows: int, cols: int) -> tuple[int, int]:
+    """The E4M3 scale buffer of NVFP4 data [rows, cols] (blocks of 16 along cols), padded."""
+    return _roundup(rows, 128), _roundup(cols // 16, 4)
+
+
+def quantize_nvfp4(
+    x, amax_rowwise=None, amax_columnwise=None, rng_state=None, *, rowwise=True, columnwise=False, block_2d=False,
+    stochastic_rounding=False, random_hadamard=False, rht_sign_mask=0,
+):  # fmt: skip
+    """NVFP4 copies of x viewed as [M, K] (te/nvfp4.h; K % 16 == 0, and M % 16 == 0 for
+    the columnwise copy): E2M1 data packed two per byte (rowwise uint8 [M, K/2],
+    columnwise uint8 [K, M/2], the transpose), E4M3 scales per 16 elements (16x16 tiles
+    with block_2d), scaled by the given global amaxes (float32 (1,), one per asked
+    direction: nvfp4_amax's, max-reduced over a mesh by the caller). Stochastic
+    rounding draws from rng_state, uint32 (4,): the (seed, offset) int64 pair's words.
+    The RHT applies to the columnwise copy. Returns (rowwise | None, rowwise_scale |
+    None, columnwise | None, columnwise_scale | None)."""
+    check_dtype(x, "x", HIGH_PRECISION)
+    if x.ndim < 1 or x.shape[-1] % 16:
+        raise ValueError(f"argument 'x' must have a last dimension divisible by 16 for NVFP4, got {x.shape}")
+    m, k = math.prod(x.shape[:-1]), x.shape[-1]
+    if (columnwise or block_2d) and m % 16:
+        raise ValueError(
+            f"argument 'x' must have leading dims whose product is divisible by 16 (columnwise / 2-D), got {m}"
+        )
+    if not (rowwise or columnwise):
+        raise ValueError("at least one of 'rowwise' and 'columnwise' must be True")
+    for name, amax, asked in (
+        ("amax_rowwise", amax_rowwise, rowwise),
+        ("amax_columnwise", amax_columnwise, columnwise),
+    ):
+        if asked and (amax is None or amax.shape != (1,) or jnp.dtype(amax.dtype) != jnp.float32):
+            raise ValueError(f"argument '{name}' must be a float32 array of shape (1,) for the asked direction")
+    if stochastic_rounding and (
+        rng_state is None or rng_state.shape != (4,) or jnp.dtype(rng_state.dtype) != jnp.uint32
+    ):
+        raise ValueError("argument 'rng_state' must be uint32 of shape (4,) with stochastic_rounding")
+    if stochastic_rounding:  # (as int32 words: te-core's INT32 descriptor, re-read as INT64 [2] by the handler)
+        rng_state = jax.lax.bitcast_convert_type(rng_state, jnp.int32)
+    none = jnp.zeros((0,), jnp.float32)
+    results = (
+        jax.ShapeDtypeStruct((m, k // 2), jnp.uint8) if rowwise else _PLACEHOLDER,
+        jax.ShapeDtypeStruct(nvfp4_scale_shape(m, k), E4M3) if rowwise else _PLACEHOLDER,
+        jax.ShapeDtypeStruct((k, m // 2), jnp.uint8) if columnwise else _PLACEHOLDER,
+        jax.ShapeDtypeStruct(nvfp4_scale_shape(k, m), E4M3) if columnwise else _PLACEHOLDER,
+    )
+    call = jax.ffi.ffi_call("te_jax_nvfp4_quantize", results, vmap_method="sequential")
+    row, row_s, col, col_s = call(
+        x.reshape(m, k),
+        amax_rowwise if rowwise else none,
+        amax_columnwise if columnwise else none,
+        rng_state if stochastic_rounding else jnp.zeros((0,), jnp.int32),
+        block_2d=np.bool_(block_2d),
+        stochastic_rounding=np.bool_(stochastic_rounding),
+        random_hadamard=np.bool_(random_hadamard),
+        rht_sign_mask=np.int32(rht_sign_mask),
+    )
+    keep = lambda t, asked: t if asked else None  # noqa: E731
+    return keep(row, rowwise), keep(row_s, rowwise), keep(col, columnwise), keep(col_s, columnwise)
+
+
+_SCALE_DTYPE = {
+    SCALING_FP8_BLOCK_1D: jnp.dtype(jnp.float32),
+    SCALING_FP8_BLOCK_2D: jnp.dtype(jnp.float32),
+    SCALING_NVFP4: E4M3,
+}
 
 
 def gemm_block(
     a, a_scale_inv, b, b_scale_inv, *, a_scaling=SCALING_MXFP8, b_scaling=SCALING_MXFP8, transa=False, transb=False,
-    out_dtype=jnp.bfloat16, bias=None,
+    out_dtype=jnp.bfloat16, bias=None, a_amax=None, b_amax=None,
 ):  # fmt: skip
     """op(A) @ op(B) (+ bias) on block-scaled operands: A and B FP8 arrays with their
     scales and te_scaling_mode codes (MXFP8: E8M0 scales, any transa / transb; FP8
     block 1-D / 2-D: FP32 scales, transa = 0 and transb = 1; see te/gemm_block.h for
-    which copy each takes). Returns out [M, N] in out_dtype (float32, bfloat16 or float16)."""
+    which copy each takes; NVFP4: packed uint8 data, E4M3 scales and the copy's global
+    amax, TN). Returns out [M, N] in out_dtype (float32, bfloat16 or float16)."""
     for name, data, scale, scaling in (("a", a, a_scale_inv, a_scaling), ("b", b, b_scale_inv, b_scaling)):
-        check_fp8_dtype(data.dtype)
+        if scaling != SCALING_NVFP4:
+            check_fp8_dtype(data.dtype)
+        elif jnp.dtype(data.dtype) != jnp.uint8:
+            raise TypeError(f"argument '{name}' must be packed NVFP4 bytes (uint8), got {dtype_name(data.dtype)}")
         want = _SCALE_DTYPE.get(scaling, E8M0)
         if jnp.dtype(scale.dtype) != want:
             raise TypeError(f"argument '{name}_scale_inv' must be {want.name}, got {dtype_name(scale.dtype)}")
         if data.ndim != 2:
             raise ValueError(f"argument '{name}' must be 2-D [rows, cols], got shape {tuple(data.shape)}")
-    m, k = (a.shape[1], a.shape[0]) if transa else a.shape
-    k_b, n = (b.shape[1], b.shape[0]) if transb else b.shape
+    a_shape = (a.shape[0], 2 * a.shape[1]) if a_scaling == SCALING_NVFP4 else a.shape  # (two E2M1 per byte)
+    b_shape = (b.shape[0], 2 * b.shape[1]) if b_scaling == SCALING_NVFP4 else b.shape
+    m, k = (a_shape[1], a_shape[0]) if transa else a_shape
+    k_b, n = (b_shape[1], b_shape[0]) if transb else b_shape
     if k != k_b:
         raise ValueError(f"inner dimensions differ: op(a) is [{m}, {k}] but op(b) is [{k_b}, {n}]")
     out_dtype, bias = gemm_epilogue(out_dtype, bias, n)
@@ -155,10 +239,10 @@ def gemm_block(
     return call(
         a,
         a_scale_inv,
-        none,
+        none if a_amax is None else a_amax,
         b,
         b_scale_inv,
-        none,
+        none if b_amax is None else b_amax,
         bias,
         a_scaling=np.int32(a_scaling),
         b_scaling=np.int32(b_scaling),

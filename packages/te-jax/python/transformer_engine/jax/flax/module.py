@@ -66,6 +66,10 @@ class TransformerEngineBase(nn.Module):
         amax_history come from (and, at init, are created as) variables
         "{x,kernel,grad}{postfix}_{scale,amax_history}" of the "fp8_metas" collection."""
         template = QuantizerFactory.create_set(get_fp8_recipe())
+        if template.scaling_mode is ScalingMode.NVFP4_1D_SCALING and self.has_rng("sr_rng"):
+            # NVFP4's stochastic rounding draws from the module's "sr_rng" stream when the
+            # apply gives one (rngs={"sr_rng": key}); without it, from PRNGKey(0) each call.
+            return QuantizerFactory.create_set(get_fp8_recipe(), rng_key=self.make_rng("sr_rng"))
         if template.scaling_mode is not ScalingMode.DELAYED_TENSOR_SCALING:
             return template
         return QuantizerSet(

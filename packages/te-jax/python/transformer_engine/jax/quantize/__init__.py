@@ -24,6 +24,7 @@ from .quantizer import (
     DelayedScaleQuantizer,
     Float8BlockQuantizer,
     MXFP8Quantizer,
+    NVFP4Quantizer,
     Quantizer,
     ScaledTensor,
 )
@@ -37,6 +38,7 @@ __all__ = [
     "DelayedScaleQuantizer",
     "Float8BlockQuantizer",
     "MXFP8Quantizer",
+    "NVFP4Quantizer",
     "Quantizer",
     "QuantizerFactory",
     "QuantizerSet",

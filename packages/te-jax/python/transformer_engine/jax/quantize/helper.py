@@ -39,7 +39,8 @@ def autocast(enabled: bool = False, recipe: recipe_lib.Recipe | None = None, mes
     fp8_format, amax_history_len and amax_compute_algo "max" | "most_recent" are
     honoured; over a mesh amaxes are always max-reduced over every axis but pp's,
     whatever reduce_amax says, as in the reference's JAX), Float8CurrentScaling,
-    MXFP8BlockScaling and Float8BlockScaling; others raise NotImplementedError when enabled.
+    MXFP8BlockScaling, Float8BlockScaling and NVFP4BlockScaling; custom recipes raise
+    NotImplementedError when enabled.
     mesh_resource: a MeshResource (or None: MeshResource()); with a mesh in scope
     (jax.set_mesh) the ops partition over the axes it names (docs/te_jax.md).
     """

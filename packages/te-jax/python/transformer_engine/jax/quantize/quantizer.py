@@ -190,19 +190,23 @@ class BlockScaledTensor:
     the te_scaling_mode code the GEMMs read them with. MXFP8 (4): both copies keep
     the [M, K] shape, only the blocks differ (1x32 / 32x1), E8M0 scales. FP8 block
     1-D (2) / 2-D (3): the columnwise copy is transposed ([K, M]), FP32 scales in
-    te/fp8_block.h's GEMM-ready layout."""
+    te/fp8_block.h's GEMM-ready layout. NVFP4 (5): E2M1 packed two per byte
+    (uint8 [M, K/2], columnwise [K, M/2] transposed), E4M3 scales, and each copy's
+    global amax."""
 
     rowwise: jax.Array | None = None
     rowwise_scale_inv: jax.Array | None = None
     columnwise: jax.Array | None = None
     columnwise_scale_inv: jax.Array | None = None
     scaling: int = _static(4)
+    rowwise_amax: jax.Array | None = None  # NVFP4 (5) only: each copy's global amax
+    columnwise_amax: jax.Array | None = None
 
     def only(self, rowwise: bool) -> BlockScaledTensor:
         """This tensor with one copy kept (what a backward GEMM reads)."""
         if rowwise:
-            return dataclasses.replace(self, columnwise=None, columnwise_scale_inv=None)
-        return dataclasses.replace(self, rowwise=None, rowwise_scale_inv=None)
+            return dataclasses.replace(self, columnwise=None, columnwise_scale_inv=None, columnwise_amax=None)
+        return dataclasses.replace(self, rowwise=None, rowwise_scale_inv=None, rowwise_amax=None)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -265,7 +269,87 @@ class Float8BlockQuantizer:
         return self
 
 
-for _cls in (CurrentScaleQuantizer, DelayedScaleQuantizer, MXFP8Quantizer, Float8BlockQuantizer, BlockScaledTensor):
+def rng_state_from_key(key) -> jax.Array:
+    """A legacy PRNG key (uint32 (2,), jax.random.PRNGKey) as NVFP4Quantizer's float32 (4,) rng_state."""
+    words = jnp.asarray(key, jnp.uint32).reshape(2)
+    halves = jnp.stack([words >> 16, words & 0xFFFF], axis=-1).reshape(4)
+    return halves.astype(jnp.float32)
+
+
+def _key_of(state) -> jax.Array:
+    halves = state.astype(jnp.uint32).reshape(2, 2)
+    return (halves[:, 0] << 16) | halves[:, 1]
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class NVFP4Quantizer:
+    """NVFP4BlockScaling (te/nvfp4.h): E2M1 data, E4M3 scales per 16 elements (16x16
+    tiles with block_2d), a global scale from the tensor's amax (max-reduced over the
+    mesh inside a partitioned op). random_hadamard: the columnwise copy (a wgrad
+    operand) carries the random Hadamard transform with rht_sign_mask.
+    stochastic_rounding draws its words from rng_state, a PRNG key kept as float32
+    (4,) (its two uint32 words in 16-bit halves, exact: the state must be a float leaf
+    to come back as the quantizer set's cotangent, as delayed scaling's does);
+    quantize() returns the quantizer with the key advanced. rng_state_from_key()
+    makes one. In a partitioned op each shard folds its mesh index into the draw:
+    the shards round independently (and so differently from one device's run,
+    which draws by global position)."""
+
+    scaling_mode: ClassVar[ScalingMode] = ScalingMode.NVFP4_1D_SCALING
+
+    rng_state: jax.Array | None = None
+    block_2d: bool = _static(False)
+    stochastic_rounding: bool = _static(False)
+    random_hadamard: bool = _static(False)
+    rht_sign_mask: int = _static(0xD7E8)  # te-core's (transformer_engine.core.nvfp4.RHT_SIGN_MASK)
+
+    def quantize(self, x, *, rowwise=True, columnwise=False) -> tuple[BlockScaledTensor, NVFP4Quantizer]:
+        """Returns (the NVFP4 copies of x viewed as [M, K], this quantizer with its key advanced)."""
+        x2 = x.reshape(-1, x.shape[-1])
+        rht = self.random_hadamard and columnwise
+        amax_row, amax_col = _ext().nvfp4_amax(x2, random_hadamard=rht, rht_sign_mask=self.rht_sign_mask)
+        amax_row, amax_col = reduce_amax(amax_row), reduce_amax(amax_col)
+        rng, after = None, self
+        if self.stochastic_rounding:
+            if self.rng_state is None:
+                raise ValueError(
+                    "NVFP4Quantizer with stochastic_rounding needs an rng_state "
+                    "(rng_state_from_key(jax.random.PRNGKey(...)))"
+                )
+            key, draw = jax.random.split(_key_of(self.rng_state))
+            if _AMAX_AXES:  # (in a partitioned op: each shard its own words, not copies of one draw)
+                draw = jax.random.fold_in(draw, jax.lax.axis_index(_AMAX_AXES))
+            rng, after = (
+                jax.random.bits(draw, (4,), jnp.uint32),
+                dataclasses.replace(self, rng_state=rng_state_from_key(key)),
+            )
+        row, row_s, col, col_s = _ext().quantize_nvfp4(
+            x2,
+            amax_row,
+            amax_col,
+            rng,
+            rowwise=rowwise,
+            columnwise=columnwise,
+            block_2d=self.block_2d,
+            stochastic_rounding=self.stochastic_rounding,
+            random_hadamard=rht,
+            rht_sign_mask=self.rht_sign_mask,
+        )
+        tensor = BlockScaledTensor(row, row_s, col, col_s, scaling=5, rowwise_amax=amax_row, columnwise_amax=amax_col)
+        return tensor, after
+
+    def update(self) -> NVFP4Quantizer:
+        return self
+
+
+for _cls in (
+    CurrentScaleQuantizer,
+    DelayedScaleQuantizer,
+    MXFP8Quantizer,
+    Float8BlockQuantizer,
+    NVFP4Quantizer,
+    BlockScaledTensor,
+):
     jax.tree_util.register_dataclass(_cls)
 
-Quantizer = CurrentScaleQuantizer | DelayedScaleQuantizer | MXFP8Quantizer | Float8BlockQuantizer
+Quantizer = CurrentScaleQuantizer | DelayedScaleQuantizer | MXFP8Quantizer | Float8BlockQuantizer | NVFP4Quantizer

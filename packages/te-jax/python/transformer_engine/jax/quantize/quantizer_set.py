@@ -8,7 +8,15 @@ import jax
 import jax.numpy as jnp
 from transformer_engine.common import recipe as recipe_lib
 
-from .quantizer import CurrentScaleQuantizer, DelayedScaleQuantizer, Float8BlockQuantizer, MXFP8Quantizer, Quantizer
+from .quantizer import (
+    CurrentScaleQuantizer,
+    DelayedScaleQuantizer,
+    Float8BlockQuantizer,
+    MXFP8Quantizer,
+    NVFP4Quantizer,
+    Quantizer,
+    rng_state_from_key,
+)
 from .scaling_modes import ScalingMode
 
 
@@ -64,10 +72,13 @@ class QuantizerFactory:
             return MXFP8Quantizer(q_dtype=jnp.dtype(q_dtype), **kwargs)
         if scaling_mode is ScalingMode.FP8_BLOCK_SCALING:
             return Float8BlockQuantizer(q_dtype=jnp.dtype(q_dtype), **kwargs)
+        if scaling_mode in (ScalingMode.NVFP4_1D_SCALING, ScalingMode.NVFP4_2D_SCALING):
+            kwargs.setdefault("block_2d", scaling_mode is ScalingMode.NVFP4_2D_SCALING)
+            return NVFP4Quantizer(**kwargs)
         raise ValueError(f"argument 'scaling_mode' must be a ScalingMode, got {scaling_mode!r}")
 
     @staticmethod
-    def create_set(recipe=None) -> QuantizerSet:
+    def create_set(recipe=None, rng_key=None) -> QuantizerSet:
         """The quantizer set of one layer for `recipe`: None gives noop_quantizer_set
         (autocast's recipe is not consulted here: the Flax modules read it).
 
@@ -82,6 +93,9 @@ class QuantizerFactory:
         Float8BlockScaling: FP8-block quantizers (``x_block_scaling_dim``,
         ``w_block_scaling_dim``, ``grad_block_scaling_dim`` 1 or 2; power_2_scale and
         amax_epsilon from the three QParams).
+        NVFP4BlockScaling: NVFP4 quantizers from fp4_quant_fwd_inp / fwd_weight /
+        bwd_grad (random_hadamard_transform, fp4_2d_quantization, stochastic_rounding
+        drawing from keys split off PRNGKey(0); create_set(recipe, rng_key) takes another).
         """
         if recipe is None:
             return noop_quantizer_set
@@ -90,6 +104,8 @@ class QuantizerFactory:
             return _mxfp8_set(recipe)
         if recipe.float8_block_scaling():
             return _fp8_block_set(recipe)
+        if recipe.nvfp4():
+            return _nvfp4_set(recipe, rng_key)
         return _delayed_set(recipe) if recipe.delayed() else _current_set(recipe)
 
 
@@ -106,6 +122,8 @@ def check_recipe_supported(recipe, caller: str) -> None:
                 "DelayedScaling in te-jax: amax_compute_algo must be 'max' or 'most_recent' and "
                 "scaling_factor_compute_algo None (callables are not supported)"
             )
+    elif recipe.nvfp4():
+        _check_nvfp4(recipe)
     elif recipe.float8_current_scaling() or recipe.mxfp8() or recipe.float8_block_scaling():
         if recipe.backward_override is not None:
             raise NotImplementedError(
@@ -114,7 +132,7 @@ def check_recipe_supported(recipe, caller: str) -> None:
     else:
         raise NotImplementedError(
             f"{caller}: {type(recipe).__name__} is not supported by te-jax yet (supported: DelayedScaling, "
-            "Float8CurrentScaling, MXFP8BlockScaling, Float8BlockScaling; NVFP4BlockScaling and custom recipes "
+            "Float8CurrentScaling, MXFP8BlockScaling, Float8BlockScaling, NVFP4BlockScaling; custom recipes "
             "are not yet available in te-jax)"
         )
 
@@ -167,4 +185,37 @@ def _fp8_block_set(recipe) -> QuantizerSet:
         make(_E4M3, recipe.x_block_scaling_dim, recipe.fp8_quant_fwd_inp),
         make(_E4M3, recipe.w_block_scaling_dim, recipe.fp8_quant_fwd_weight),
         make(_backward_dtype(recipe.fp8_format), recipe.grad_block_scaling_dim, recipe.fp8_quant_bwd_grad),
+    )
+
+
+def _check_nvfp4(recipe) -> None:
+    name = "NVFP4BlockScaling in te-jax"
+    if recipe.backward_override is not None:
+        raise NotImplementedError(f"{name}: backward_override must be None, got {recipe.backward_override!r}")
+    if recipe.row_scaled_activation or recipe.nvfp4_4over6 != "none":
+        raise NotImplementedError(f"{name}: row_scaled_activation and nvfp4_4over6 are not yet supported")
+    inp, weight, grad = recipe.fp4_quant_fwd_inp, recipe.fp4_quant_fwd_weight, recipe.fp4_quant_bwd_grad
+    # The RHT must sit on both operands of the GEMM it transforms ((X H)^T (H^T dY) = X^T dY): the
+    # wgrad operands (x's and dY's columnwise copies); the weight's copies feed fprop and dgrad.
+    if weight.random_hadamard_transform or inp.random_hadamard_transform != grad.random_hadamard_transform:
+        raise NotImplementedError(
+            f"{name}: the random Hadamard transform must be on both wgrad operands (fp4_quant_fwd_inp and "
+            "fp4_quant_bwd_grad) or neither, and not on the weight"
+        )
+
+
+def _nvfp4_set(recipe, rng_key=None) -> QuantizerSet:
+    def make(qparams, key=None):
+        return NVFP4Quantizer(
+            rng_state=rng_state_from_key(key) if qparams.stochastic_rounding else None,
+            block_2d=bool(qparams.fp4_2d_quantization),
+            stochastic_rounding=bool(qparams.stochastic_rounding),
+            random_hadamard=bool(qparams.random_hadamard_transform),
+        )
+
+    keys = jax.random.split(jax.random.PRNGKey(0) if rng_key is None else rng_key, 3)
+    return QuantizerSet(
+        make(recipe.fp4_quant_fwd_inp, keys[0]),
+        make(recipe.fp4_quant_fwd_weight, keys[1]),
+        make(recipe.fp4_quant_bwd_grad, keys[2]),
     )

@@ -18,7 +18,9 @@ class ScalingMode(Enum):
     block's own amax (Float8BlockScaling; te-jax's name: the reference's JAX has
     no such mode).
 
-    NVFP4 modes arrive with their quantizers.
+    NVFP4_1D_SCALING / NVFP4_2D_SCALING: E2M1 data, one E4M3 scale per 16 elements
+    (per 16x16 tile for 2D: weights by default) and a global FP32 scale from the
+    tensor's amax (NVFP4BlockScaling).
     """
 
     NO_SCALING = "no_scaling"
@@ -26,6 +28,8 @@ class ScalingMode(Enum):
     CURRENT_TENSOR_SCALING = "current_tensor_scaling"
     MXFP8_1D_SCALING = "mxfp8_1d_scaling"
     FP8_BLOCK_SCALING = "fp8_block_scaling"
+    NVFP4_1D_SCALING = "nvfp4_1d_scaling"
+    NVFP4_2D_SCALING = "nvfp4_2d_scaling"
 
     def is_tensor_scaling(self) -> bool:
         """One scale per tensor (delayed or current scaling)."""
