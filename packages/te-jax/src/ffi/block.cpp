@@ -35,6 +35,10 @@ Error describe_copies(const Device& d, const AnyBuffer& x, Result<AnyBuffer>& ro
                           {*col_si, "columnwise_scale_inv", &c->col_si, &c->pcol_si}});
 }
 
+// The binding of describe_copies' buffers: x, then the four outputs.
+#define TE_JAX_BLOCK_COPIES(b) \
+  b.Arg<AnyBuffer>().Ret<AnyBuffer>().Ret<AnyBuffer>().Ret<AnyBuffer>().Ret<AnyBuffer>()
+
 // MXFP8 copies of x with their E8M0 scales (compact layout).
 Error quantize_mxfp8(const Device& d, AnyBuffer x, Result<AnyBuffer> row, Result<AnyBuffer> row_si,
                      Result<AnyBuffer> col, Result<AnyBuffer> col_si, bool use_2d_blocks) {
@@ -44,13 +48,7 @@ Error quantize_mxfp8(const Device& d, AnyBuffer x, Result<AnyBuffer> row, Result
                                        use_2d_blocks ? 1 : 0, 0, d.stream));
 }
 
-#define TE_JAX_QUANTIZE_MXFP8_ARGS(b) \
-  b.Arg<AnyBuffer>()                  \
-      .Ret<AnyBuffer>()               \
-      .Ret<AnyBuffer>()               \
-      .Ret<AnyBuffer>()               \
-      .Ret<AnyBuffer>()               \
-      .Attr<bool>("use_2d_blocks")
+#define TE_JAX_QUANTIZE_MXFP8_ARGS(b) TE_JAX_BLOCK_COPIES(b).Attr<bool>("use_2d_blocks")
 
 // FP8 block scaling (te/fp8_block.h, GEMM-ready layout: columnwise data
 // transposed, scales padded): 1x128 / 128x1 blocks (block_dim 1) or 128x128
@@ -66,11 +64,7 @@ Error quantize_fp8_block(const Device& d, AnyBuffer x, Result<AnyBuffer> row,
 }
 
 #define TE_JAX_QUANTIZE_FP8_BLOCK_ARGS(b) \
-  b.Arg<AnyBuffer>()                      \
-      .Ret<AnyBuffer>()                   \
-      .Ret<AnyBuffer>()                   \
-      .Ret<AnyBuffer>()                   \
-      .Ret<AnyBuffer>()                   \
+  TE_JAX_BLOCK_COPIES(b)                  \
       .Attr<int32_t>("block_dim")         \
       .Attr<bool>("force_pow2_scales")    \
       .Attr<float>("amax_epsilon")

@@ -21,26 +21,21 @@ import numpy as np
 
 import jax
 import jax.numpy as jnp
+from transformer_engine.core.fp8_block import fp8_block_scale_shape
+from transformer_engine.core.gemm_block import SCALING
+from transformer_engine.core.mxfp8 import mxfp8_scale_shape
+from transformer_engine.core.nvfp4 import scale_shape as nvfp4_scale_shape
 
 from . import _registry  # noqa: F401 - registers the FFI targets
 from ._checks import HIGH_PRECISION, check_dtype, check_fp8_dtype, dtype_name, gemm_epilogue
 
 E8M0 = jnp.dtype(jnp.float8_e8m0fnu)
-# te_scaling_mode codes (te/gemm_block.h) of the block formats
-SCALING_FP8_BLOCK_1D, SCALING_FP8_BLOCK_2D, SCALING_MXFP8, SCALING_NVFP4 = 2, 3, 4, 5
+# te_scaling_mode codes (te/gemm_block.h) of the block formats, from te-core's table
+SCALING_FP8_BLOCK_1D, SCALING_FP8_BLOCK_2D = SCALING["fp8_block_1d"], SCALING["fp8_block_2d"]
+SCALING_MXFP8, SCALING_NVFP4 = SCALING["mxfp8"], SCALING["nvfp4"]
 E4M3 = jnp.dtype(jnp.float8_e4m3fn)
 _AMAX = jax.ShapeDtypeStruct((1,), jnp.float32)
 _PLACEHOLDER = jax.ShapeDtypeStruct((0,), jnp.uint8)
-
-
-def _roundup(n: int, m: int) -> int:
-    return (n + m - 1) // m * m
-
-
-def mxfp8_scale_shapes(shape) -> tuple[tuple[int, int], tuple[int, int]]:
-    """(rowwise, columnwise) scale shapes of an MXFP8 tensor of `shape` (compact layout)."""
-    m, k = math.prod(shape[:-1]), shape[-1]
-    return (_roundup(m, 128), _roundup(k // 32, 4)), (_roundup(m // 32, 4), _roundup(k, 128))
 
 
 def quantize_mxfp8(x, fp8_dtype=jnp.float8_e4m3fn, *, rowwise=True, columnwise=False, use_2d_blocks=False):
@@ -64,7 +59,7 @@ def quantize_mxfp8(x, fp8_dtype=jnp.float8_e4m3fn, *, rowwise=True, columnwise=F
         )
     if not (rowwise or columnwise):
         raise ValueError("at least one of 'rowwise' and 'columnwise' must be True")
-    row_s, col_s = mxfp8_scale_shapes(x.shape)
+    row_s, col_s = mxfp8_scale_shape(x.shape), mxfp8_scale_shape(x.shape, columnwise=True)
     data = jax.ShapeDtypeStruct(x.shape, fp8_dtype)
     results = (
         data if rowwise else _PLACEHOLDER,
@@ -76,20 +71,6 @@ def quantize_mxfp8(x, fp8_dtype=jnp.float8_e4m3fn, *, rowwise=True, columnwise=F
     row, row_si, col, col_si = call(x, use_2d_blocks=np.bool_(use_2d_blocks))
     keep = lambda t, asked: t if asked else None  # noqa: E731
     return keep(row, rowwise), keep(row_si, rowwise), keep(col, columnwise), keep(col_si, columnwise)
-
-
-def _blocks(rows: int, cols: int) -> int:
-    return -(-rows // 128), -(-cols // 128)
-
-
-def fp8_block_scale_shapes(shape, block_2d: bool) -> tuple[tuple[int, int], tuple[int, int]]:
-    """(rowwise, columnwise) FP32 scale shapes of an FP8-block tensor of `shape`
-    in te/fp8_block.h's GEMM-ready layout."""
-    m, k = math.prod(shape[:-1]), shape[-1]
-    bm, bk = _blocks(m, k)
-    if block_2d:
-        return (bm, _roundup(bk, 4)), (bk, _roundup(bm, 4))
-    return (bk, _roundup(m, 4)), (bm, _roundup(k, 4))
 
 
 def quantize_fp8_block(
@@ -111,7 +92,10 @@ def quantize_fp8_block(
     if not np.isfinite(amax_epsilon) or amax_epsilon < 0:
         raise ValueError(f"argument 'amax_epsilon' must be finite and >= 0, got {amax_epsilon}")
     m, k = math.prod(x.shape[:-1]), x.shape[-1]
-    row_s, col_s = fp8_block_scale_shapes(x.shape, block_2d)
+    # (te-core asks the core itself: te_fp8_block_scale_shape, GEMM-ready layout)
+    block_dim = 2 if block_2d else 1
+    row_s = fp8_block_scale_shape(x.shape, block_dim=block_dim)
+    col_s = fp8_block_scale_shape(x.shape, block_dim=block_dim, columnwise=True)
     results = (
         jax.ShapeDtypeStruct((m, k), fp8_dtype) if rowwise else _PLACEHOLDER,
         jax.ShapeDtypeStruct(row_s, jnp.float32) if rowwise else _PLACEHOLDER,
@@ -121,7 +105,7 @@ def quantize_fp8_block(
     call = jax.ffi.ffi_call("te_jax_quantize_fp8_block", results, vmap_method="sequential")
     row, row_si, col, col_si = call(
         x.reshape(m, k),
-        block_dim=np.int32(2 if block_2d else 1),
+        block_dim=np.int32(block_dim),
         force_pow2_scales=np.bool_(force_pow_2_scales),
         amax_epsilon=np.float32(amax_epsilon),
     )
@@ -138,11 +122,6 @@ def nvfp4_amax(x, *, random_hadamard=False, rht_sign_mask=0):
     return call(
         x.reshape(-1, x.shape[-1]), random_hadamard=np.bool_(random_hadamard), rht_sign_mask=np.int32(rht_sign_mask)
     )
-
-
-def nvfp4_scale_shape(rows: int, cols: int) -> tuple[int, int]:
-    """The E4M3 scale buffer of NVFP4 data [rows, cols] (blocks of 16 along cols), padded."""
-    return _roundup(rows, 128), _roundup(cols // 16, 4)
 
 
 def quantize_nvfp4(

@@ -34,6 +34,8 @@ from typing import ClassVar, NamedTuple
 
 import jax
 import jax.numpy as jnp
+from transformer_engine.core.gemm_block import SCALING  # te_scaling_mode codes, one table
+from transformer_engine.core.nvfp4 import RHT_SIGN_MASK
 
 from .scaling_modes import ScalingMode
 
@@ -198,7 +200,7 @@ class BlockScaledTensor:
     rowwise_scale_inv: jax.Array | None = None
     columnwise: jax.Array | None = None
     columnwise_scale_inv: jax.Array | None = None
-    scaling: int = _static(4)
+    scaling: int = _static(SCALING["mxfp8"])
     rowwise_amax: jax.Array | None = None  # NVFP4 (5) only: each copy's global amax
     columnwise_amax: jax.Array | None = None
 
@@ -232,7 +234,7 @@ class MXFP8Quantizer:
             columnwise=columnwise,
             use_2d_blocks=self.use_2d_blocks,
         )
-        return BlockScaledTensor(row, row_si, col, col_si, scaling=4), self
+        return BlockScaledTensor(row, row_si, col, col_si, scaling=SCALING["mxfp8"]), self
 
     def update(self) -> MXFP8Quantizer:
         return self
@@ -263,7 +265,8 @@ class Float8BlockQuantizer:
             force_pow_2_scales=self.power_2_scale,
             amax_epsilon=self.amax_epsilon,
         )
-        return BlockScaledTensor(row, row_si, col, col_si, scaling=3 if self.block_2d else 2), self
+        scaling = SCALING["fp8_block_2d" if self.block_2d else "fp8_block_1d"]
+        return BlockScaledTensor(row, row_si, col, col_si, scaling=scaling), self
 
     def update(self) -> Float8BlockQuantizer:
         return self
@@ -301,7 +304,7 @@ class NVFP4Quantizer:
     block_2d: bool = _static(False)
     stochastic_rounding: bool = _static(False)
     random_hadamard: bool = _static(False)
-    rht_sign_mask: int = _static(0xD7E8)  # te-core's (transformer_engine.core.nvfp4.RHT_SIGN_MASK)
+    rht_sign_mask: int = _static(RHT_SIGN_MASK)
 
     def quantize(self, x, *, rowwise=True, columnwise=False) -> tuple[BlockScaledTensor, NVFP4Quantizer]:
         """Returns (the NVFP4 copies of x viewed as [M, K], this quantizer with its key advanced)."""
@@ -335,7 +338,9 @@ class NVFP4Quantizer:
             random_hadamard=rht,
             rht_sign_mask=self.rht_sign_mask,
         )
-        tensor = BlockScaledTensor(row, row_s, col, col_s, scaling=5, rowwise_amax=amax_row, columnwise_amax=amax_col)
+        tensor = BlockScaledTensor(
+            row, row_s, col, col_s, scaling=SCALING["nvfp4"], rowwise_amax=amax_row, columnwise_amax=amax_col
+        )
         return tensor, after
 
     def update(self) -> NVFP4Quantizer:

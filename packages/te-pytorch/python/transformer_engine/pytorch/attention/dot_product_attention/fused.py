@@ -161,16 +161,17 @@ def _tensors(bias, offset, extras) -> ops.AttentionTensors:
 class _FusedAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, bias, offset, extras, scalars):
-        o, lse = ops.attention_fwd(q, k, v, _tensors(bias, offset, extras), ops.AttentionConfig(*scalars))
+        cfg = ops.AttentionConfig(*scalars)
+        o, lse = ops.attention_fwd(q, k, v, _tensors(bias, offset, extras), cfg)
         ctx.save_for_backward(q, k, v, o, lse, bias, offset)
-        ctx.extras, ctx.scalars = extras, scalars
+        ctx.extras, ctx.cfg = extras, cfg
         return o
 
     @staticmethod
     def backward(ctx, d_o):
         q, k, v, o, lse, bias, offset = ctx.saved_tensors
-        extra, cfg = _tensors(bias, offset, ctx.extras), ops.AttentionConfig(*ctx.scalars)
-        dq, dk, dv, dbias, dalpha = ops.attention_bwd(q, k, v, o, d_o, lse, extra, cfg)
+        extra = _tensors(bias, offset, ctx.extras)
+        dq, dk, dv, dbias, dalpha = ops.attention_bwd(q, k, v, o, d_o, lse, extra, ctx.cfg)
         return dq, dk, dv, dbias, dalpha, None, None
 
 
