@@ -101,9 +101,13 @@ def test_nvfp4_dense_matches_the_oracle(jax_device, jax_rng, x_shape, kernel_sha
     k_row, k_col = _dq(qk, "rowwise", qk["amax_rowwise"]), _dq(qk, "columnwise", qk["amax_columnwise"])
     dy_row, dy_col = _dq(qdy, "rowwise", qdy["amax_rowwise"]), _dq(qdy, "columnwise", qdy["amax_columnwise"])
     b64 = bias.astype(dtype).astype(np.float64).reshape(-1)
-    assert_product(jax_device, y, x_row, k_col.T, False, plus=b64)  # Y = X K: K's columnwise copy is [out, in]
-    assert_product(jax_device, dx, dy_row, k_row.T, False)  # dX = dY K^T
-    assert_product(jax_device, np.asarray(dk).astype(dtype), x_col, dy_col.T, False)  # dW = (X H)^T (dY H)
+    assert_product(
+        jax_device, y, x_row, k_col.T, False, plus=b64, bf16_operands=True
+    )  # Y = X K: K's columnwise copy is [out, in]
+    assert_product(jax_device, dx, dy_row, k_row.T, False, bf16_operands=True)  # dX = dY K^T
+    assert_product(
+        jax_device, np.asarray(dk).astype(dtype), x_col, dy_col.T, False, bf16_operands=True
+    )  # dW = (X H)^T (dY H)
     np.testing.assert_allclose(np.asarray(db).reshape(-1), dy2.astype(np.float64).sum(0), rtol=1e-2, atol=1e-2)
 
 

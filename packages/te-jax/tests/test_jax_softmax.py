@@ -2,8 +2,10 @@
 cpp_extensions (XLA FFI over te/softmax.h), eager and under jit, forward and the custom VJP.
 
 Checked against the float64 oracle (transformer_engine.core.reference_softmax, its
-documented error bound per element) and byte for byte against te-core's NumPy API (the same
-kernels: te/softmax.h specifies one result on the CPU and CUDA backends)."""
+documented error bound per element) and against te-core's NumPy API (its CPU backend): byte
+for byte on the CPU; on a GPU the forward within both backends' bounds (te/softmax.h: CPU and
+CUDA agree within rounding -- the exp differs) and the backward, given the same y, byte for
+byte, as te-core's own device tests check."""
 
 from __future__ import annotations
 
@@ -88,7 +90,11 @@ def test_forward_and_vjp_against_oracle_and_core(jax_device, jax_rng, case, dtyp
     nref.assert_within(np.asarray(y), exact, bound, case_id(case))
     exact_dx, bound_dx = sref.backward(dy, np.asarray(y), scale)
     nref.assert_within(np.asarray(dx), exact_dx, bound_dx, case_id(case) + " backward")
-    same_floats(y, CORE_FORWARD[kind](x, None if mask is None else mask.astype(np.uint8), scale))
+    core_y = CORE_FORWARD[kind](x, None if mask is None else mask.astype(np.uint8), scale)
+    if jax_device.platform == "cpu":
+        same_floats(y, core_y)
+    else:
+        nref.assert_within(np.asarray(y), core_y.astype(np.float64), 2 * bound, case_id(case) + " vs te-core CPU")
     same_floats(dx, tc.scaled_softmax_backward(dy, np.asarray(y), scale))
 
 

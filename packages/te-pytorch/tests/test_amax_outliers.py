@@ -49,13 +49,18 @@ def test_outlier_amax_warns_and_the_scale_recovers_after_the_window(device, outl
     scale = np.ones(3, np.float32)
     clean_hist, clean_scale = hist.copy(), scale.copy()  # the same run without the outlier
     bad_step = 2
+    # On CUDA the staged amaxes reach the host through an asynchronous copy: the warning
+    # comes at the next update (docs/numerics.md); the synchronize makes "next" exact.
+    warn_step = bad_step + (device.type == "cuda")
     for step in range(bad_step + HISTORY + 2):
         x = torch.randn(8, 32, device=device)
         clean_amax = reference.amax(_np(x))
         if step == bad_step:
             x[3, 5] = outlier
         y, caught = _step(layer, fp8_recipe, x)
-        expect_warning = step == bad_step
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        expect_warning = step == warn_step
         assert (len(caught) == 1) == expect_warning, (step, [str(w.message) for w in caught])
         if expect_warning:
             message = str(caught[0].message)
