@@ -35,6 +35,14 @@ def available() -> bool:
     return hasattr(lib, "attention_fwd")
 
 
+def core_backend(q: Tensor, k: Tensor, v: Tensor, extra: AttentionTensors, cfg: AttentionConfig) -> str:
+    """Which of te-core's backends attention_fwd would run for this call ("cpu",
+    "cudnn" or "cuda_fallback"): te_attention_backend, after validating the call.
+    Reads descriptors only (no data, no launch): eager tensors, not fake ones."""
+    args = _core_args(cfg, extra)
+    return _core.BACKENDS[lib.attention_backend(hp_desc(q, "q"), hp_desc(k, "k"), hp_desc(v, "v"), **args)]
+
+
 def _opt(t, code=None):
     if t is None:
         return None

@@ -1,6 +1,9 @@
 """Which backend runs an attention call.
 
 Backends, in order of preference:
+  "fused"    first when te-core runs the call on cuDNN's fused attention (a
+             te-core built with TE_WITH_CUDNN=ON; fused.uses_cudnn): faster than
+             SDPA on the H200 (docs/benchmarks.md).
   "flash"    torch SDPA (flash.py): on CUDA, for the plain combinations (no
              bias, vanilla softmax, no mask or causal, bshd/sbhd, GQA); on the
              CPU only with NVTE_FLASH_ATTN=1.
@@ -33,6 +36,12 @@ def select_backend(cfg: AttnConfig, call):
     """("flash", None), ("fused", plan) or ("unfused", None); a ValueError
     naming the combination and what to change when no enabled backend can run it."""
     reasons = []
+    fused_plan = None
+    q = call["q"]
+    if q.is_cuda and _enabled("NVTE_FUSED_ATTN") and kernels.available() and fused.cudnn_built(q.device):
+        fused_plan = fused.plan(cfg, call)
+        if not isinstance(fused_plan, str) and fused.uses_cudnn(fused_plan):
+            return "fused", fused_plan
     if _enabled("NVTE_FLASH_ATTN"):
         why = flash.plan(cfg, call, call["q"], call["k"], call["v"])
         if why is None:
@@ -44,10 +53,10 @@ def select_backend(cfg: AttnConfig, call):
         if not kernels.available():
             reasons.append("fused: this te-core build has no attention op")
         else:
-            p = fused.plan(cfg, call)
-            if not isinstance(p, str):
-                return "fused", p
-            reasons.append(f"fused: does not support {p}")
+            fused_plan = fused.plan(cfg, call) if fused_plan is None else fused_plan
+            if not isinstance(fused_plan, str):
+                return "fused", fused_plan
+            reasons.append(f"fused: does not support {fused_plan}")
     else:
         reasons.append("fused: disabled by NVTE_FUSED_ATTN=0")
     if _enabled("NVTE_UNFUSED_ATTN"):

@@ -151,6 +151,40 @@ def plan(cfg: AttnConfig, call) -> Plan | str:
     return Plan(q, k, v, bias, offset, extras, scalars, sbhd_queries)
 
 
+_CUDNN: dict[tuple, bool] = {}  # per call signature: does te-core run it on cuDNN?
+
+
+_PROBED: dict[int, bool] = {}  # per CUDA device: was te-core built with cuDNN attention?
+
+
+def cudnn_built(device: torch.device) -> bool:
+    """Whether te-core runs a plain call (bshd BF16, d 64, no mask) on cuDNN on this
+    device: a build with TE_WITH_CUDNN=ON and a working cuDNN. Probed once per device."""
+    if torch.compiler.is_compiling():
+        return False  # (the probe reads a real tensor's descriptor; traced calls keep SDPA first)
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _PROBED:
+        t = torch.empty((1, 1, 1, 64), dtype=torch.bfloat16, device=device)
+        extra = ops.AttentionTensors(*([None] * len(ops.AttentionTensors._fields)))
+        cfg = ops.AttentionConfig(0, 0, 0, 0, 0.125, 0.0, -1, -1, 0, 0, False)
+        _PROBED[index] = ops.core_backend(t, t, t, extra, cfg) == "cudnn"
+    return _PROBED[index]
+
+
+def uses_cudnn(p: Plan) -> bool:
+    """Whether te-core would run this plan on cuDNN's fused attention (te_attention_backend):
+    the backend selection then prefers it to torch SDPA (measured faster on the H200,
+    docs/benchmarks.md). Asked once per call signature (shapes, dtype, device, the
+    scalars and which optional tensors are given); never while torch.compile traces."""
+    tensors = (p.q, p.k, p.v, p.bias, p.offset, *p.extras)
+    key = (p.q.dtype, p.q.get_device(), p.scalars, *(None if t is None else tuple(t.shape) for t in tensors))
+    hit = _CUDNN.get(key)
+    if hit is None:
+        extra = _tensors(p.bias, p.offset, p.extras)
+        hit = _CUDNN[key] = ops.core_backend(p.q, p.k, p.v, extra, ops.AttentionConfig(*p.scalars)) == "cudnn"
+    return hit
+
+
 def _tensors(bias, offset, extras) -> ops.AttentionTensors:
     """The op's optional tensors: bias and offset (autograd inputs of _FusedAttention)
     with the plan's extras (alibi, cu_q, cu_kv, cu_qp, cu_kvp, mask, rng)."""
