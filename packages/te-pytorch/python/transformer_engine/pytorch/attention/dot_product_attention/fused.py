@@ -158,13 +158,13 @@ _PROBED: dict[int, bool] = {}  # per CUDA device: was te-core built with cuDNN a
 
 
 def cudnn_built(device: torch.device) -> bool:
-    """Whether te-core runs a plain call (bshd BF16, d 64, no mask) on cuDNN on this
+    """Whether te-core runs a plain call (bshd BF16, s 128, d 64, no mask) on cuDNN on this
     device: a build with TE_WITH_CUDNN=ON and a working cuDNN. Probed once per device."""
     if torch.compiler.is_compiling():
         return False  # (the probe reads a real tensor's descriptor; traced calls keep SDPA first)
     index = device.index if device.index is not None else torch.cuda.current_device()
     if index not in _PROBED:
-        t = torch.empty((1, 1, 1, 64), dtype=torch.bfloat16, device=device)
+        t = torch.empty((1, 128, 1, 64), dtype=torch.bfloat16, device=device)  # (cuDNN refuses s = 1)
         extra = ops.AttentionTensors(*([None] * len(ops.AttentionTensors._fields)))
         cfg = ops.AttentionConfig(0, 0, 0, 0, 0.125, 0.0, -1, -1, 0, 0, False)
         _PROBED[index] = ops.core_backend(t, t, t, extra, cfg) == "cudnn"
