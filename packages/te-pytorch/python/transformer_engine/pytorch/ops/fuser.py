@@ -156,6 +156,7 @@ class OperationFuser:
     backward_fusion_functions: list = []
 
     def __init__(self, ops: list[FusibleOperation]) -> None:
+        self._ops = list(ops)  # (as given: a fused op's pre_first_fuser_forward reaches its basic ops)
         basic_ops = []
         for op in ops:
             basic_ops.extend(op.basic_ops if op.is_fused_op else [op])
@@ -230,7 +231,7 @@ class OperationFuser:
         if key == self._fusion_key:
             return
         if self._first_call:
-            for op in self._basic_ops:
+            for op in self._ops:
                 op.pre_first_fuser_forward()
             self._first_call = False
         cls = OperationFuser

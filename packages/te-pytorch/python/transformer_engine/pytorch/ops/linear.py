@@ -7,6 +7,8 @@ registered here for convenience, and left out of the state_dict.
 
 from __future__ import annotations
 
+import torch
+
 from .basic import BasicLinear, Bias
 from .op import FusedOperation
 
@@ -89,3 +91,10 @@ class Linear(FusedOperation):
             if key in state_dict:
                 state_dict[f"{prefix}bias"] = state_dict[key]
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+    def pre_first_fuser_forward(self) -> None:
+        super().pre_first_fuser_forward()
+        # (meta parameters were materialized in the basic ops: keep the aliases in step)
+        torch.nn.Module.register_parameter(self, "weight", self.basic_ops[0].weight)
+        if self._bias_idx is not None:
+            torch.nn.Module.register_parameter(self, "bias", self.basic_ops[self._bias_idx].bias)

@@ -164,6 +164,7 @@ class BasicLinear(BasicOperation):
             a.input_q, a.weight_q = self._quantizers["forward"]
             a.grad_q = self._quantizers["backward"][0]
             a.split_acc = state.split_accumulator
+            a.reuse_weight = False  # (no weight caching across microbatches in te.ops)
         elif is_quantized_tensor(weight):
             weight = weight.dequantize()
         a.fuse_wgrad = self._accumulate_into_main_grad and need_wgrad
