@@ -1,4 +1,4 @@
-"""transformer_engine.pytorch.ops: fusible operations (the reference's te.ops API).
+"""transformer_engine.pytorch.ops: fusible operations (the reference's te.ops API)::
 
     import transformer_engine.pytorch as te
 

@@ -36,7 +36,7 @@ def maybe_autocast_dtype(*, device_type: str = "cuda", default_dtype: torch.dtyp
     return torch.get_default_dtype() if default_dtype is None else default_dtype
 
 
-def compute_dtype(like: torch.Tensor, default_dtype: torch.dtype) -> torch.Tensor:
+def compute_dtype(like: torch.Tensor, default_dtype: torch.dtype) -> torch.dtype:
     """The dtype an op computes in for an input on like's device: torch.autocast's
     there, else `default_dtype`; refused unless the kernels take it."""
     dtype = maybe_autocast_dtype(device_type=like.device.type, default_dtype=default_dtype)

@@ -145,10 +145,8 @@ class _OperationFuserAutogradFunction(torch.autograd.Function):
 class OperationFuser:
     """Manages the forward and backward passes of a pipeline of operations.
 
-    Parameters
-    ----------
-    ops : list of FusibleOperation
-        Pipeline of operations
+    Args:
+        ops: List of FusibleOperation. Pipeline of operations
     """
 
     forward_backward_fusion_functions: list = []

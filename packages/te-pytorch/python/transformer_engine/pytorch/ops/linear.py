@@ -16,18 +16,16 @@ from .op import FusedOperation
 class Linear(FusedOperation):
     """Applies a linear transformation :math:`y = x A^T + b` (a drop-in for ``torch.nn.Linear``).
 
-    Parameters
-    ----------
-    in_features : int
-    out_features : int
-    bias : bool, default = True
-    device : torch.device, default = default CUDA device (the CPU without CUDA)
-    dtype : torch.dtype, default = torch's default dtype
-    tensor_parallel_mode, tensor_parallel_group, sequence_parallel :
-        Tensor parallelism: only over a group of one rank for now.
-    rng_state_tracker_function : callable, optional
-    accumulate_into_main_grad : bool, default = False
-        As in BasicLinear.
+    Args:
+        in_features: int.
+        out_features: int.
+        bias: bool, default = True.
+        device: torch.device, default = default CUDA device (the CPU without CUDA).
+        dtype: torch.dtype, default = torch's default dtype.
+        tensor_parallel_mode, tensor_parallel_group, sequence_parallel: Tensor parallelism: only over a group of one
+            rank for now.
+        rng_state_tracker_function: callable, optional.
+        accumulate_into_main_grad: bool, default = False. As in BasicLinear.
     """
 
     def __init__(

@@ -78,7 +78,7 @@ class FusibleOperation(torch.nn.Module, metaclass=abc.ABCMeta):
 
     def fuser_forward(
         self,
-        basic_op_ctxs: list[OperationContext],
+        basic_op_ctxs,
         input_: torch.Tensor,
         *,
         basic_op_extra_inputs,
@@ -89,9 +89,7 @@ class FusibleOperation(torch.nn.Module, metaclass=abc.ABCMeta):
         """Forward pass: (output, extra outputs of each basic op)."""
         raise NotImplementedError(f"Forward pass is not implemented for operation ({type(self).__name__})")
 
-    def fuser_backward(
-        self, basic_op_ctxs: list[OperationContext], grad_output: torch.Tensor, *, basic_op_grad_extra_outputs
-    ):
+    def fuser_backward(self, basic_op_ctxs, grad_output: torch.Tensor, *, basic_op_grad_extra_outputs):
         """Backward pass: (grad input, grads of each basic op's parameters, grads of its extra inputs)."""
         raise NotImplementedError(f"Backward pass is not implemented for operation ({type(self).__name__})")
 
@@ -183,7 +181,7 @@ class BasicOperation(FusibleOperation, metaclass=abc.ABCMeta):
     @abc.abstractmethod
     def op_forward(
         self,
-        ctx: OperationContext,
+        ctx,
         input_: torch.Tensor,
         *,
         prev_op_grad_output_quantizer,
@@ -193,7 +191,7 @@ class BasicOperation(FusibleOperation, metaclass=abc.ABCMeta):
         """Forward pass: the output; saves in ctx what op_backward needs."""
 
     @abc.abstractmethod
-    def op_backward(self, ctx: OperationContext, grad_output: torch.Tensor):
+    def op_backward(self, ctx, grad_output: torch.Tensor):
         """Backward pass: (grad input, iterable of the parameters' grads)."""
 
     def _require_plain(self, what: str) -> None:

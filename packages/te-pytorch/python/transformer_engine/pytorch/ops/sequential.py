@@ -20,9 +20,8 @@ class Sequential(torch.nn.Module):
     """A sequential container (a drop-in for ``torch.nn.Sequential``) that fuses
     adjacent ``FusibleOperation`` s.
 
-    Parameters
-    ----------
-    *args : FusibleOperation or torch.nn.Module, or one dict of name -> module
+    Args:
+        *args: fusibleOperation or torch.nn.Module, or one dict of name -> module.
     """
 
     def __init__(self, *args) -> None:
@@ -141,7 +140,7 @@ class Sequential(torch.nn.Module):
         return out
 
     def forward(self, input: torch.Tensor, *extra_inputs: torch.Tensor, op_kwargs=None):  # noqa: A002
-        """Runs the modules in order; returns the output, or (output, *extra outputs).
+        """Runs the modules in order; returns the output, or ``(output, *extra_outputs)``.
 
         op_kwargs: optional {contained basic op (or its index): keyword arguments
         of its op_forward}.

@@ -35,10 +35,9 @@ def _cache_quantized(x: torch.Tensor) -> torch.Tensor:
 class _ActivationOperation(BasicOperation):
     """One te-core activation kind (`_kind`, a name of transformer_engine.core.activation.ACTIVATIONS).
 
-    Parameters
-    ----------
-    cache_quantized_input : bool, default = False
-        Keep the input for backward quantized to FP8 (see the module docstring).
+    Args:
+        cache_quantized_input: bool, default = False. Keep the input for backward quantized to FP8 (see the module
+            docstring).
     """
 
     _kind: str = ""

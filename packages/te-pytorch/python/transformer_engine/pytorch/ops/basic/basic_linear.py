@@ -29,23 +29,19 @@ class BasicLinear(BasicOperation):
     """Applies a linear transformation :math:`y = x A^T` (``torch.nn.Linear``
     with ``bias=False``); the parameter is ``weight`` [out_features, in_features].
 
-    Parameters
-    ----------
-    in_features : int
-        Inner dimension of the input tensor
-    out_features : int
-        Inner dimension of the output tensor
-    device : torch.device, default = default CUDA device (the CPU without CUDA)
-    dtype : torch.dtype, default = torch's default dtype
-    tensor_parallel_mode, tensor_parallel_group, sequence_parallel :
-        Tensor parallelism: only over a group of one rank for now.
-    rng_state_tracker_function : callable
-        Returns a CudaRNGStatesTracker whose fork() is entered for the weight's initialization
-    accumulate_into_main_grad : bool, default = False
-        Accumulate the weight gradient into ``weight.main_grad`` (overwritten
-        when ``weight.overwrite_main_grad`` is True) instead of returning it.
-    userbuffers_options : dict, optional
-        Communication overlap: not yet supported.
+    Args:
+        in_features: int. Inner dimension of the input tensor
+        out_features: int. Inner dimension of the output tensor
+        device: torch.device, default = default CUDA device (the CPU without CUDA).
+        dtype: torch.dtype, default = torch's default dtype.
+        tensor_parallel_mode, tensor_parallel_group, sequence_parallel: Tensor parallelism: only over a group of one
+            rank for now.
+        rng_state_tracker_function: callable. Returns a CudaRNGStatesTracker whose fork() is entered for the
+            weight's initialization
+        accumulate_into_main_grad: bool, default = False. Accumulate the weight gradient into ``weight.main_grad``
+            (overwritten when ``weight.overwrite_main_grad`` is True) instead of returning
+            it.
+        userbuffers_options: dict, optional. Communication overlap: not yet supported.
     """
 
     def __init__(
@@ -146,7 +142,7 @@ class BasicLinear(BasicOperation):
         """The GEMMs' output dtype: torch.autocast's, else the weight's."""
         return compute_dtype(input_, self.weight.dtype)
 
-    def linear_forward(self, ctx: OperationContext, input_: torch.Tensor, bias=None) -> torch.Tensor:
+    def linear_forward(self, ctx, input_: torch.Tensor, bias=None) -> torch.Tensor:
         """y = x W^T (+ bias: a fused Bias op's), saving in ctx what op_backward reads."""
         self._check_input(input_)
         weight = self.weight

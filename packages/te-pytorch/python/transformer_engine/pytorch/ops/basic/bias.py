@@ -11,14 +11,11 @@ from ..op import BasicOperation
 class Bias(BasicOperation):
     """Adds the parameter ``bias`` [size] to the input's last dimension.
 
-    Parameters
-    ----------
-    size : int
-        Inner dimension of the input tensor
-    device : torch.device, default = default CUDA device (the CPU without CUDA)
-    dtype : torch.dtype, default = torch's default dtype
-    tensor_parallel, tensor_parallel_group :
-        Tensor parallelism: only over a group of one rank for now.
+    Args:
+        size: int. Inner dimension of the input tensor
+        device: torch.device, default = default CUDA device (the CPU without CUDA).
+        dtype: torch.dtype, default = torch's default dtype.
+        tensor_parallel, tensor_parallel_group: Tensor parallelism: only over a group of one rank for now.
     """
 
     def __init__(

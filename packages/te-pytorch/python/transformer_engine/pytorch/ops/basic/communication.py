@@ -45,11 +45,10 @@ class AllReduce(BasicOperation):
     world group). The output is assumed to feed computations repeated on every
     process, so the gradient is passed through unchanged.
 
-    Parameters
-    ----------
-    process_group : torch.distributed.ProcessGroup, optional
-    reduce_in_backward : bool, default = True
-        Kept for the reference's signature (its backward is the identity too).
+    Args:
+        process_group: torch.distributed.ProcessGroup, optional.
+        reduce_in_backward: bool, default = True. Kept for the reference's signature (its backward is the identity
+            too).
     """
 
     def __init__(self, process_group=None, reduce_in_backward: bool = True) -> None:

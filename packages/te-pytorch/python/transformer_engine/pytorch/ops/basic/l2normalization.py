@@ -17,12 +17,10 @@ from ..op import BasicOperation
 class L2Normalization(BasicOperation):
     """L2-normalizes each vector along the last dimension.
 
-    Parameters
-    ----------
-    eps : float, default = 1e-6
-        Added to the sum of squares for numerical stability
-    seq_length, micro_batch_size : int, optional
-        The reference's JIT warm-up sizes (accepted; there is no JIT to warm up here)
+    Args:
+        eps: float, default = 1e-6. Added to the sum of squares for numerical stability
+        seq_length, micro_batch_size: int, optional. The reference's JIT warm-up sizes (accepted; there is no JIT to
+            warm up here)
     """
 
     def __init__(self, *, eps: float = 1e-6, seq_length=None, micro_batch_size=None) -> None:

@@ -109,16 +109,13 @@ class LayerNorm(_NormOperation):
     r"""Layer normalization, :math:`y = \frac{x - E[x]}{\sqrt{Var[x] + \varepsilon}} \gamma + \beta`,
     over the trailing ``normalized_shape`` dims (parameters ``weight`` and ``bias``).
 
-    Parameters
-    ----------
-    normalized_shape : int or iterable of int
-    eps : float, default = 1e-5
-    device : torch.device, default = default CUDA device (the CPU without CUDA)
-    dtype : torch.dtype, default = torch's default dtype
-    zero_centered_gamma : bool, default = False
-        :math:`\gamma` = 1 + weight (weight initialized to 0)
-    sm_margin : int or dict, default = 0
-        SMs to leave free per stage (accepted; the kernels here reserve none)
+    Args:
+        normalized_shape: int or iterable of int.
+        eps: float, default = 1e-5.
+        device: torch.device, default = default CUDA device (the CPU without CUDA).
+        dtype: torch.dtype, default = torch's default dtype.
+        zero_centered_gamma: bool, default = False. :math:`\gamma` = 1 + weight (weight initialized to 0)
+        sm_margin: int or dict, default = 0. SMs to leave free per stage (accepted; the kernels here reserve none)
     """
 
     def __init__(
@@ -145,9 +142,8 @@ class RMSNorm(_NormOperation):
     r"""RMS normalization, :math:`y = \frac{x}{\sqrt{mean(x^2) + \varepsilon}} \gamma`,
     over the trailing ``normalized_shape`` dims (parameter ``weight``).
 
-    Parameters
-    ----------
-    normalized_shape, eps, device, dtype, zero_centered_gamma, sm_margin : as in LayerNorm
+    Args:
+        normalized_shape, eps, device, dtype, zero_centered_gamma, sm_margin: As in LayerNorm.
     """
 
     _has_bias = False

@@ -11,12 +11,9 @@ class Quantize(BasicOperation):
     """Quantizes the tensor with the te.autocast recipe's quantizer (a
     Float8Tensor, MXFP8Tensor, ...); the identity outside te.autocast.
 
-    Parameters
-    ----------
-    forward : bool, default = True
-        Quantize the output in the forward pass
-    backward : bool, default = False
-        Quantize the input's gradient in the backward pass
+    Args:
+        forward: bool, default = True. Quantize the output in the forward pass
+        backward: bool, default = False. Quantize the input's gradient in the backward pass
     """
 
     def __init__(self, forward: bool = True, backward: bool = False) -> None:

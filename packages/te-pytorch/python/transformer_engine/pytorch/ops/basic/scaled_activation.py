@@ -82,10 +82,9 @@ class _ScaledActivation(BasicOperation):
 class ScaledSReLU(_ScaledActivation):
     """Squared ReLU with per-row post-scaling (extra input: the scales).
 
-    Parameters
-    ----------
-    activation_recompute_in_mlp : bool, default = False
-        Must be False (the fused grouped MLP's recompute is not supported yet).
+    Args:
+        activation_recompute_in_mlp: bool, default = False. Must be False (the fused grouped MLP's recompute is not
+            supported yet).
     """
 
     def __init__(self, *, activation_recompute_in_mlp: bool = False) -> None:
@@ -95,12 +94,9 @@ class ScaledSReLU(_ScaledActivation):
 class ScaledSwiGLU(_ScaledActivation):
     """SwiGLU with per-row post-scaling (extra input: the scales).
 
-    Parameters
-    ----------
-    glu_interleave_size : int, optional
-        Block-interleaved GLU layout, as in SwiGLU.
-    activation_recompute_in_mlp : bool, default = False
-        Must be False.
+    Args:
+        glu_interleave_size: int, optional. Block-interleaved GLU layout, as in SwiGLU.
+        activation_recompute_in_mlp: bool, default = False. Must be False.
     """
 
     def __init__(self, glu_interleave_size: int | None = None, *, activation_recompute_in_mlp: bool = False) -> None:
@@ -111,12 +107,10 @@ class ScaledSwiGLU(_ScaledActivation):
 class ScaledClampedQGeGLU(_ScaledActivation):
     """ClampedSwiGLU numerics with per-row post-scaling (extra input: the scales).
 
-    Parameters
-    ----------
-    glu_interleave_size : int, optional
-    activation_recompute_in_mlp : bool, default = False
-        Must be False.
-    limit, alpha, glu_linear_offset : as in ClampedSwiGLU
+    Args:
+        glu_interleave_size: int, optional.
+        activation_recompute_in_mlp: bool, default = False. Must be False.
+        limit, alpha, glu_linear_offset: As in ClampedSwiGLU.
     """
 
     def __init__(

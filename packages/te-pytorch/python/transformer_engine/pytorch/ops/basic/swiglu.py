@@ -35,12 +35,11 @@ class SwiGLU(_ActivationOperation):
     r"""SiLU-gated linear unit: :math:`\text{SiLU}(a) * b`, a and b the halves
     of the last dim (the first half gated).
 
-    Parameters
-    ----------
-    cache_quantized_input : bool, default = False
-        Keep the input for backward quantized to FP8 (E4M3, current scaling).
-    glu_interleave_size : int, optional
-        Block-interleaved layout of the gate and linear values (module docstring).
+    Args:
+        cache_quantized_input: bool, default = False. Keep the input for backward quantized to FP8 (E4M3, current
+            scaling).
+        glu_interleave_size: int, optional. Block-interleaved layout of the gate and linear values (module
+            docstring).
     """
 
     _kind = "swiglu"
@@ -62,12 +61,11 @@ class ClampedSwiGLU(SwiGLU):
     r"""GPT-OSS's clamped SwiGLU: :math:`c \sigma(\alpha c) (\text{clamp}(b, -l, l) + o)`
     with :math:`c = \min(a, l)`, l = limit, o = glu_linear_offset.
 
-    Parameters
-    ----------
-    limit : float, default = 7.0
-    alpha : float, default = 1.702
-    glu_linear_offset : float, default = 1.0
-    cache_quantized_input, glu_interleave_size : as in SwiGLU
+    Args:
+        limit: float, default = 7.0.
+        alpha: float, default = 1.702.
+        glu_linear_offset: float, default = 1.0.
+        cache_quantized_input, glu_interleave_size: As in SwiGLU.
     """
 
     _kind = "clamped_swiglu"
