@@ -248,16 +248,19 @@ class BasicOperation(FusibleOperation, metaclass=abc.ABCMeta):
             return
         recipe, tensors = loaded
         self._build_recipe_state(recipe, _with_index(self._state_device()), None)
+        pairs = []
         for key, suffix in (("scaling_fwd", "fwd"), ("scaling_bwd", "bwd")):
             meta = self.fp8_meta[key]
-            for name, mine in (("scale", meta.scale), ("amax_history", meta.amax_history)):
-                theirs = tensors[f"{name}_{suffix}"]
-                if theirs.shape != mine.shape:
-                    raise ValueError(
-                        f"{type(self).__name__}: the checkpoint's {name}_{suffix} has shape "
-                        f"{tuple(theirs.shape)}, expected {tuple(mine.shape)}"
-                    )
-                mine.copy_(theirs)
+            pairs += [(f"scale_{suffix}", meta.scale), (f"amax_history_{suffix}", meta.amax_history)]
+        # Shapes first: a checkpoint of another op must not leave a half-copied state.
+        for name, mine in pairs:
+            if tensors[name].shape != mine.shape:
+                raise ValueError(
+                    f"{type(self).__name__}: the checkpoint's {name} has shape "
+                    f"{tuple(tensors[name].shape)}, expected {tuple(mine.shape)}"
+                )
+        for name, mine in pairs:
+            mine.copy_(tensors[name])
 
     def _load_from_state_dict(
         self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs

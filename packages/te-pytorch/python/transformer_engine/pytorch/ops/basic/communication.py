@@ -67,14 +67,18 @@ class AllReduce(BasicOperation):
         return grad_output, ()
 
 
-class AllGather(BasicOperation):
-    """Gathers the tensor from every process of ``process_group`` and concatenates
-    along the first dimension (backward: reduce-scatter of the gradient)."""
+class _OuterDimCollective(BasicOperation):
+    """A collective along dim 0 over ``process_group`` (default: the world group)."""
 
     def __init__(self, process_group=None) -> None:
         super().__init__()
         self.process_group = process_group
         self.process_group_size = torch.distributed.get_world_size(process_group)
+
+
+class AllGather(_OuterDimCollective):
+    """Gathers the tensor from every process of ``process_group`` and concatenates
+    along the first dimension (backward: reduce-scatter of the gradient)."""
 
     def op_forward(self, ctx, input_, *, prev_op_grad_output_quantizer=None, next_op_input_quantizer=None):
         if self.process_group_size == 1:
@@ -87,14 +91,9 @@ class AllGather(BasicOperation):
         return _reduce_scatter(grad_output, self.process_group, self.process_group_size), ()
 
 
-class ReduceScatter(BasicOperation):
+class ReduceScatter(_OuterDimCollective):
     """Sums the tensor over the processes of ``process_group`` and keeps this
     process's slice along the first dimension (backward: all-gather)."""
-
-    def __init__(self, process_group=None) -> None:
-        super().__init__()
-        self.process_group = process_group
-        self.process_group_size = torch.distributed.get_world_size(process_group)
 
     def op_forward(self, ctx, input_, *, prev_op_grad_output_quantizer=None, next_op_input_quantizer=None):
         if self.process_group_size == 1:

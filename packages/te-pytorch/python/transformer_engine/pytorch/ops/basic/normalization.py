@@ -42,7 +42,16 @@ class _NormOperation(BasicOperation):
 
     _has_bias = True
 
-    def __init__(self, normalized_shape, *, eps, device, dtype, zero_centered_gamma, sm_margin) -> None:
+    def __init__(
+        self,
+        normalized_shape,
+        *,
+        eps: float = 1e-5,
+        device=None,
+        dtype=None,
+        zero_centered_gamma: bool = False,
+        sm_margin=0,
+    ) -> None:
         super().__init__()
         owner = f"te.ops.{type(self).__name__}"
         if isinstance(normalized_shape, numbers.Integral):
@@ -118,25 +127,6 @@ class LayerNorm(_NormOperation):
         sm_margin: int or dict, default = 0. SMs to leave free per stage (accepted; the kernels here reserve none)
     """
 
-    def __init__(
-        self,
-        normalized_shape,
-        *,
-        eps: float = 1e-5,
-        device=None,
-        dtype=None,
-        zero_centered_gamma: bool = False,
-        sm_margin=0,
-    ) -> None:
-        super().__init__(
-            normalized_shape,
-            eps=eps,
-            device=device,
-            dtype=dtype,
-            zero_centered_gamma=zero_centered_gamma,
-            sm_margin=sm_margin,
-        )
-
 
 class RMSNorm(_NormOperation):
     r"""RMS normalization, :math:`y = \frac{x}{\sqrt{mean(x^2) + \varepsilon}} \gamma`,
@@ -147,22 +137,3 @@ class RMSNorm(_NormOperation):
     """
 
     _has_bias = False
-
-    def __init__(
-        self,
-        normalized_shape,
-        *,
-        eps: float = 1e-5,
-        device=None,
-        dtype=None,
-        zero_centered_gamma: bool = False,
-        sm_margin=0,
-    ) -> None:
-        super().__init__(
-            normalized_shape,
-            eps=eps,
-            device=device,
-            dtype=dtype,
-            zero_centered_gamma=zero_centered_gamma,
-            sm_margin=sm_margin,
-        )
