@@ -64,6 +64,7 @@ PUBLIC_MODULES = (
     "transformer_engine.common.recipe",
     "transformer_engine.core",
     "transformer_engine.pytorch",
+    "transformer_engine.pytorch.ops",
     "transformer_engine.jax.quantize",
     "transformer_engine.jax.flax",
 )

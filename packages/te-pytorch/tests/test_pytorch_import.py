@@ -56,6 +56,7 @@ def test_reexports():
         "get_device_compute_capability",
         "is_fp8_available",
         "get_default_recipe",
+        "ops",
     ):
         assert name in te.__all__ and hasattr(te, name)
 

@@ -24,7 +24,8 @@ Float8CurrentScaling and the block-scaled recipes MXFP8BlockScaling,
 Float8BlockScaling and NVFP4BlockScaling (the GEMMs of every module;
 emulated where the device has no native kernel, with a one-time
 warning); Float8Tensor, MXFP8Tensor, Float8BlockwiseQTensor, NVFP4Tensor and
-their quantizers; the te-core ops as torch.ops.te.*. The rest of the
+their quantizers; the fusible operations of te.ops (Sequential, BasicLinear,
+Linear, Bias, the norms and activations, ...); the te-core ops as torch.ops.te.*. The rest of the
 reference's API comes later.
 """
 
@@ -46,7 +47,7 @@ def _check_torch_version() -> None:
 
 _check_torch_version()
 
-from . import attention, kernels
+from . import attention, kernels, ops
 from .attention import (
     DotProductAttention,
     InferenceParams,
@@ -134,5 +135,6 @@ __all__ = [
     "is_nvfp4_available",
     "kernels",
     "make_graphed_callables",
+    "ops",
     "quantized_model_init",
 ]

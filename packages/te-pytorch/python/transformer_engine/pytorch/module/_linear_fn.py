@@ -77,62 +77,79 @@ def _operand_of_float8(t: Float8Tensor, in_features: int, a: LinearArgs) -> Oper
     return Operand("fp8", {**fields, "code": int(a.input_q.dtype)})
 
 
+def linear_forward(ctx, inp, weight, bias, a: LinearArgs, need_dgrad: bool, need_wgrad: bool):
+    """y = inp W^T (+ bias), saving in `ctx` what linear_backward needs.
+
+    ctx: an autograd ctx, or any object with save_for_backward / saved_tensors
+    (te.ops' OperationContext). need_dgrad / need_wgrad: whether backward will
+    compute the input / weight gradient (what is kept for it depends on them;
+    te.Linear passes the tensors' requires_grad, the ops fuser its own flags,
+    since tensors made inside its autograd function never require grad)."""
+    in_features = weight.shape[1]
+    # (2-D inputs skip the reshape/view pairs: each is a dispatcher call. A
+    # pre-quantized input is read through its own fields, never reshaped.)
+    x = inp if inp.dim() == 2 or isinstance(inp, Float8Tensor) else inp.reshape(-1, in_features)
+    if a.fp8:  # (the module checked the recipe's dimension rule)
+        if isinstance(inp, Float8Tensor):
+            # Already quantized by the producer (LayerNormLinear's fused norm).
+            x_op = _operand_of_float8(inp, in_features, a)
+        else:
+            x_op = quantize_operand(a.input_q, x, rowwise=True, columnwise=need_wgrad, amax=a.input_amax)
+        w_op = _quantized_weight(a, weight, need_dgrad)
+        out = operand_gemm(
+            x_op, False, w_op, False, out_dtype=a.act_dtype, bias=bias, use_split_accumulator=a.split_acc[0]
+        )
+        # Backward keeps the quantized copies it uses, never the high-precision input.
+        x_keep = x_op.drop(rowwise=True, columnwise=not need_wgrad)
+        w_keep = w_op.drop(rowwise=True, columnwise=not need_dgrad)
+        ctx.operands = (x_keep, w_keep)
+        x_saved = x_keep.tensors()
+        ctx.n_x = len(x_saved)
+        ctx.save_for_backward(*x_saved, *w_keep.tensors())
+    else:
+        # (.to is skipped when the dtype already matches: even a no-op .to is a dispatcher call)
+        x = x if x.dtype == a.act_dtype else x.to(a.act_dtype)
+        w = weight if weight.dtype == a.act_dtype else weight.to(a.act_dtype)
+        out, _, _ = kernels.gemm(x, w, transb=True, out_dtype=a.act_dtype, bias=bias)
+        ctx.save_for_backward(x, w)
+    ctx.args = a
+    ctx.inp_shape = inp.shape
+    ctx.weight_dtype = weight.dtype
+    ctx.bias_dtype = None if bias is None else bias.dtype
+    return out if inp.dim() == 2 else out.view(*inp.shape[:-1], weight.shape[0])
+
+
+def linear_backward(ctx, grad_out, need_dgrad: bool, need_wgrad: bool, need_bgrad: bool):
+    """(dx, dW, db) of a linear_forward (None where not needed; dW is None
+    under fuse_wgrad, where it went into weight.main_grad)."""
+    a: LinearArgs = ctx.args
+    dy = grad_out if grad_out.dim() == 2 else grad_out.reshape(-1, grad_out.shape[-1])
+    if dy.dtype != a.act_dtype:
+        dy = dy.to(a.act_dtype)
+    if a.fp8:
+        dx, dw, db = _fp8_backward(ctx, a, dy, need_dgrad, need_wgrad, need_bgrad)
+    else:
+        dx, dw, db = _hp_backward(ctx, a, dy, need_dgrad, need_wgrad, need_bgrad)
+    if db is not None and db.dtype != ctx.bias_dtype:
+        db = db.to(ctx.bias_dtype)
+    if dx is not None and len(ctx.inp_shape) != 2:
+        dx = dx.view(ctx.inp_shape)
+    return dx, dw, db
+
+
 class LinearFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, inp, weight, bias, a: LinearArgs):
-        in_features = weight.shape[1]
-        # (2-D inputs skip the reshape/view pairs: each is a dispatcher call. A
-        # pre-quantized input is read through its own fields, never reshaped.)
-        x = inp if inp.dim() == 2 or isinstance(inp, Float8Tensor) else inp.reshape(-1, in_features)
-        if a.fp8:  # (the module checked the recipe's dimension rule)
-            need_wgrad = weight.requires_grad
-            if isinstance(inp, Float8Tensor):
-                # Already quantized by the producer (LayerNormLinear's fused norm).
-                x_op = _operand_of_float8(inp, in_features, a)
-            else:
-                x_op = quantize_operand(a.input_q, x, rowwise=True, columnwise=need_wgrad, amax=a.input_amax)
-            w_op = _quantized_weight(a, weight, inp.requires_grad)
-            out = operand_gemm(
-                x_op, False, w_op, False, out_dtype=a.act_dtype, bias=bias, use_split_accumulator=a.split_acc[0]
-            )
-            # Backward keeps the quantized copies it uses, never the high-precision input.
-            x_keep = x_op.drop(rowwise=True, columnwise=not need_wgrad)
-            w_keep = w_op.drop(rowwise=True, columnwise=not inp.requires_grad)
-            ctx.operands = (x_keep, w_keep)
-            x_saved = x_keep.tensors()
-            ctx.n_x = len(x_saved)
-            ctx.save_for_backward(*x_saved, *w_keep.tensors())
-        else:
-            # (.to is skipped when the dtype already matches: even a no-op .to is a dispatcher call)
-            x = x if x.dtype == a.act_dtype else x.to(a.act_dtype)
-            w = weight if weight.dtype == a.act_dtype else weight.to(a.act_dtype)
-            out, _, _ = kernels.gemm(x, w, transb=True, out_dtype=a.act_dtype, bias=bias)
-            ctx.save_for_backward(x, w)
-        ctx.args = a
-        ctx.inp_shape = inp.shape
-        ctx.weight_dtype = weight.dtype
-        ctx.bias_dtype = None if bias is None else bias.dtype
-        return out if inp.dim() == 2 else out.view(*inp.shape[:-1], weight.shape[0])
+        return linear_forward(ctx, inp, weight, bias, a, inp.requires_grad, weight.requires_grad)
 
     @staticmethod
     def backward(ctx, grad_out):
         a: LinearArgs = ctx.args
-        need_dgrad, need_wgrad, need_bgrad = ctx.needs_input_grad[:3]
-        dy = grad_out if grad_out.dim() == 2 else grad_out.reshape(-1, grad_out.shape[-1])
-        if dy.dtype != a.act_dtype:
-            dy = dy.to(a.act_dtype)
-        if a.fp8:
-            dx, dw, db = _fp8_backward(ctx, a, dy, need_dgrad, need_wgrad, need_bgrad)
-        else:
-            dx, dw, db = _hp_backward(ctx, a, dy, need_dgrad, need_wgrad, need_bgrad)
-        if db is not None and db.dtype != ctx.bias_dtype:
-            db = db.to(ctx.bias_dtype)
+        dx, dw, db = linear_backward(ctx, grad_out, *ctx.needs_input_grad[:3])
         if a.bwd_queue is not None:
             # The first FP8 module of the autocast region runs last in backward:
             # the backward delayed-scaling update happens here (§3.3).
             a.bwd_queue.run()
-        if dx is not None and len(ctx.inp_shape) != 2:
-            dx = dx.view(ctx.inp_shape)
         return dx, dw, db, None
 
 
