@@ -40,7 +40,7 @@ def _full(layer, x, freqs, fmt):
 def _batch(rows, fmt):
     """[b, s, H] from per-sequence [s_i, H] pieces (right-padded), in fmt."""
     s = max(r.shape[0] for r in rows)
-    out = torch.zeros(len(rows), s, H)
+    out = torch.zeros(len(rows), s, H, device=rows[0].device)
     for i, r in enumerate(rows):
         out[i, : r.shape[0]] = r
     return out if fmt == "bshd" else out.transpose(0, 1).contiguous()
@@ -53,7 +53,7 @@ def _rows(out, fmt, lens):
 
 @pytest.mark.parametrize("fmt", ["bshd", "sbhd"])
 @pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
-def test_decoding_equals_full_attention(backend, fmt, paged):
+def test_decoding_equals_full_attention(device, backend, fmt, paged):
     layer = te.TransformerLayer(
         H,
         F,
@@ -62,10 +62,10 @@ def test_decoding_equals_full_attention(backend, fmt, paged):
         hidden_dropout=0.0,
         attention_dropout=0.0,
         attn_input_format=fmt,
-        device="cpu",
+        device=device,
     ).eval()
-    freqs = te.RotaryPositionEmbedding(H // HEADS)(L)
-    seqs = {0: torch.randn(L, H), 1: torch.randn(L, H), 2: torch.randn(L, H)}
+    freqs = te.RotaryPositionEmbedding(H // HEADS)(L).to(device)
+    seqs = {i: torch.randn(L, H, device=device) for i in range(3)}
     with torch.no_grad():
         want = {i: _full(layer, x, freqs, fmt) for i, x in seqs.items()}
         params = InferenceParamsFor(fmt, paged)

@@ -145,6 +145,11 @@ def apply_rotary_pos_emb(
     if freqs.dim() != 4 or freqs.shape[1] != 1 or freqs.shape[2] != 1:
         raise ValueError(f"apply_rotary_pos_emb: freqs must have shape [s, 1, 1, d], got {tuple(freqs.shape)}")
     freqs = freqs.float()
+    # (InferenceParams keeps its lengths on the host: the kernels read them on t's device)
+    if start_positions is not None and start_positions.device != t.device:
+        start_positions = start_positions.to(t.device, non_blocking=True)
+    if cu_seqlens is not None and cu_seqlens.device != t.device:
+        cu_seqlens = cu_seqlens.to(t.device, non_blocking=True)
     if fused:
         if tensor_format == "thd" and cu_seqlens is None:
             raise ValueError("apply_rotary_pos_emb: cu_seqlens is required when tensor_format is 'thd'")
