@@ -65,6 +65,14 @@ from .device import (
 from .distributed import CudaRNGStatesTracker, checkpoint
 from .graph import make_graphed_callables
 from .module import Fp8Padding, Fp8Unpadding, GroupedLinear, LayerNorm, LayerNormLinear, LayerNormMLP, Linear, RMSNorm
+from .permutation import (
+    moe_permute,
+    moe_permute_and_pad_with_probs,
+    moe_permute_with_probs,
+    moe_sort_chunks_by_index,
+    moe_sort_chunks_by_index_with_probs,
+    moe_unpermute,
+)
 from .quantization import (
     FP8GlobalStateManager,
     autocast,
@@ -134,5 +142,11 @@ __all__ = [
     "is_nvfp4_available",
     "kernels",
     "make_graphed_callables",
+    "moe_permute",
+    "moe_permute_and_pad_with_probs",
+    "moe_permute_with_probs",
+    "moe_sort_chunks_by_index",
+    "moe_sort_chunks_by_index_with_probs",
+    "moe_unpermute",
     "quantized_model_init",
 ]
