@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from pt_helpers import assert_within, hostile
+from pt_helpers import assert_fullgraph_matches_eager, assert_within, hostile
 
 import transformer_engine.pytorch as te
 from transformer_engine.core.testing.tolerances import unit_roundoff
@@ -339,7 +339,6 @@ def test_argument_errors():
 
 def test_compile_fullgraph_matches_eager():
     """permute -> unpermute (mask map with probs, and index map) in one compiled graph."""
-    torch._dynamo.reset()
     mask = _routing_mask(2, "cpu")
     index = torch.stack([torch.randperm(EXPERTS)[:2] for _ in range(TOKENS)])
     num_out = int(mask.sum())
@@ -359,9 +358,4 @@ def test_compile_fullgraph_matches_eager():
         y.square().sum().backward()
         return [y.detach()] + [a.grad for a in args]
 
-    try:
-        compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
-        for a, b in zip(run(compiled), run(step)):
-            assert torch.equal(a, b)
-    finally:
-        torch._dynamo.reset()
+    assert_fullgraph_matches_eager(step, run)
