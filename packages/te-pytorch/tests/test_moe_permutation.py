@@ -12,12 +12,15 @@ the index map).
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 import torch
 from pt_helpers import assert_fullgraph_matches_eager, assert_within, hostile
 
 import transformer_engine.pytorch as te
 from transformer_engine.core.testing.tolerances import unit_roundoff
+from transformer_engine.pytorch import permutation, router
 
 pytest_plugins = ["pt_fixtures"]
 pytestmark = [pytest.mark.usefixtures("te_state"), pytest.mark.moe]
@@ -359,3 +362,35 @@ def test_compile_fullgraph_matches_eager():
         return [y.detach()] + [a.grad for a in args]
 
     assert_fullgraph_matches_eager(step, run)
+
+
+def test_reference_signatures():
+    """The reference's parameter names and defaults, and the top-level re-exports."""
+    expected = {
+        permutation.moe_permute: "inp, routing_map, num_out_tokens, max_token_num=-1, map_type='mask'",
+        permutation.moe_permute_with_probs: "inp, probs, routing_map, num_out_tokens",
+        permutation.moe_permute_and_pad_with_probs: "inp, probs, routing_map, tokens_per_expert, align_size",
+        permutation.moe_unpermute: (
+            "inp, row_id_map, merging_probs=None, restore_shape=None, map_type='mask', probs=None, pad_offsets=None"
+        ),
+        permutation.moe_sort_chunks_by_index: "inp, split_sizes, sorted_index",
+        permutation.moe_sort_chunks_by_index_with_probs: "inp, probs, split_sizes, sorted_index",
+        router.fused_topk_with_score_function: (
+            "logits, topk, use_pre_softmax, num_groups, group_topk, scaling_factor, score_function, expert_bias, "
+            "routing_map_format=RoutingMapFormat.BYTEMAP, topk_indices=None, qb_histogram=None, qb_bin_bounds=None, "
+            "qb_histogram_mode=None"
+        ),
+        router.fused_compute_score_for_moe_aux_loss: (
+            "logits, topk, score_function, routing_map_format=RoutingMapFormat.BYTEMAP"
+        ),
+        router.fused_moe_aux_loss: "probs, tokens_per_expert, total_num_tokens, num_experts, topk, coeff",
+    }
+    for fn, params in expected.items():
+        got = ", ".join(
+            p.name if p.default is inspect.Parameter.empty else f"{p.name}={p.default!r}"
+            for p in inspect.signature(fn).parameters.values()
+        )
+        got = got.replace("<RoutingMapFormat.BYTEMAP: 0>", "RoutingMapFormat.BYTEMAP")
+        assert got == params, fn.__name__
+        if fn.__module__.endswith("permutation"):
+            assert getattr(te, fn.__name__) is fn and fn.__name__ in te.__all__
