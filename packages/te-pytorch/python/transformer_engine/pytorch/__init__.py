@@ -141,12 +141,12 @@ __all__ = [
     "is_mxfp8_available",
     "is_nvfp4_available",
     "kernels",
-    "make_graphed_callables",
     "moe_permute",
     "moe_permute_and_pad_with_probs",
     "moe_permute_with_probs",
     "moe_sort_chunks_by_index",
     "moe_sort_chunks_by_index_with_probs",
     "moe_unpermute",
+    "make_graphed_callables",
     "quantized_model_init",
 ]
