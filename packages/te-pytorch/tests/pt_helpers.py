@@ -106,3 +106,15 @@ def assert_within(actual, expected, bound, what: str) -> None:
             f"bound; first at flat index {i}: |err| = {err.flatten()[i].item():.3e}"
             f" > bound {bound.flatten()[i].item():.3e}"
         )
+
+
+def assert_fullgraph_matches_eager(fn, run) -> None:
+    """run(f) returns tensors computed with f; torch.compile(fn, fullgraph=True) on the
+    aot_eager backend (the same kernels as eager) must give identical ones."""
+    torch._dynamo.reset()
+    try:
+        compiled = torch.compile(fn, fullgraph=True, backend="aot_eager")
+        for got, expected in zip(run(compiled), run(fn)):
+            assert torch.equal(got, expected)
+    finally:
+        torch._dynamo.reset()

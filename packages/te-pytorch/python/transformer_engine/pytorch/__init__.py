@@ -66,6 +66,14 @@ from .device import (
 from .distributed import CudaRNGStatesTracker, checkpoint
 from .graph import make_graphed_callables
 from .module import Fp8Padding, Fp8Unpadding, GroupedLinear, LayerNorm, LayerNormLinear, LayerNormMLP, Linear, RMSNorm
+from .permutation import (
+    moe_permute,
+    moe_permute_and_pad_with_probs,
+    moe_permute_with_probs,
+    moe_sort_chunks_by_index,
+    moe_sort_chunks_by_index_with_probs,
+    moe_unpermute,
+)
 from .quantization import (
     FP8GlobalStateManager,
     autocast,
@@ -134,6 +142,12 @@ __all__ = [
     "is_mxfp8_available",
     "is_nvfp4_available",
     "kernels",
+    "moe_permute",
+    "moe_permute_and_pad_with_probs",
+    "moe_permute_with_probs",
+    "moe_sort_chunks_by_index",
+    "moe_sort_chunks_by_index_with_probs",
+    "moe_unpermute",
     "make_graphed_callables",
     "ops",
     "quantized_model_init",
