@@ -10,6 +10,8 @@ float64 elementwise); a normwise check against float64 guards the wiring.
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 from pt_helpers import assert_within, matmul_bound
@@ -155,7 +157,8 @@ def test_meta_device_is_materialized_at_first_forward(device):
     assert layer.weight.device.type == "meta"
     if device.type == "cpu" and torch.cuda.is_available():
         pytest.skip("the default device is CUDA here")
-    with pytest.warns(UserWarning, match="CUDA is not available") if not torch.cuda.is_available() else _nothing():
+    with warnings.catch_warnings():  # ("CUDA is not available" is warned once per process: not asserted here)
+        warnings.simplefilter("ignore", UserWarning)
         y = layer(torch.randn(2, 16, device=device))
     assert y.shape == (2, 8) and layer.weight.device.type == device.type
     assert layer.basic_ops[0].weight is layer.weight and layer.bias is layer.basic_ops[1].bias
