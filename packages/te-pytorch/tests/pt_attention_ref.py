@@ -13,6 +13,21 @@ import math
 import torch
 
 
+def bf16_exact(*shape) -> torch.Tensor:
+    """Float64 values that BF16 holds exactly (a CUDA kernel's BF16 inputs equal the oracle's)."""
+    return torch.randn(*shape, dtype=torch.float64).bfloat16().double()
+
+
+def check_bf16_kernel(got, want, name, u=2.0**-8) -> None:
+    """Each BF16 result within 8 u max(|want|, 1) of the float64 oracle (the bound of a kernel
+    that rounds P and dS to BF16 before FP32-accumulated products: test_attention_flash_gpu.py)."""
+    for i, (a, b) in enumerate(zip(got, want)):
+        assert a.shape == b.shape, f"{name}[{i}]: shape {tuple(a.shape)} vs {tuple(b.shape)}"
+        err = (a.double().cpu() - b).abs().max().item()
+        bound = 8 * u * max(b.abs().max().item(), 1.0)
+        assert err <= bound, f"{name}[{i}]: max error {err:.3g} > bound {bound:.3g}"
+
+
 def alibi_slopes(h: int) -> list[float]:
     """The ALiBi paper's slopes (closest-power-of-two rule for other head counts)."""
 

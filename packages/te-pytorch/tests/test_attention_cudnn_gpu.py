@@ -14,6 +14,8 @@ import os
 import pytest
 import torch
 from pt_attention_ref import attention as oracle
+from pt_attention_ref import bf16_exact as _bf16_exact
+from pt_attention_ref import check_bf16_kernel
 from pt_helpers import cuda_ready
 
 import transformer_engine.pytorch as te
@@ -22,8 +24,6 @@ from transformer_engine.pytorch.attention.dot_product_attention import fused
 pytest_plugins = ["pt_fixtures"]
 pytestmark = [pytest.mark.attention, pytest.mark.module, pytest.mark.gpu, pytest.mark.usefixtures("te_state")]
 
-U = 2.0**-8
-
 
 @pytest.fixture(autouse=True)
 def _cudnn_build():
@@ -31,10 +31,6 @@ def _cudnn_build():
         pytest.skip("needs a CUDA device and a te-core build with the CUDA backend")
     if os.environ.get("TE_TEST_CUDNN") != "1":
         pytest.skip("the cuDNN attention backend is opt-in: build with TE_WITH_CUDNN=ON and set TE_TEST_CUDNN=1")
-
-
-def _bf16_exact(*shape):
-    return torch.randn(*shape, dtype=torch.float64).bfloat16().double()
 
 
 @pytest.mark.parametrize("mask_type", ["no_mask", "causal"])
@@ -58,10 +54,7 @@ def test_cudnn_is_preferred_and_matches_the_oracle(monkeypatch, fmt, mask_type):
     lens = torch.full((b,), s)
     o = oracle(qs, ks, vs, lens, lens, mask_type=mask_type, bottom_right=False).reshape(b, s, -1)
     o.backward(g)
-    for i, (a, w) in enumerate(zip(got, [o.detach(), qs.grad, ks.grad, vs.grad])):
-        err = (a.double().cpu() - w).abs().max().item()
-        bound = 8 * U * max(w.abs().max().item(), 1.0)
-        assert err <= bound, f"{fmt}/{mask_type}[{i}]: max error {err:.3g} > bound {bound:.3g}"
+    check_bf16_kernel(got, [o.detach(), qs.grad, ks.grad, vs.grad], f"{fmt}/{mask_type}")
     monkeypatch.setenv("NVTE_FUSED_ATTN", "0")  # (the switch still turns it off)
     dpa(*ts)
     assert dpa.last_backend == "flash"

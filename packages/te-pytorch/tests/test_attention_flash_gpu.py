@@ -18,14 +18,14 @@ from __future__ import annotations
 import pytest
 import torch
 from pt_attention_ref import attention as oracle
+from pt_attention_ref import bf16_exact as _bf16_exact
+from pt_attention_ref import check_bf16_kernel as _check
 from pt_helpers import cuda_ready
 
 import transformer_engine.pytorch as te
 
 pytest_plugins = ["pt_fixtures"]
 pytestmark = [pytest.mark.attention, pytest.mark.module, pytest.mark.gpu, pytest.mark.usefixtures("te_state")]
-
-U = 2.0**-8
 
 
 @pytest.fixture(autouse=True)
@@ -34,18 +34,6 @@ def _flash_on_cuda(monkeypatch):
         pytest.skip("needs a CUDA device and a te-core build with the CUDA backend")
     monkeypatch.setenv("NVTE_FUSED_ATTN", "0")
     monkeypatch.setenv("NVTE_UNFUSED_ATTN", "0")
-
-
-def _bf16_exact(*shape):
-    return torch.randn(*shape, dtype=torch.float64).bfloat16().double()
-
-
-def _check(got, want, name):
-    for i, (a, b) in enumerate(zip(got, want)):
-        assert a.shape == b.shape, f"{name}[{i}]: shape {tuple(a.shape)} vs {tuple(b.shape)}"
-        err = (a.double().cpu() - b).abs().max().item()
-        bound = 8 * U * max(b.abs().max().item(), 1.0)
-        assert err <= bound, f"{name}[{i}]: max error {err:.3g} > bound {bound:.3g}"
 
 
 @pytest.mark.parametrize("mask_type", ["no_mask", "causal"])

@@ -156,6 +156,23 @@ def save_extra_state(fp8_meta: dict):
     return state
 
 
+def copy_loaded_state(fp8_meta: dict, tensors: dict, owner: str) -> None:
+    """Copies a loaded checkpoint's scales and amax histories (load_extra_state's
+    tensors) into fp8_meta, every shape checked first: a checkpoint of another
+    module must not leave a half-copied state."""
+    pairs = []
+    for key, suffix in (("scaling_fwd", "fwd"), ("scaling_bwd", "bwd")):
+        meta = fp8_meta[key]
+        pairs += [(f"scale_{suffix}", meta.scale), (f"amax_history_{suffix}", meta.amax_history)]
+    for name, mine in pairs:
+        if tensors[name].shape != mine.shape:
+            raise ValueError(
+                f"{owner}: the checkpoint's {name} has shape {tuple(tensors[name].shape)}, expected {tuple(mine.shape)}"
+            )
+    for name, mine in pairs:
+        mine.copy_(tensors[name])
+
+
 def _load_reference_pickle(state: torch.Tensor):
     if os.environ.get(UNSAFE_PICKLE_EXTRA_STATE_ENV) != "1":
         warnings.warn(

@@ -36,7 +36,7 @@ from ..kernels._common import compiling
 from ..quantization import FP8GlobalStateManager
 from ..recipe_state import RecipeState
 from ..tensor import QuantizedTensor
-from ._extra_state import load_extra_state, save_extra_state
+from ._extra_state import copy_loaded_state, load_extra_state, save_extra_state
 
 _WARNED_CPU_FALLBACK = False
 
@@ -324,21 +324,7 @@ class TransformerEngineBaseModule(torch.nn.Module):
         recipe, tensors = loaded
         device = self._parameter_device()
         self._build_fp8_state(recipe, device, adopt=False)
-        # Shapes first, for both directions: a mismatch (a checkpoint of
-        # another module) must not leave a half-copied state.
-        for key in ("scaling_fwd", "scaling_bwd"):
-            meta = self.fp8_meta[key]
-            for name, mine in (("scale", meta.scale), ("amax_history", meta.amax_history)):
-                theirs = tensors[f"{name}_{key[-3:]}"]
-                if theirs.shape != mine.shape:
-                    raise ValueError(
-                        f"{type(self).__name__}: the checkpoint's {name}_{key[-3:]} "
-                        f"has shape {tuple(theirs.shape)}, expected {tuple(mine.shape)}"
-                    )
-        for key in ("scaling_fwd", "scaling_bwd"):
-            meta = self.fp8_meta[key]
-            meta.scale.copy_(tensors[f"scale_{key[-3:]}"])
-            meta.amax_history.copy_(tensors[f"amax_history_{key[-3:]}"])
+        copy_loaded_state(self.fp8_meta, tensors, type(self).__name__)
 
     def _load_from_state_dict(
         self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from ..module._extra_state import load_extra_state, save_extra_state
+from ..module._extra_state import copy_loaded_state, load_extra_state, save_extra_state
 from ..module.base import _with_index
 from ..recipe_state import RecipeState
 
@@ -248,19 +248,7 @@ class BasicOperation(FusibleOperation, metaclass=abc.ABCMeta):
             return
         recipe, tensors = loaded
         self._build_recipe_state(recipe, _with_index(self._state_device()), None)
-        pairs = []
-        for key, suffix in (("scaling_fwd", "fwd"), ("scaling_bwd", "bwd")):
-            meta = self.fp8_meta[key]
-            pairs += [(f"scale_{suffix}", meta.scale), (f"amax_history_{suffix}", meta.amax_history)]
-        # Shapes first: a checkpoint of another op must not leave a half-copied state.
-        for name, mine in pairs:
-            if tensors[name].shape != mine.shape:
-                raise ValueError(
-                    f"{type(self).__name__}: the checkpoint's {name} has shape "
-                    f"{tuple(tensors[name].shape)}, expected {tuple(mine.shape)}"
-                )
-        for name, mine in pairs:
-            mine.copy_(tensors[name])
+        copy_loaded_state(self.fp8_meta, tensors, type(self).__name__)
 
     def _load_from_state_dict(
         self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs

@@ -180,6 +180,8 @@ def uses_cudnn(p: Plan) -> bool:
     key = (p.q.dtype, p.q.get_device(), p.scalars, *(None if t is None else tuple(t.shape) for t in tensors))
     hit = _CUDNN.get(key)
     if hit is None:
+        if len(_CUDNN) >= 4096:  # (thd's max_seqlen varies per batch: keep the cache bounded)
+            _CUDNN.clear()
         extra = _tensors(p.bias, p.offset, p.extras)
         hit = _CUDNN[key] = ops.core_backend(p.q, p.k, p.v, extra, ops.AttentionConfig(*p.scalars)) == "cudnn"
     return hit
